@@ -1,0 +1,77 @@
+"""The one typed training configuration that flows from the edge (CLI, API) to the engine."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+SCHEMA_VERSION = 1
+
+Method = Literal["mebp", "mezo", "backprop"]
+Quant = Literal["none", "int8", "int4"]
+ComputeDtype = Literal["float32", "bfloat16"]
+Optimizer = Literal["sgd", "adamw"]
+CheckpointStorage = Literal["ram", "mmap"]
+LORA_TARGET_NAMES = ("q", "k", "v", "o", "gate", "up", "down")
+
+
+class EngineKnobs(BaseModel):
+    """The memory/time trade-off knobs the engine honors (each a no-op at its default)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    checkpoint_storage: CheckpointStorage = "ram"
+    # Decompress each projection once per block in backward and reuse it for the recompute
+    # and the backward matmul (one block's weights live) instead of twice, tile by tile.
+    share_decompression: bool = True
+    decompress_tile_bytes: int = Field(default=8 << 20, ge=1 << 16)
+    loss_vocab_tile_bytes: int = Field(default=8 << 20, ge=1 << 16)
+    threads: int | None = Field(default=None, ge=1)
+
+
+class TrainConfig(BaseModel):
+    """Everything that determines a training run; validated once at the edge."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_version: int = SCHEMA_VERSION
+    method: Method = "mebp"
+    steps: int = Field(default=10, ge=1, le=1_000_000)
+    seq_len: int = Field(default=256, ge=2, le=131_072)
+    batch_size: int = Field(default=1, ge=1, le=1024)
+    lora_rank: int = Field(default=8, ge=1, le=1024)
+    lora_alpha: float = Field(default=16.0, gt=0)
+    lora_targets: tuple[str, ...] = LORA_TARGET_NAMES
+    optimizer: Optimizer = "sgd"
+    lr: float = Field(default=1e-4, gt=0, le=10.0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    seed: int = 0
+    quant: Quant = "int4"
+    group_size: int = Field(default=64, ge=8, le=4096)
+    compute_dtype: ComputeDtype = "float32"
+    knobs: EngineKnobs = EngineKnobs()
+
+    @field_validator("lora_targets", mode="before")
+    @classmethod
+    def _split_targets(cls, value: object) -> object:
+        if isinstance(value, str):
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("lora_targets")
+    @classmethod
+    def _known_targets(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        normalized = []
+        for name in value:
+            short = name.removesuffix("_proj")
+            if short == "all":
+                return LORA_TARGET_NAMES
+            if short not in LORA_TARGET_NAMES:
+                raise ValueError(
+                    f"unknown LoRA target {name!r}; choose from {', '.join(LORA_TARGET_NAMES)}"
+                )
+            normalized.append(short)
+        if not normalized:
+            raise ValueError("at least one LoRA target is required")
+        return tuple(dict.fromkeys(normalized))

@@ -1,0 +1,98 @@
+"""Block-input checkpoints: the only activations MeBP keeps between forward and backward."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+
+
+class RamCheckpoints:
+    """Block inputs kept as tensors in process memory."""
+
+    def __init__(self) -> None:
+        self._saved: dict[int, torch.Tensor] = {}
+
+    def reserve(self, blocks: int, like: torch.Tensor) -> None:
+        """Nothing to preallocate in RAM."""
+
+    def put(self, block: int, hidden: torch.Tensor) -> None:
+        self._saved[block] = hidden
+
+    def pop(self, block: int) -> torch.Tensor:
+        return self._saved.pop(block)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self._saved.values())
+
+    def clear(self) -> None:
+        self._saved.clear()
+
+    def close(self) -> None:
+        self.clear()
+
+
+class MmapCheckpoints:
+    """Block inputs written to a memory-mapped file: file-backed pages the kernel can write back
+    and evict, instead of anonymous memory. The file is unlinked at once, so nothing is left
+    behind even if the process dies."""
+
+    def __init__(self, directory: str | Path | None = None) -> None:
+        self.directory = Path(directory) if directory else Path(tempfile.gettempdir())
+        self._buffer: torch.Tensor | None = None
+        self._slot_numel = 0
+        self._shapes: dict[int, torch.Size] = {}
+
+    def _ensure(self, blocks: int, hidden: torch.Tensor) -> None:
+        if self._buffer is not None and self._buffer.dtype == hidden.dtype \
+                and self._slot_numel == hidden.numel() and self._buffer.shape[0] >= blocks:
+            return
+        self.close()
+        fd, name = tempfile.mkstemp(prefix="mebp-ckpt-", dir=self.directory)
+        try:
+            nbytes = blocks * hidden.numel() * hidden.element_size()
+            os.ftruncate(fd, nbytes)
+            flat = torch.from_file(name, shared=True, size=blocks * hidden.numel(),
+                                   dtype=hidden.dtype)
+        finally:
+            os.close(fd)
+            os.unlink(name)
+        self._buffer = flat.view(blocks, hidden.numel())
+        self._slot_numel = hidden.numel()
+
+    def reserve(self, blocks: int, like: torch.Tensor) -> None:
+        self._ensure(blocks, like)
+
+    def put(self, block: int, hidden: torch.Tensor) -> None:
+        if self._buffer is None:
+            raise RuntimeError("MmapCheckpoints.reserve() must be called before put()")
+        self._buffer[block].copy_(hidden.reshape(-1))
+        self._shapes[block] = hidden.shape
+
+    def pop(self, block: int) -> torch.Tensor:
+        shape = self._shapes.pop(block)
+        return self._buffer[block].view(shape).clone()
+
+    @property
+    def nbytes(self) -> int:
+        if self._buffer is None:
+            return 0
+        return len(self._shapes) * self._slot_numel * self._buffer.element_size()
+
+    def clear(self) -> None:
+        self._shapes.clear()
+
+    def close(self) -> None:
+        self._buffer = None
+        self._shapes.clear()
+
+
+def make_checkpoints(storage: str, directory: str | Path | None = None):
+    if storage == "ram":
+        return RamCheckpoints()
+    if storage == "mmap":
+        return MmapCheckpoints(directory)
+    raise ValueError(f"checkpoint_storage: unknown value {storage!r} (ram or mmap)")

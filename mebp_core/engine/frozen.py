@@ -1,0 +1,174 @@
+"""Frozen projections and embeddings that decompress their weights lazily from the store.
+
+A projection never keeps its weight: in the forward pass it decompresses bounded tiles of rows
+and drops each right after its matmul. During a block's backward phase (``share_weights``)
+each projection is decompressed once, used by the block's recompute and again by its backward
+matmul, and released as soon as that backward has run.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+
+@dataclass
+class WeightWorkingSet:
+    """Counts decompressed frozen weight bytes alive at any time, and the time spent making them."""
+
+    live_bytes: int = 0
+    peak_bytes: int = 0
+    decompress_s: float = 0.0
+    decompressed_params: int = 0
+    live_blocks: dict[int, int] = field(default_factory=dict)
+    max_live_blocks: int = 0
+    shared: dict[str, torch.Tensor] | None = None
+
+    def acquire(self, block: int, nbytes: int) -> None:
+        self.live_bytes += nbytes
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        self.live_blocks[block] = self.live_blocks.get(block, 0) + nbytes
+        self.max_live_blocks = max(self.max_live_blocks, len(self.live_blocks))
+
+    def release(self, block: int, nbytes: int) -> None:
+        self.live_bytes -= nbytes
+        remaining = self.live_blocks[block] - nbytes
+        if remaining:
+            self.live_blocks[block] = remaining
+        else:
+            del self.live_blocks[block]
+
+    def decompress(self, store, name: str, dtype: torch.dtype, rows: slice | None = None,
+                   block: int = -1) -> torch.Tensor:
+        """Dequantize ``name`` (or some of its rows), timing it and counting it as live."""
+        start = time.perf_counter()
+        weight = store.dequantize(name, dtype, rows=rows)
+        self.decompress_s += time.perf_counter() - start
+        self.decompressed_params += weight.numel()
+        self.acquire(block, weight.numel() * weight.element_size())
+        return weight
+
+    def drop(self, weight: torch.Tensor, block: int = -1) -> None:
+        self.release(block, weight.numel() * weight.element_size())
+
+    def reset_counters(self) -> None:
+        self.peak_bytes = self.live_bytes
+        self.max_live_blocks = len(self.live_blocks)
+        self.decompress_s = 0.0
+        self.decompressed_params = 0
+
+    @contextmanager
+    def share_weights(self):
+        """Within this scope each projection is decompressed once and kept until its backward."""
+        self.shared = {}
+        try:
+            yield
+        finally:
+            leftover, self.shared = self.shared, None
+            # Weights whose backward never ran (e.g. an exception) still count as released.
+            for name, weight in leftover.items():
+                self.release(_block_of(name), weight.numel() * weight.element_size())
+
+
+def _block_of(weight_name: str) -> int:
+    parts = weight_name.split(".")
+    return int(parts[parts.index("layers") + 1]) if "layers" in parts else -1
+
+
+class FrozenLinear(nn.Module):
+    """``y = x W^T + b`` with ``W`` read from the packed store on demand."""
+
+    def __init__(self, store, weight_name: str, bias: torch.Tensor | None, *,
+                 working_set: WeightWorkingSet, dtype: torch.dtype, tile_bytes: int) -> None:
+        super().__init__()
+        self.store = store
+        self.weight_name = weight_name
+        self.out_features, self.in_features = store.info(weight_name).shape
+        self.register_buffer("bias", bias, persistent=False)
+        self.working_set = working_set
+        self.dtype = dtype
+        self.block = _block_of(weight_name)
+        row_bytes = self.in_features * torch.empty((), dtype=dtype).element_size()
+        self.tile_rows = max(1, min(self.out_features, tile_bytes // row_bytes))
+
+    def extra_repr(self) -> str:
+        return f"{self.weight_name}, in={self.in_features}, out={self.out_features}"
+
+    def decompress(self, rows: slice | None = None) -> torch.Tensor:
+        return self.working_set.decompress(
+            self.store, self.weight_name, self.dtype, rows=rows, block=self.block)
+
+    def drop(self, weight: torch.Tensor) -> None:
+        self.working_set.drop(weight, self.block)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = _FrozenMatmul.apply(x, self)
+        return y if self.bias is None else y + self.bias
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        shared = self.working_set.shared
+        if shared is not None:
+            weight = shared.get(self.weight_name)
+            if weight is None:
+                weight = shared[self.weight_name] = self.decompress()
+            return x @ weight.T
+        y = x.new_empty(*x.shape[:-1], self.out_features)  # (..., out)
+        for start in range(0, self.out_features, self.tile_rows):
+            rows = slice(start, min(start + self.tile_rows, self.out_features))
+            tile = self.decompress(rows)
+            y[..., rows] = x @ tile.T
+            self.drop(tile)
+            del tile
+        return y
+
+    def matmul_transposed(self, grad_y: torch.Tensor) -> torch.Tensor:
+        """``grad_y @ W``: the input gradient, consuming the shared weight if there is one."""
+        shared = self.working_set.shared
+        if shared is not None and self.weight_name in shared:
+            weight = shared.pop(self.weight_name)
+            grad_x = grad_y @ weight
+            self.drop(weight)
+            return grad_x
+        grad_x = None
+        for start in range(0, self.out_features, self.tile_rows):
+            rows = slice(start, min(start + self.tile_rows, self.out_features))
+            tile = self.decompress(rows)
+            part = grad_y[..., rows] @ tile
+            grad_x = part if grad_x is None else grad_x.add_(part)
+            self.drop(tile)
+            del tile, part
+        return grad_x
+
+
+class _FrozenMatmul(torch.autograd.Function):
+    """Saves nothing for backward: the weight is decompressed again (or shared), never stored."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, layer: FrozenLinear) -> torch.Tensor:
+        ctx.layer = layer
+        return layer.matmul(x)
+
+    @staticmethod
+    def backward(ctx, grad_y: torch.Tensor):
+        if not ctx.needs_input_grad[0]:
+            return None, None
+        return ctx.layer.matmul_transposed(grad_y.contiguous()), None
+
+
+class FrozenEmbedding(nn.Module):
+    """Token embedding lookup that decompresses only the rows it is asked for."""
+
+    def __init__(self, store, weight_name: str, *, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.store = store
+        self.weight_name = weight_name
+        self.num_embeddings, self.embedding_dim = store.info(weight_name).shape
+        self.dtype = dtype
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        rows = self.store.gather_rows(self.weight_name, input_ids.reshape(-1), self.dtype)
+        return rows.view(*input_ids.shape, self.embedding_dim)  # (B, T, D)
