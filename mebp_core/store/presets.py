@@ -1,0 +1,143 @@
+"""Presets: public architectures with seeded synthetic weights, generated as a stream.
+
+Each tensor's values come from a generator seeded by (preset, seed, tensor name), in row
+chunks of a fixed size, so generation is deterministic and independent of tensor order.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mebp_core.store.errors import PackError
+from mebp_core.store.format import DTYPES
+from mebp_core.store.preset_configs import PRESET_CONFIGS
+from mebp_core.store.shapes import count_parameters, expected_shapes
+
+PRESET_SEED = 0
+CHUNK_ELEMENTS = 1 << 22  # fixed: chunking is part of what determines the values
+WEIGHT_STD = 0.02
+
+
+def list_presets() -> list[str]:
+    return sorted(PRESET_CONFIGS)
+
+
+def preset_config(name: str) -> dict[str, Any]:
+    try:
+        return copy.deepcopy(PRESET_CONFIGS[name])
+    except KeyError:
+        raise PackError(
+            f"unknown preset {name!r} (known: {', '.join(list_presets())})"
+        ) from None
+
+
+def preset_parameter_count(name: str) -> int:
+    return count_parameters(preset_config(name))
+
+
+def _generator(preset: str, tensor_name: str, seed: int) -> torch.Generator:
+    digest = hashlib.sha256(f"{preset}:{seed}:{tensor_name}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") >> 1)
+
+
+def chunk_rows_for(shape: tuple[int, ...]) -> int:
+    row_elements = shape[1] if len(shape) == 2 else 1
+    return max(1, CHUNK_ELEMENTS // row_elements)
+
+
+def _iter_values(
+    preset: str, config: dict[str, Any], tensor_name: str, shape: tuple[int, ...], seed: int
+) -> Iterator[torch.Tensor]:
+    dtype = DTYPES[config.get("torch_dtype", "float32")]
+    if tensor_name.endswith("norm.weight"):
+        if config["model_type"] == "gemma3_text":  # Gemma scales by (1 + w): keep w near 0
+            g = _generator(preset, tensor_name, seed)
+            yield (torch.randn(shape, generator=g) * WEIGHT_STD).to(dtype)
+        else:
+            yield torch.ones(shape, dtype=dtype)
+        return
+    g = _generator(preset, tensor_name, seed)
+    step = chunk_rows_for(shape)
+    for start in range(0, shape[0], step):
+        rows = min(step, shape[0] - start)
+        yield (torch.randn((rows, *shape[1:]), generator=g) * WEIGHT_STD).to(dtype)
+
+
+def iter_preset_tensors(
+    name: str, seed: int = PRESET_SEED
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """(tensor name, row chunk) pairs; consecutive chunks of one name stack along dim 0."""
+    source = PresetSource(name, seed)
+    for tensor_name, _, _ in source.specs:
+        for chunk in source.iter_rows(tensor_name):
+            yield tensor_name, chunk
+
+
+class PresetSource:
+    """A preset in the shape pack_model reads sources in."""
+
+    def __init__(self, name: str, seed: int = PRESET_SEED):
+        self.name = name
+        self.seed = seed
+        self.config = preset_config(name)
+        self.shapes = expected_shapes(self.config)
+        dtype = self.config.get("torch_dtype", "float32")
+        self.specs = [(n, shape, dtype) for n, shape in self.shapes.items()]
+        self.description = {"kind": "preset", "name": name, "seed": seed}
+        self.name_prefix_map: dict[str, str] = {}
+        self.skipped: list[str] = []
+        self.extra_files: list[Path] = []
+
+    def iter_rows(self, tensor_name: str) -> Iterator[torch.Tensor]:
+        shape = self.shapes[tensor_name]
+        yield from _iter_values(self.name, self.config, tensor_name, shape, self.seed)
+
+    def close(self) -> None:
+        pass
+
+
+def load_preset_tensor(name: str, tensor_name: str, seed: int = PRESET_SEED) -> torch.Tensor:
+    return torch.cat(list(PresetSource(name, seed).iter_rows(tensor_name)))
+
+
+def save_preset_as_hf(
+    name: str, out_dir: str | Path, max_shard_nbytes: int = 1 << 30, seed: int = PRESET_SEED
+) -> Path:
+    """Write a (small) preset as a Hugging Face directory: config.json + sharded safetensors
+    with ``model.safetensors.index.json`` (a single ``model.safetensors`` if it fits)."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    source = PresetSource(name, seed)
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    shard_nbytes = 0
+    for tensor_name, _, _ in source.specs:
+        t = torch.cat(list(source.iter_rows(tensor_name)))
+        if shards[-1] and shard_nbytes + t.nbytes > max_shard_nbytes:
+            shards.append({})
+            shard_nbytes = 0
+        shards[-1][tensor_name] = t
+        shard_nbytes += t.nbytes
+    metadata = {"format": "pt"}
+    if len(shards) == 1:
+        save_file(shards[0], out / "model.safetensors", metadata=metadata)
+    else:
+        weight_map, total_nbytes = {}, 0
+        for i, shard in enumerate(shards):
+            file_name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+            save_file(shard, out / file_name, metadata=metadata)
+            for tensor_name, t in shard.items():
+                weight_map[tensor_name] = file_name
+                total_nbytes += t.nbytes
+        index = {"metadata": {"total_size": total_nbytes}, "weight_map": weight_map}
+        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    (out / "config.json").write_text(json.dumps(source.config, indent=2))
+    return out

@@ -1,0 +1,161 @@
+"""Memory-mapped access to a packed model: opening it copies no weights into memory."""
+
+from __future__ import annotations
+
+import json
+import mmap
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from mebp_core.store.errors import StoreError, StoreFormatError
+from mebp_core.store.format import DTYPES, STORE_FILENAME, ArraySpan, TensorEntry, read_header
+from mebp_core.store.quant import dequantize
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    shape: tuple[int, ...]
+    dtype: torch.dtype  # the source dtype
+    bits: int | None  # None when stored unquantized
+    nbytes: int  # bytes the packed arrays occupy in the file
+
+
+@dataclass(frozen=True)
+class RawTensor:
+    """Views onto the mapping: packed ``data`` (or the plain tensor) and float16 factors."""
+
+    data: torch.Tensor
+    scales: torch.Tensor | None
+    biases: torch.Tensor | None
+    bits: int | None
+
+
+class PackedStore:
+    """A packed model directory. Tensors are views onto a private (copy-on-write) mapping of
+    ``model.mebp``, so pages are read lazily by the kernel and can be dropped under pressure."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.file = self.path / STORE_FILENAME
+        if not self.file.is_file():
+            raise StoreError(f"{self.path}: not a packed model (no {STORE_FILENAME})")
+        header, data_offset_bytes = read_header(self.file)
+        self.header: dict[str, Any] = header
+        self.quant: str = header["quant"]
+        self.group_size: int = int(header["group_size"])
+        self.name_prefix_map: dict[str, str] = header.get("name_prefix_map", {})
+        self.config: dict[str, Any] = _read_config(self.path)
+        self._entries = {e["name"]: TensorEntry.from_json(e) for e in header["tensors"]}
+        with open(self.file, "rb") as f:
+            # ACCESS_COPY gives a writable buffer (torch.frombuffer warns on read-only ones)
+            # while staying file-backed: nothing is copied unless someone writes to a page.
+            self._mmap = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        self._bytes = torch.frombuffer(self._mmap, dtype=torch.uint8)
+        self._data_offset_bytes = data_offset_bytes
+        self._raw: dict[str, RawTensor] = {}
+
+    def __enter__(self) -> PackedStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._entries
+
+    def _entry(self, name: str) -> TensorEntry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise StoreError(f"{self.file}: no tensor named {name!r}") from None
+
+    def info(self, name: str) -> TensorInfo:
+        e = self._entry(name)
+        return TensorInfo(e.shape, DTYPES[e.dtype], e.bits, e.nbytes)
+
+    def _view(self, span: ArraySpan, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        if self._bytes is None:
+            raise StoreError(f"{self.file}: store is closed")
+        start = self._data_offset_bytes + span.offset_bytes
+        return self._bytes[start : start + span.nbytes].view(dtype).view(shape)
+
+    def raw(self, name: str) -> RawTensor:
+        """The packed arrays as zero-copy views: (N, K*bits/8) uint8 data and (N, K/g)
+        float16 scales/biases, or the plain tensor when stored unquantized."""
+        if name in self._raw:
+            return self._raw[name]
+        e = self._entry(name)
+        if e.bits is None:
+            raw = RawTensor(self._view(e.data, DTYPES[e.dtype], e.shape), None, None, None)
+        else:
+            n_rows, k = e.shape
+            groups = (n_rows, k // self.group_size)
+            raw = RawTensor(
+                self._view(e.data, torch.uint8, (n_rows, k * e.bits // 8)),
+                self._view(e.scales, torch.float16, groups),
+                self._view(e.biases, torch.float16, groups),
+                e.bits,
+            )
+        self._raw[name] = raw
+        return raw
+
+    def dequantize(
+        self,
+        name: str,
+        dtype: torch.dtype = torch.float32,
+        rows: slice | None = None,
+        out: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """A new tensor holding the requested rows (all when ``rows`` is None) in ``dtype``."""
+        raw = self.raw(name)
+        if raw.bits is None:
+            src = raw.data if rows is None else raw.data[rows]
+            if out is None:
+                return src.to(dtype, copy=True)
+            return out.copy_(src)
+        return dequantize(
+            raw.data, raw.scales, raw.biases, raw.bits, self.group_size, dtype, out=out, rows=rows
+        )
+
+    def gather_rows(
+        self, name: str, index: torch.Tensor, dtype: torch.dtype = torch.float32
+    ) -> torch.Tensor:
+        """Embedding lookup: rows ``index`` (any shape) -> index.shape + (K,), decompressing
+        only those rows."""
+        raw = self.raw(name)
+        flat = index.reshape(-1).to(torch.long)
+        if raw.bits is None:
+            rows = raw.data.index_select(0, flat).to(dtype)
+        else:
+            rows = dequantize(
+                raw.data, raw.scales, raw.biases, raw.bits, self.group_size, dtype, rows=flat
+            )
+        return rows.view(*index.shape, rows.shape[-1])
+
+    def close(self) -> None:
+        self._raw.clear()
+        self._bytes = None
+        try:
+            self._mmap.close()
+        except BufferError:
+            pass  # tensors handed out still view the mapping; it is unmapped when they die
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    config_file = path / "config.json"
+    try:
+        return json.loads(config_file.read_text())
+    except FileNotFoundError:
+        raise StoreError(f"{config_file}: missing from packed model") from None
+    except json.JSONDecodeError as exc:
+        raise StoreFormatError(f"{config_file}: invalid JSON ({exc})") from exc
+
+
+def open_store(path: str | Path) -> PackedStore:
+    return PackedStore(Path(path))
