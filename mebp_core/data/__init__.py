@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from mebp_core.data.batching import Batch, iter_batches, pack_examples, split_validation
+from mebp_core.data.batching import (
+    Batch,
+    iter_batches,
+    iter_eval_batches,
+    pack_examples,
+    split_validation,
+)
 from mebp_core.data.example import IGNORE_INDEX, DatasetError, Example
 from mebp_core.data.jsonl import DatasetReport, read_examples
 from mebp_core.data.tokenizer import (
@@ -27,6 +33,7 @@ __all__ = [
     "Tokenizer",
     "TokenizerError",
     "iter_batches",
+    "iter_eval_batches",
     "load_tokenizer",
     "pack_examples",
     "read_examples",

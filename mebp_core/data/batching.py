@@ -110,6 +110,18 @@ def iter_batches(
         index += 1
 
 
+def iter_eval_batches(
+    examples: Sequence[Example], *, batch_size: int, pad_token_id: int
+) -> Iterator[Batch]:
+    """Yield the examples once, in order, `batch_size` at a time (the last batch may be short)."""
+    if batch_size < 1:
+        raise ValueError(f"need batch_size >= 1, got {batch_size}")
+    for index, first in enumerate(range(0, len(examples), batch_size)):
+        chosen = tuple(range(first, min(first + batch_size, len(examples))))
+        input_ids, labels = collate([examples[i] for i in chosen], pad_token_id)
+        yield Batch(input_ids, labels, chosen, index)
+
+
 def split_validation(
     examples: Sequence[Example], fraction: float, seed: int
 ) -> tuple[list[Example], list[Example]]:
