@@ -93,3 +93,26 @@ def write_jsonl(tmp_path: Path) -> Callable[[list[object]], Path]:
         return path
 
     return write
+
+
+@pytest.fixture
+def bpe_model_dir(tmp_path: Path) -> Path:
+    """Save a byte-level BPE trained on a few sentences, with the ChatML template."""
+    from tokenizers import decoders, trainers
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    sentences = ["hello there, how are you?", "hi there! I am fine.", "the user asks, I answer"]
+    backend.train_from_iterator(sentences * 10, trainer)
+    hf = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>")
+    hf.chat_template = CHATML
+    model_dir = tmp_path / "bpe"
+    hf.save_pretrained(model_dir)
+    (model_dir / "config.json").write_text(json.dumps({"vocab_size": 512}))
+    return model_dir

@@ -97,3 +97,19 @@ def test_read_vocab_size_from_nested_text_config():
     assert read_vocab_size({"text_config": {"vocab_size": 262144}}) == 262144
     with pytest.raises(TokenizerError):
         read_vocab_size({})
+
+
+def test_trained_bpe_prefix_fallback_covers_exactly_the_assistant_turns(bpe_model_dir):
+    tokenizer = load_tokenizer(bpe_model_dir, {"vocab_size": 512})
+    assert (tokenizer.bos_token_id, tokenizer.pad_token_id) == (None, tokenizer.eos_token_id)
+    messages = [
+        {"role": "user", "content": "hello there, how are you?"},
+        {"role": "assistant", "content": "hi there! I am fine."},
+        {"role": "user", "content": "the user asks"},
+        {"role": "assistant", "content": "I answer"},
+    ]
+    chat = tokenizer.encode_chat(messages)
+    assert chat.input_ids == tokenizer.apply_chat_template(messages)
+    learned = [t for t, keep in zip(chat.input_ids, chat.assistant_mask, strict=True) if keep]
+    decoded = tokenizer.hf.decode(learned)
+    assert decoded == "hi there! I am fine.<|im_end|>\nI answer<|im_end|>\n"
