@@ -1,0 +1,108 @@
+"""The MeBP step: forward keeping only block inputs, backward block by block in reverse.
+
+Memory at any moment: the checkpoints (one (B, T, D) tensor per block), one block's
+recomputed activations, at most one block's decompressed weights, and the LoRA parameters.
+The gradients are exactly those of plain autograd over the same model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from mebp_core.engine.loss import IGNORE_INDEX, compute_head_loss
+from mebp_core.engine.model import EngineModel
+
+
+@dataclass
+class StepLoss:
+    loss_sum: float  # summed over the valid target tokens of the batch
+    valid_tokens: int
+    correct_tokens: int
+
+
+def shift_targets(labels: torch.Tensor) -> torch.Tensor:
+    """Next-token targets in transformers' convention: position t predicts labels[t + 1]."""
+    targets = torch.full_like(labels, IGNORE_INDEX)
+    targets[:, :-1] = labels[:, 1:]
+    return targets  # (B, T)
+
+
+def count_valid_targets(labels: torch.Tensor) -> int:
+    return int((labels[:, 1:] != IGNORE_INDEX).sum())
+
+
+def forward_blocks(engine: EngineModel, input_ids: torch.Tensor, checkpoints=None) -> torch.Tensor:
+    """Run the frozen forward without autograd, saving each block's input if asked."""
+    ctx = engine.context(input_ids.shape[1])
+    with torch.no_grad():
+        hidden = engine.arch.embed(input_ids).to(engine.dtype)  # (B, T, D)
+        if checkpoints is not None:
+            checkpoints.reserve(len(engine.layers), hidden)
+        for index, layer in enumerate(engine.layers):
+            if checkpoints is not None:
+                checkpoints.put(index, hidden)
+            hidden = layer(hidden, ctx)
+    return hidden
+
+
+def evaluate_batch(engine: EngineModel, input_ids: torch.Tensor,
+                   labels: torch.Tensor) -> StepLoss:
+    """Loss and next-token accuracy of a batch, with no gradients and no logits tensor."""
+    hidden = forward_blocks(engine, input_ids)
+    with torch.no_grad():
+        normed = engine.arch.final_norm(hidden)
+    head = _head_loss(engine, normed, labels, with_grad=False)
+    return StepLoss(float(head.loss_sum), head.valid_tokens, head.correct_tokens)
+
+
+def run_mebp_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Tensor,
+                  checkpoints, *, loss_scale: float,
+                  on_block_done: Callable[[int], None] | None = None) -> StepLoss:
+    """Accumulate ``loss_scale * d(sum of token losses)/d(LoRA)`` into the LoRA ``.grad``s.
+
+    ``on_block_done(i)`` runs right after block i's gradients are complete: an optimizer may
+    update that block there, since no later backward reads its parameters.
+    """
+    hidden = forward_blocks(engine, input_ids, checkpoints)
+    hidden.requires_grad_(True)
+    with torch.enable_grad():
+        normed = engine.arch.final_norm(hidden)
+    head = _head_loss(engine, normed.detach(), labels, with_grad=True)
+    grad_normed = (head.grad_hidden * loss_scale).to(normed.dtype).view_as(normed)
+    torch.autograd.backward(normed, grad_normed)
+    grad = hidden.grad
+    del hidden, normed, grad_normed, head.grad_hidden
+
+    ctx = engine.context(input_ids.shape[1])
+    for index in reversed(range(len(engine.layers))):
+        block_input = checkpoints.pop(index).requires_grad_(True)
+        with torch.enable_grad(), _weight_sharing(engine):
+            output = engine.layers[index](block_input, ctx)
+            torch.autograd.backward(output, grad)
+        grad = block_input.grad
+        del output, block_input
+        if on_block_done is not None:
+            on_block_done(index)
+    checkpoints.clear()
+    return StepLoss(float(head.loss_sum), head.valid_tokens, head.correct_tokens)
+
+
+def _weight_sharing(engine: EngineModel):
+    if engine.knobs.share_decompression:
+        return engine.working_set.share_weights()
+    return contextlib.nullcontext()
+
+
+def _head_loss(engine: EngineModel, normed: torch.Tensor, labels: torch.Tensor, *,
+               with_grad: bool):
+    targets = shift_targets(labels).reshape(-1)
+    return compute_head_loss(
+        normed.reshape(-1, normed.shape[-1]), targets,
+        store=engine.store, head_name=engine.arch.head_weight_name, dtype=engine.dtype,
+        tile_bytes=engine.knobs.loss_vocab_tile_bytes,
+        softcap=getattr(engine.arch, "logit_softcap", None),
+        working_set=engine.working_set, with_grad=with_grad)

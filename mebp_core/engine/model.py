@@ -1,0 +1,176 @@
+"""Bind an architecture to a packed store: lazy frozen projections, small tensors, LoRA."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from mebp_core.config import EngineKnobs
+from mebp_core.engine.frozen import FrozenEmbedding, FrozenLinear, WeightWorkingSet
+from mebp_core.lora.linear import LoraLinear, apply_lora
+from mebp_core.lora.peft_io import AdapterError, check_adapter_fits, load_peft_adapter
+from mebp_core.lora.spec import LoraSpec
+from mebp_core.models import build_model
+from mebp_core.store.reader import open_store
+
+
+class ModelLoadError(ValueError):
+    """The packed model cannot be bound to its architecture (missing or misshapen tensor)."""
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class EngineModel:
+    """An architecture whose frozen weights stay in the store, with LoRA branches attached."""
+
+    store: object
+    arch: nn.Module
+    dtype: torch.dtype
+    knobs: EngineKnobs
+    working_set: WeightWorkingSet
+    lora: dict[str, LoraLinear] = field(default_factory=dict)
+    lora_spec: LoraSpec | None = None
+    _contexts: dict[int, object] = field(default_factory=dict)
+
+    @property
+    def layers(self) -> nn.ModuleList:
+        return self.arch.model.layers
+
+    @property
+    def config(self) -> dict:
+        return self.store.config
+
+    def context(self, seq_len: int):
+        if seq_len not in self._contexts:
+            self._contexts.clear()
+            self._contexts[seq_len] = self.arch.make_context(seq_len, torch.device("cpu"),
+                                                             self.dtype)
+        return self._contexts[seq_len]
+
+    def block_parameters(self, block: int) -> list[nn.Parameter]:
+        return [p for p in self.layers[block].parameters() if p.requires_grad]
+
+    def lora_parameters(self) -> list[nn.Parameter]:
+        return [p for module in self.lora.values() for p in module.parameters()
+                if p.requires_grad]
+
+    def adapter_tensors(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        return {path: (m.lora_A.weight.detach(), m.lora_B.weight.detach())
+                for path, m in self.lora.items()}
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def load_engine_model(model_dir: str | Path, *, compute_dtype: str = "float32",
+                      lora_spec: LoraSpec | None = None, seed: int = 0,
+                      init_adapter: str | Path | None = None,
+                      knobs: EngineKnobs | None = None) -> EngineModel:
+    """Open a packed model directory and build the engine's view of it (copies no weights)."""
+    knobs = knobs or EngineKnobs()
+    dtype = DTYPES[compute_dtype]
+    store = open_store(model_dir)
+    with torch.device("meta"):
+        arch = build_model(store.config)
+    working_set = WeightWorkingSet()
+    _bind_frozen_modules(arch, store, dtype, working_set, knobs)
+    _load_small_tensors(arch, store, dtype)
+    for p in arch.parameters():
+        p.requires_grad_(False)
+    engine = EngineModel(store, arch, dtype, knobs, working_set)
+    if lora_spec is not None or init_adapter is not None:
+        _attach_lora(engine, lora_spec, seed, init_adapter)
+    return engine
+
+
+def _bind_frozen_modules(arch: nn.Module, store, dtype: torch.dtype,
+                         working_set: WeightWorkingSet, knobs: EngineKnobs) -> None:
+    names = set(store.names())
+    head = getattr(arch, "head_weight_name", None)
+    for path, module in list(arch.named_modules()):
+        if isinstance(module, nn.Linear):
+            weight_name = f"{path}.weight"
+            if weight_name not in names:
+                raise ModelLoadError(f"{store.path}: tensor {weight_name!r} is missing")
+            _check_shape(store, weight_name, (module.out_features, module.in_features))
+            bias = None
+            if module.bias is not None:
+                bias = store.dequantize(f"{path}.bias", dtype)
+            frozen = FrozenLinear(store, weight_name, bias, working_set=working_set,
+                                  dtype=dtype, tile_bytes=knobs.decompress_tile_bytes)
+            _set_submodule(arch, path, frozen)
+        elif isinstance(module, nn.Embedding):
+            weight_name = f"{path}.weight"
+            _check_shape(store, weight_name, (module.num_embeddings, module.embedding_dim))
+            _set_submodule(arch, path, FrozenEmbedding(store, weight_name, dtype=dtype))
+    if head is not None and head not in names:
+        raise ModelLoadError(f"{store.path}: output projection {head!r} is missing")
+
+
+def _load_small_tensors(arch: nn.Module, store, dtype: torch.dtype) -> None:
+    """Norm weights and other small tensors are read into memory (a few KB per block)."""
+    names = set(store.names())
+    for path, tensor in [*arch.named_parameters(), *arch.named_buffers()]:
+        if not tensor.is_meta:
+            continue
+        if path not in names:
+            raise ModelLoadError(f"{store.path}: tensor {path!r} is missing")
+        _check_shape(store, path, tuple(tensor.shape))
+        value = store.dequantize(path, dtype)
+        owner_path, _, leaf = path.rpartition(".")
+        owner = arch.get_submodule(owner_path)
+        if leaf in owner._parameters:
+            owner._parameters[leaf] = nn.Parameter(value, requires_grad=False)
+        else:
+            owner._buffers[leaf] = value
+
+
+def _attach_lora(engine: EngineModel, spec: LoraSpec | None, seed: int,
+                 init_adapter: str | Path | None) -> None:
+    loaded = None
+    if init_adapter is not None:
+        adapter_spec, loaded = load_peft_adapter(init_adapter)
+        spec = _reconcile_specs(spec, adapter_spec, init_adapter)
+    engine.lora = apply_lora(engine.arch, spec, seed=seed)
+    engine.lora_spec = spec
+    if loaded is None:
+        return
+    expected = {path: (m.out_features, m.in_features) for path, m in engine.lora.items()}
+    try:
+        check_adapter_fits(loaded, expected)
+    except AdapterError as exc:
+        raise AdapterError(f"{init_adapter}: {exc}") from exc
+    with torch.no_grad():
+        for path, (a, b) in loaded.items():
+            engine.lora[path].lora_A.weight.copy_(a)
+            engine.lora[path].lora_B.weight.copy_(b)
+
+
+def _reconcile_specs(spec: LoraSpec | None, adapter_spec: LoraSpec, source) -> LoraSpec:
+    """An initial adapter must agree with the requested rank and alpha; targets may grow."""
+    if spec is None:
+        return adapter_spec
+    for field_name, flag in (("rank", "--lora-rank"), ("alpha", "--lora-alpha")):
+        ours, theirs = getattr(spec, field_name), getattr(adapter_spec, field_name)
+        if ours != theirs:
+            raise AdapterError(f"{source}: adapter has {field_name} {theirs}, "
+                               f"but {flag} is {ours}")
+    return spec
+
+
+def _check_shape(store, name: str, expected: tuple[int, ...]) -> None:
+    actual = tuple(store.info(name).shape)
+    if actual != tuple(expected):
+        raise ModelLoadError(
+            f"{store.path}: tensor {name!r} has shape {actual}, the config implies {expected}")
+
+
+def _set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
+    owner_path, _, leaf = path.rpartition(".")
+    owner = root.get_submodule(owner_path) if owner_path else root
+    setattr(owner, leaf, module)

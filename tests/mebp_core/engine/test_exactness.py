@@ -1,0 +1,141 @@
+"""The MeBP step gives the gradients of transformers + PEFT autograd, for every family."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import peft
+import pytest
+import torch
+import transformers
+
+from mebp_core.engine.checkpoints import make_checkpoints
+from mebp_core.engine.mebp import count_valid_targets, run_mebp_step
+from mebp_core.engine.model import load_engine_model
+from mebp_core.lora.peft_io import save_peft_adapter
+from mebp_core.store.reader import open_store
+
+from engine_fixtures import FAMILIES, LORA, random_batch
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return float((actual - expected).abs().max() / expected.abs().max().clamp_min(1e-12))
+
+
+def write_random_adapter(hf_dir: Path, out: Path, seed: int) -> Path:
+    """A non-zero adapter (B != 0) on every targeted projection, so the LoRA path matters."""
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir)
+    gen = torch.Generator().manual_seed(seed)
+    adapters = {}
+    for path in LORA.target_module_paths(name for name, _ in model.named_modules()):
+        linear = model.get_submodule(path)
+        a = torch.randn(LORA.rank, linear.in_features, generator=gen) * 0.1
+        b = torch.randn(linear.out_features, LORA.rank, generator=gen) * 0.1
+        adapters[path] = (a, b)
+    save_peft_adapter(out, adapters, LORA, base_model_name_or_path=str(hf_dir))
+    return out
+
+
+def peft_gradients(hf_dir: Path, adapter_dir: Path, input_ids, labels, state_dict=None):
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    if state_dict is not None:
+        missing, unexpected = model.load_state_dict(state_dict, strict=False)
+        assert not unexpected
+    peft_model = peft.PeftModel.from_pretrained(model, adapter_dir, is_trainable=True)
+    output = peft_model(input_ids=input_ids, labels=labels)
+    output.loss.backward()
+    grads = {}
+    for name, param in peft_model.named_parameters():
+        if "lora_" in name:
+            path = name.removeprefix("base_model.model.").split(".lora_")[0]
+            kind = "A" if ".lora_A." in name else "B"
+            grads[(path, kind)] = param.grad.detach().clone()
+    return float(output.loss), grads
+
+
+def engine_gradients(packed_dir: Path, adapter_dir: Path, input_ids, labels, **knobs):
+    engine = load_engine_model(packed_dir, lora_spec=LORA, init_adapter=adapter_dir)
+    valid = count_valid_targets(labels)
+    checkpoints = make_checkpoints(knobs.get("checkpoint_storage", "ram"))
+    result = run_mebp_step(engine, input_ids, labels, checkpoints, loss_scale=1.0 / valid)
+    grads = {}
+    for path, module in engine.lora.items():
+        grads[(path, "A")] = module.lora_A.weight.grad
+        grads[(path, "B")] = module.lora_B.weight.grad
+    return result.loss_sum / valid, grads, engine
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gradients_equal_peft_autograd(family, tiny_models, packed_models, tmp_path):
+    hf_dir = tiny_models[family]
+    adapter = write_random_adapter(hf_dir, tmp_path / "adapter", seed=1)
+    config = transformers.AutoConfig.from_pretrained(hf_dir)
+    input_ids, labels = random_batch(config.vocab_size, seed=2)
+
+    expected_loss, expected = peft_gradients(hf_dir, adapter, input_ids, labels)
+    loss, actual, _ = engine_gradients(packed_models[family, "none"], adapter, input_ids, labels)
+
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
+    assert actual.keys() == expected.keys()
+    worst = max(relative_error(actual[key], expected[key]) for key in expected)
+    assert worst <= 1e-4, f"{family}: worst LoRA gradient relative error {worst:.2e}"
+
+
+@pytest.mark.parametrize("family", ["qwen2", "gemma3_text"])
+def test_one_sgd_step_equals_peft(family, tiny_models, packed_models, tmp_path):
+    hf_dir = tiny_models[family]
+    adapter = write_random_adapter(hf_dir, tmp_path / "adapter", seed=3)
+    config = transformers.AutoConfig.from_pretrained(hf_dir)
+    input_ids, labels = random_batch(config.vocab_size, seed=4)
+    lr = 0.5
+    _, expected_grads = peft_gradients(hf_dir, adapter, input_ids, labels)
+
+    engine = load_engine_model(packed_models[family, "none"], lora_spec=LORA, init_adapter=adapter)
+    before = {path: (m.lora_A.weight.detach().clone(), m.lora_B.weight.detach().clone())
+              for path, m in engine.lora.items()}
+    optimizers = [torch.optim.SGD(engine.block_parameters(i), lr=lr)
+                  for i in range(len(engine.layers))]
+
+    def update(index: int) -> None:  # fused: each block steps as soon as its grads are done
+        optimizers[index].step()
+        optimizers[index].zero_grad(set_to_none=True)
+
+    run_mebp_step(engine, input_ids, labels, make_checkpoints("ram"),
+                  loss_scale=1.0 / count_valid_targets(labels), on_block_done=update)
+    for path, (a, b) in engine.adapter_tensors().items():
+        expect_a = before[path][0] - lr * expected_grads[(path, "A")]
+        expect_b = before[path][1] - lr * expected_grads[(path, "B")]
+        assert relative_error(a, expect_a) <= 1e-4
+        assert relative_error(b, expect_b) <= 1e-4
+        assert not torch.equal(b, before[path][1])
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_int4_gradients_equal_autograd_on_dequantized_weights(family, tiny_models,
+                                                               packed_models, tmp_path):
+    hf_dir = tiny_models[family]
+    packed = packed_models[family, "int4"]
+    store = open_store(packed)
+    dequantized = {name: store.dequantize(name, torch.float32) for name in store.names()}
+    store.close()
+    adapter = write_random_adapter(hf_dir, tmp_path / "adapter", seed=5)
+    config = transformers.AutoConfig.from_pretrained(hf_dir)
+    input_ids, labels = random_batch(config.vocab_size, seed=6)
+
+    expected_loss, expected = peft_gradients(hf_dir, adapter, input_ids, labels, dequantized)
+    loss, actual, _ = engine_gradients(packed, adapter, input_ids, labels)
+
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
+    worst = max(relative_error(actual[key], expected[key]) for key in expected)
+    assert worst <= 1e-4, f"{family} int4: worst gradient relative error {worst:.2e}"
+
+
+def test_mmap_checkpoints_give_the_same_gradients(tiny_models, packed_models, tmp_path):
+    hf_dir = tiny_models["qwen3"]
+    adapter = write_random_adapter(hf_dir, tmp_path / "adapter", seed=7)
+    input_ids, labels = random_batch(300, seed=8)
+    _, in_ram, _ = engine_gradients(packed_models["qwen3", "int4"], adapter, input_ids, labels)
+    _, on_disk, _ = engine_gradients(packed_models["qwen3", "int4"], adapter, input_ids, labels,
+                                     checkpoint_storage="mmap")
+    for key, grad in in_ram.items():
+        assert torch.equal(grad, on_disk[key])
