@@ -1,0 +1,64 @@
+"""Architectures, one file per Hugging Face ``model_type``; the filename is the registry.
+
+Each architecture file is math only (no quantization, I/O or memory logic) and defines
+``ModelArgs``, ``Attention``, ``MLP``, ``TransformerBlock`` and ``Model`` with Hugging Face's
+module names kept verbatim, so ``Model.named_modules()`` yields the same paths as the
+transformers ``*ForCausalLM`` model (``model.layers.0.self_attn.q_proj``...). That is what
+lets the engine swap frozen projections for lazily decompressed ones by path and lets LoRA
+adapters round-trip through PEFT without key maps.
+
+The engine relies on this contract of ``Model``:
+
+- ``Model(args)`` builds cheaply under ``torch.device("meta")``;
+- ``embed(input_ids) -> h`` with ``h`` of shape (B, T, D), any embedding scale included;
+- ``make_context(seq_len, device, dtype) -> BlockContext``: rotary tables and masks for
+  every layer type, computed once per sequence length;
+- ``model.layers[i](h, ctx) -> h``: one transformer block;
+- ``final_norm(h) -> h``;
+- ``head_weight_name``: the HF tensor name of the output projection (the embedding when tied);
+- ``forward(input_ids) -> logits``: the plain reference forward.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from torch import nn
+
+# model_type -> module name under mebp_core.models
+_ARCHITECTURES = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "gemma3_text": "gemma3_text",
+    "gemma3": "gemma3_text",
+}
+
+
+class UnknownArchitectureError(ValueError):
+    """The config names a model_type this engine does not implement."""
+
+
+def text_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The text model's config; multimodal Gemma 3 checkpoints nest it under text_config."""
+    if config.get("model_type") == "gemma3":
+        return {**config.get("text_config", {}), "model_type": "gemma3_text"}
+    return config
+
+
+def architecture_module(config: dict[str, Any]):
+    model_type = text_config(config).get("model_type")
+    if model_type not in _ARCHITECTURES:
+        known = ", ".join(sorted(_ARCHITECTURES))
+        raise UnknownArchitectureError(
+            f"config.json: model_type {model_type!r} is not supported (known: {known})"
+        )
+    return importlib.import_module(f"mebp_core.models.{_ARCHITECTURES[model_type]}")
+
+
+def build_model(config: dict[str, Any]) -> nn.Module:
+    """Build the architecture for a Hugging Face config dict (weights left uninitialized)."""
+    module = architecture_module(config)
+    args = module.ModelArgs.from_hf_config(text_config(config))
+    return module.Model(args)
