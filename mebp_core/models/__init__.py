@@ -12,10 +12,13 @@ The engine relies on this contract of ``Model``:
 - ``Model(args)`` builds cheaply under ``torch.device("meta")``;
 - ``embed(input_ids) -> h`` with ``h`` of shape (B, T, D), any embedding scale included;
 - ``make_context(seq_len, device, dtype) -> BlockContext``: rotary tables and masks for
-  every layer type, computed once per sequence length;
+  every layer type, computed once per sequence length (``mebp_core.models.base``);
 - ``model.layers[i](h, ctx) -> h``: one transformer block;
 - ``final_norm(h) -> h``;
 - ``head_weight_name``: the HF tensor name of the output projection (the embedding when tied);
+- ``logit_softcap``: None, or c for logits = c * tanh(logits / c) (Gemma 3);
+- ``args``: the frozen ``ModelArgs`` (``hidden_size``, ``num_hidden_layers``, ``vocab_size``,
+  ``head_dim``, ``layer_types``, ``tie_word_embeddings``...);
 - ``forward(input_ids) -> logits``: the plain reference forward.
 """
 

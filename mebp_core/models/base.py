@@ -205,7 +205,7 @@ def get_activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     return ACTIVATIONS[name]
 
 
-def softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
+def apply_softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
     if cap is None:
         return logits
     return torch.tanh(logits / cap) * cap
@@ -262,4 +262,4 @@ class CausalLM(nn.Module):
             logits = F.linear(h, self.model.embed_tokens.weight)
         else:
             logits = self.lm_head(h)
-        return softcap(logits, self.logit_softcap)
+        return apply_softcap(logits, self.logit_softcap)
