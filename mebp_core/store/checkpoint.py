@@ -31,8 +31,16 @@ TOKENIZER_FILES = (
     "tokenizer.model",
 )
 SAFETENSORS_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16",
-    "I64": "int64", "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "I16": "int16",
+    "I8": "int8",
+    "U8": "uint8",
+    "BOOL": "bool",
 }
 # Multimodal Gemma 3 layouts (new, old) -> CausalLM names; the vision tower is left out.
 _TEXT_PREFIXES = (

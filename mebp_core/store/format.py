@@ -89,8 +89,13 @@ class TensorEntry:
             return None if s is None else ArraySpan(int(s["offset_bytes"]), int(s["nbytes"]))
 
         return cls(
-            obj["name"], tuple(obj["shape"]), obj["dtype"], obj["bits"],
-            span(obj["data"]), span(obj["scales"]), span(obj["biases"]),
+            obj["name"],
+            tuple(obj["shape"]),
+            obj["dtype"],
+            obj["bits"],
+            span(obj["data"]),
+            span(obj["scales"]),
+            span(obj["biases"]),
         )
 
 

@@ -131,6 +131,7 @@ def pack_model(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
+        os.chmod(tmp, 0o755)  # mkdtemp's 0700 would make the packed model private
         _write_config(tmp, source)
         _write_store(tmp / STORE_FILENAME, source, quant, group_size, progress)
         _move_into_place(tmp, out)

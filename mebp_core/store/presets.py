@@ -33,9 +33,7 @@ def preset_config(name: str) -> dict[str, Any]:
     try:
         return copy.deepcopy(PRESET_CONFIGS[name])
     except KeyError:
-        raise PackError(
-            f"unknown preset {name!r} (known: {', '.join(list_presets())})"
-        ) from None
+        raise PackError(f"unknown preset {name!r} (known: {', '.join(list_presets())})") from None
 
 
 def preset_parameter_count(name: str) -> int:
@@ -70,9 +68,7 @@ def _iter_values(
         yield (torch.randn((rows, *shape[1:]), generator=g) * WEIGHT_STD).to(dtype)
 
 
-def iter_preset_tensors(
-    name: str, seed: int = PRESET_SEED
-) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_preset_tensors(name: str, seed: int = PRESET_SEED) -> Iterator[tuple[str, torch.Tensor]]:
     """(tensor name, row chunk) pairs; consecutive chunks of one name stack along dim 0."""
     source = PresetSource(name, seed)
     for tensor_name, _, _ in source.specs:
