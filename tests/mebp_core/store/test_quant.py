@@ -83,3 +83,19 @@ def test_refuses_shapes_it_cannot_group():
         quantize(torch.zeros(4, 64), 3, 64)
     with pytest.raises(QuantizationError, match="nan"):
         quantize(torch.full((1, 64), float("nan")), 4, 64)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_matrices_spanning_several_internal_chunks(dtype):
+    torch.manual_seed(2)
+    w = torch.randn(300, 4096) * 0.02  # 256 rows per internal chunk: one full, one partial
+    qt = quantize(w, 4, 64)
+    full = dequantize(qt.data, qt.scales, qt.biases, 4, 64, dtype)
+    per_row = torch.cat(
+        [
+            dequantize(qt.data, qt.scales, qt.biases, 4, 64, dtype, rows=slice(i, i + 1))
+            for i in range(0, 300, 7)
+        ]
+    )
+    assert torch.equal(full[::7], per_row)
+    assert_within_bound(w, qt, 4, 64)
