@@ -4,25 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
-from mebp_core.data.example import IGNORE_INDEX, Example
-from mebp_core.data.batching import pack_examples
+from mebp_core.data.batching import iter_eval_batches, pack_examples
 from mebp_core.data.jsonl import read_examples
 from mebp_core.data.tokenizer import load_tokenizer
 from mebp_core.engine.mebp import evaluate_batch
 from mebp_core.engine.model import load_engine_model
-
-
-def collate(examples: list[Example], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad a list of examples into (B, T) input_ids and labels."""
-    width = max(len(e.input_ids) for e in examples)
-    input_ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
-    labels = torch.full((len(examples), width), IGNORE_INDEX, dtype=torch.long)
-    for row, example in enumerate(examples):
-        input_ids[row, : len(example.input_ids)] = torch.tensor(example.input_ids)
-        labels[row, : len(example.labels)] = torch.tensor(example.labels)
-    return input_ids, labels
 
 
 def evaluate_dataset(model_dir: Path, data: Path, *, adapter: Path | None = None,
@@ -36,10 +22,9 @@ def evaluate_dataset(model_dir: Path, data: Path, *, adapter: Path | None = None
                                vocab_size=engine.arch.args.vocab_size)
         examples = pack_examples(report.examples, seq_len)
         loss_sum, tokens, correct = 0.0, 0, 0
-        for start in range(0, len(examples), batch_size):
-            input_ids, labels = collate(examples[start : start + batch_size],
-                                        tokenizer.pad_token_id)
-            result = evaluate_batch(engine, input_ids, labels)
+        for batch in iter_eval_batches(examples, batch_size=batch_size,
+                                       pad_token_id=tokenizer.pad_token_id):
+            result = evaluate_batch(engine, batch.input_ids, batch.labels)
             loss_sum += result.loss_sum
             tokens += result.valid_tokens
             correct += result.correct_tokens

@@ -35,6 +35,12 @@ def count_valid_targets(labels: torch.Tensor) -> int:
     return int((labels[:, 1:] != IGNORE_INDEX).sum())
 
 
+def backward_from(output: torch.Tensor, grad: torch.Tensor) -> None:
+    """``output.backward(grad)``, written as a scalar backward: d sum(o * g) / d o is exactly g,
+    and this skips torch's tensor-gradient shape check, which imports sympy (~35 MB)."""
+    torch.sum(output * grad).backward()
+
+
 def forward_blocks(engine: EngineModel, input_ids: torch.Tensor, checkpoints=None) -> torch.Tensor:
     """Run the frozen forward without autograd, saving each block's input if asked."""
     ctx = engine.context(input_ids.shape[1])
@@ -73,7 +79,7 @@ def run_mebp_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Te
         normed = engine.arch.final_norm(hidden)
     head = _head_loss(engine, normed.detach(), labels, with_grad=True)
     grad_normed = (head.grad_hidden * loss_scale).to(normed.dtype).view_as(normed)
-    torch.autograd.backward(normed, grad_normed)
+    backward_from(normed, grad_normed)
     grad = hidden.grad
     del hidden, normed, grad_normed, head.grad_hidden
 
@@ -82,7 +88,7 @@ def run_mebp_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Te
         block_input = checkpoints.pop(index).requires_grad_(True)
         with torch.enable_grad(), _weight_sharing(engine):
             output = engine.layers[index](block_input, ctx)
-            torch.autograd.backward(output, grad)
+            backward_from(output, grad)
         grad = block_input.grad
         del output, block_input
         if on_block_done is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def load_engine_model(model_dir: str | Path, *, compute_dtype: str = "float32",
     knobs = knobs or EngineKnobs()
     dtype = DTYPES[compute_dtype]
     store = open_store(model_dir)
-    with torch.device("meta"):
+    with torch.device("meta"), _skipped_init():
         arch = build_model(store.config)
     working_set = WeightWorkingSet()
     _bind_frozen_modules(arch, store, dtype, working_set, knobs)
@@ -86,6 +87,21 @@ def load_engine_model(model_dir: str | Path, *, compute_dtype: str = "float32",
     if lora_spec is not None or init_adapter is not None:
         _attach_lora(engine, lora_spec, seed, init_adapter)
     return engine
+
+
+@contextlib.contextmanager
+def _skipped_init():
+    """Skip random init while building on meta: the weights come from the store anyway, and
+    the first random op on a meta tensor costs ~70 MB of torch internals for nothing."""
+    names = ("normal_", "uniform_", "kaiming_uniform_", "trunc_normal_", "xavier_uniform_")
+    saved = {name: getattr(nn.init, name) for name in names}
+    for name in names:
+        setattr(nn.init, name, lambda tensor, *args, **kwargs: tensor)
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(nn.init, name, function)
 
 
 def _bind_frozen_modules(arch: nn.Module, store, dtype: torch.dtype,

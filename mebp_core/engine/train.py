@@ -18,6 +18,7 @@ from mebp_core.engine.checkpoints import make_checkpoints
 from mebp_core.engine.mebp import count_valid_targets, run_mebp_step
 from mebp_core.engine.memory import MB, MemorySampler
 from mebp_core.engine.model import EngineModel, load_engine_model
+from mebp_core.engine.optim import BlockOptimizer, make_optimizer
 from mebp_core.lora.peft_io import save_peft_adapter
 from mebp_core.lora.spec import LoraSpec
 
@@ -53,17 +54,11 @@ def lora_spec_of(config: TrainConfig) -> LoraSpec:
     return LoraSpec(rank=config.lora_rank, alpha=config.lora_alpha, targets=config.lora_targets)
 
 
-def make_block_optimizers(engine: EngineModel, config: TrainConfig) -> list[torch.optim.Optimizer]:
+def make_block_optimizers(engine: EngineModel, config: TrainConfig) -> list[BlockOptimizer]:
     """One optimizer per block, so each block is updated as soon as its gradients are done."""
-    optimizers = []
-    for index in range(len(engine.layers)):
-        params = engine.block_parameters(index)
-        if config.optimizer == "sgd":
-            opt = torch.optim.SGD(params, lr=config.lr, weight_decay=config.weight_decay)
-        else:
-            opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
-        optimizers.append(opt)
-    return optimizers
+    return [make_optimizer(config.optimizer, engine.block_parameters(index), lr=config.lr,
+                           weight_decay=config.weight_decay)
+            for index in range(len(engine.layers))]
 
 
 def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
@@ -111,7 +106,6 @@ def _train_step(engine: EngineModel, optimizers, checkpoints, sampler: MemorySam
 
     def update_block(index: int) -> None:
         optimizers[index].step()
-        optimizers[index].zero_grad(set_to_none=True)
 
     result = run_mebp_step(engine, input_ids, labels, checkpoints,
                            loss_scale=1.0 / max(valid, 1), on_block_done=update_block)

@@ -8,14 +8,13 @@ import peft
 import pytest
 import torch
 import transformers
+from engine_fixtures import FAMILIES, LORA, random_batch
 
 from mebp_core.engine.checkpoints import make_checkpoints
 from mebp_core.engine.mebp import count_valid_targets, run_mebp_step
 from mebp_core.engine.model import load_engine_model
 from mebp_core.lora.peft_io import save_peft_adapter
 from mebp_core.store.reader import open_store
-
-from engine_fixtures import FAMILIES, LORA, random_batch
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

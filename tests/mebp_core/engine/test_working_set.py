@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import torch
+from engine_fixtures import LORA, random_batch
 
 from mebp_core.config import EngineKnobs
 from mebp_core.engine.checkpoints import make_checkpoints
 from mebp_core.engine.mebp import count_valid_targets, evaluate_batch, run_mebp_step
 from mebp_core.engine.model import load_engine_model
-
-from engine_fixtures import LORA, random_batch
 
 TILE_BYTES = 1 << 16
 

@@ -1,0 +1,163 @@
+"""The ``mebp`` command: pack, train, eval (serve and plan arrive with the service issues)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from mebp_core.store.errors import StoreError
+
+# CLI flag for each TrainConfig field, so validation errors name what the user typed.
+_FLAGS = {
+    "steps": "--steps", "seq_len": "--seq-len", "batch_size": "--batch-size",
+    "lora_rank": "--lora-rank", "lora_alpha": "--lora-alpha", "lora_targets": "--lora-targets",
+    "optimizer": "--optimizer", "lr": "--lr", "seed": "--seed", "quant": "--quant",
+    "group_size": "--group-size", "compute_dtype": "--compute-dtype", "method": "--method",
+    "checkpoint_storage": "--checkpoint-storage",
+}
+
+
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", required=True,
+                        help="a packed dir, a Hugging Face dir, or preset:NAME")
+    parser.add_argument("--quant", choices=["none", "int8", "int4"], default="int4")
+    parser.add_argument("--group-size", type=int, default=64)
+    parser.add_argument("--compute-dtype", choices=["float32", "bfloat16"], default="float32")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=1)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mebp", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    pack = sub.add_parser("pack", help="pack a model into the memory-mapped quantized format")
+    pack.add_argument("src", help="a Hugging Face model directory or preset:NAME")
+    pack.add_argument("out", type=Path)
+    pack.add_argument("--quant", choices=["none", "int8", "int4"], default="int4")
+    pack.add_argument("--group-size", type=int, default=64)
+
+    train = sub.add_parser("train", help="fine-tune LoRA adapters")
+    _add_model_options(train)
+    train.add_argument("--data", type=Path, required=True)
+    train.add_argument("--out", type=Path, required=True)
+    train.add_argument("--method", choices=["mebp", "mezo", "backprop"], default="mebp")
+    train.add_argument("--steps", type=int, default=10)
+    train.add_argument("--lora-rank", type=int, default=8)
+    train.add_argument("--lora-alpha", type=float, default=16.0)
+    train.add_argument("--lora-targets", default="q,k,v,o,gate,up,down")
+    train.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
+    train.add_argument("--lr", type=float, default=1e-4)
+    train.add_argument("--seed", type=int, default=0)
+    train.add_argument("--init-adapter", type=Path)
+    train.add_argument("--metrics", type=Path, help="write one JSON line per step here")
+    train.add_argument("--checkpoint-storage", choices=["ram", "mmap"], default="ram")
+
+    evaluate = sub.add_parser("eval", help="loss and next-token accuracy on a dataset")
+    _add_model_options(evaluate)
+    evaluate.add_argument("--data", type=Path, required=True)
+    evaluate.add_argument("--adapter", type=Path)
+    evaluate.add_argument("--json", action="store_true")
+
+    serve = sub.add_parser("serve", help="run the service (not built yet)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--data-dir", type=Path)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except ValidationError as exc:
+        return _fail("; ".join(_describe_validation(err) for err in exc.errors()))
+    except (ValueError, OSError, StoreError) as exc:
+        return _fail(str(exc))
+    except KeyboardInterrupt:
+        return _fail("interrupted", code=130)
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"mebp: error: {message}", file=sys.stderr)
+    return code
+
+
+def _describe_validation(err: dict) -> str:
+    field = ".".join(str(part) for part in err["loc"])
+    return f"{_FLAGS.get(field, field)}: {err['msg']}"
+
+
+def _run_pack(args: argparse.Namespace) -> int:
+    from mebp_core.store.pack import pack_model
+
+    def show(done: int, total: int, name: str) -> None:
+        print(f"\r[{done}/{total}] {name[:60]:<60}", end="", file=sys.stderr, flush=True)
+
+    out = pack_model(args.src, args.out, quant=args.quant, group_size=args.group_size,
+                     progress=show)
+    print(file=sys.stderr)
+    print(out)
+    return 0
+
+
+def _run_train(args: argparse.Namespace) -> int:
+    from mebp_core.config import EngineKnobs, TrainConfig
+    from mebp_core.engine.memory import MemorySampler
+    from mebp_core.engine.train import train
+    from mebp_core.store.resolve import resolve_model
+
+    config = TrainConfig(
+        method=args.method, steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size,
+        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets,
+        optimizer=args.optimizer, lr=args.lr, seed=args.seed, quant=args.quant,
+        group_size=args.group_size, compute_dtype=args.compute_dtype,
+        knobs=EngineKnobs(checkpoint_storage=args.checkpoint_storage))
+    if config.method != "mebp":
+        return _fail(f"--method {config.method}: not available yet (only mebp)")
+    with MemorySampler() as sampler:
+        model_dir = resolve_model(args.model, quant=config.quant, group_size=config.group_size)
+        result = train(config, model_dir=model_dir, data=args.data, out=args.out,
+                       sampler=sampler, init_adapter=args.init_adapter,
+                       metrics_path=args.metrics, base_model_name=args.model,
+                       on_step=_print_step)
+    print(json.dumps({"steps": result.steps, "final_loss": result.final_loss,
+                      "adapter": str(result.adapter_dir), "peak_anon_mb": result.peak_anon_mb,
+                      "footprint_mb": result.footprint_mb}))
+    return 0
+
+
+def _print_step(metrics) -> None:
+    print(f"step {metrics.step}: loss {metrics.loss:.4f}  {metrics.step_time_s:.2f}s  "
+          f"footprint {metrics.footprint_mb:.0f} MB", file=sys.stderr, flush=True)
+
+
+def _run_eval(args: argparse.Namespace) -> int:
+    from mebp_core.engine.evaluate import evaluate_dataset
+    from mebp_core.store.resolve import resolve_model
+
+    model_dir = resolve_model(args.model, quant=args.quant, group_size=args.group_size)
+    report = evaluate_dataset(model_dir, args.data, adapter=args.adapter,
+                              compute_dtype=args.compute_dtype, seq_len=args.seq_len,
+                              batch_size=args.batch_size)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        print(f"loss {report['loss']:.4f}  token accuracy {report['token_accuracy']:.4f}  "
+              f"tokens {report['tokens']}")
+    return 0
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    return _fail("the service is not built yet (see the open service issue); "
+                 "use `mebp pack`, `mebp train` and `mebp eval`", code=1)
+
+
+_COMMANDS = {"pack": _run_pack, "train": _run_train, "eval": _run_eval, "serve": _run_serve}
+
+if __name__ == "__main__":
+    sys.exit(main())
