@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from mebp_core.lora.spec import TARGET_SUFFIXES, LoraSpec
 
 SCHEMA_VERSION = 1
 
@@ -13,7 +15,6 @@ Quant = Literal["none", "int8", "int4"]
 ComputeDtype = Literal["float32", "bfloat16"]
 Optimizer = Literal["sgd", "adamw"]
 CheckpointStorage = Literal["ram", "mmap"]
-LORA_TARGET_NAMES = ("q", "k", "v", "o", "gate", "up", "down")
 
 
 class EngineKnobs(BaseModel):
@@ -42,7 +43,7 @@ class TrainConfig(BaseModel):
     batch_size: int = Field(default=1, ge=1, le=1024)
     lora_rank: int = Field(default=8, ge=1, le=1024)
     lora_alpha: float = Field(default=16.0, gt=0)
-    lora_targets: tuple[str, ...] = LORA_TARGET_NAMES
+    lora_targets: tuple[str, ...] = tuple(TARGET_SUFFIXES)
     optimizer: Optimizer = "sgd"
     lr: float = Field(default=1e-4, gt=0, le=10.0)
     weight_decay: float = Field(default=0.0, ge=0)
@@ -54,24 +55,8 @@ class TrainConfig(BaseModel):
 
     @field_validator("lora_targets", mode="before")
     @classmethod
-    def _split_targets(cls, value: object) -> object:
-        if isinstance(value, str):
-            value = [part.strip() for part in value.split(",") if part.strip()]
-        return value
-
-    @field_validator("lora_targets")
-    @classmethod
-    def _known_targets(cls, value: tuple[str, ...]) -> tuple[str, ...]:
-        normalized = []
-        for name in value:
-            short = name.removesuffix("_proj")
-            if short == "all":
-                return LORA_TARGET_NAMES
-            if short not in LORA_TARGET_NAMES:
-                raise ValueError(
-                    f"unknown LoRA target {name!r}; choose from {', '.join(LORA_TARGET_NAMES)}"
-                )
-            normalized.append(short)
-        if not normalized:
-            raise ValueError("at least one LoRA target is required")
-        return tuple(dict.fromkeys(normalized))
+    def _normalize_targets(cls, value: object) -> tuple[str, ...]:
+        try:
+            return LoraSpec(targets=value).targets
+        except ValidationError as exc:  # re-raised so the error names lora_targets alone
+            raise ValueError(exc.errors()[0]["msg"].removeprefix("Value error, ")) from None

@@ -1,0 +1,133 @@
+"""`mebp pack`, `mebp train` and `mebp eval` end to end through the real command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import peft
+import pytest
+import torch
+import transformers
+
+from mebp_core.store.presets import save_preset_as_hf
+
+METRIC_KEYS = {"step", "loss", "step_time_s", "peak_anon_mb", "footprint_mb"}
+
+
+def run_mebp(*args: str, cache: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MEBP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "mebp_core.cli", *map(str, args)],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory) -> Path:
+    return save_preset_as_hf("tiny", tmp_path_factory.mktemp("tiny") / "hf")
+
+
+def token_rows(seed: int, count: int = 3, length: int = 24) -> list[dict]:
+    gen = torch.Generator().manual_seed(seed)
+    return [{"input_ids": torch.randint(0, 256, (length,), generator=gen).tolist()}
+            for _ in range(count)]
+
+
+def peft_mean_loss(hf_dir: Path, adapter: Path, rows: list[dict]) -> float:
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    model = peft.PeftModel.from_pretrained(model, adapter)
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for row in rows:
+            ids = torch.tensor([row["input_ids"]])
+            n = ids.shape[1] - 1
+            total += float(model(input_ids=ids, labels=ids).loss) * n
+            tokens += n
+    return total / tokens
+
+
+def test_train_then_eval_matches_transformers_and_peft(tiny_hf, tmp_path):
+    rows = token_rows(seed=0)
+    data = write_jsonl(tmp_path / "train.jsonl", rows)
+    adapter, metrics = tmp_path / "adapter", tmp_path / "metrics.jsonl"
+    trained = run_mebp("train", "--model", tiny_hf, "--data", data, "--out", adapter,
+                       "--steps", 3, "--seq-len", 32, "--quant", "none", "--lr", "0.05",
+                       "--metrics", metrics, cache=tmp_path / "cache")
+    assert trained.returncode == 0, trained.stderr
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3]
+    assert all(METRIC_KEYS <= line.keys() for line in lines)
+    assert all(line["footprint_mb"] >= 0 and line["peak_anon_mb"] > 0 for line in lines)
+    assert {p.name for p in adapter.iterdir()} == {"adapter_config.json",
+                                                  "adapter_model.safetensors"}
+
+    evaluated = run_mebp("eval", "--model", tiny_hf, "--data", data, "--adapter", adapter,
+                         "--quant", "none", "--seq-len", 32, "--json", cache=tmp_path / "cache")
+    assert evaluated.returncode == 0, evaluated.stderr
+    report = json.loads(evaluated.stdout)
+    assert report["tokens"] == sum(len(r["input_ids"]) - 1 for r in rows)
+    assert 0.0 <= report["token_accuracy"] <= 1.0
+    assert report["loss"] == pytest.approx(peft_mean_loss(tiny_hf, adapter, rows), rel=1e-5)
+
+
+def test_pack_writes_a_store(tmp_path):
+    out = tmp_path / "packed"
+    result = run_mebp("pack", "preset:tiny", out, "--quant", "int8", cache=tmp_path / "cache")
+    assert result.returncode == 0, result.stderr
+    assert (out / "model.mebp").is_file() and (out / "config.json").is_file()
+
+
+@pytest.fixture(scope="module")
+def good_data(tmp_path_factory) -> Path:
+    return write_jsonl(tmp_path_factory.mktemp("data") / "ok.jsonl", token_rows(seed=1))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--model", "preset:nope"], "unknown preset"),
+    (["--lora-rank", "0"], "--lora-rank"),
+    (["--lora-targets", "q,bogus"], "bogus"),
+    (["--seq-len", "100000"], "max_position_embeddings"),
+])
+def test_bad_options_fail_clearly(args, message, good_data, tmp_path):
+    options = {"--model": "preset:tiny", "--data": str(good_data), "--out": str(tmp_path / "o"),
+               "--steps": "1", "--seq-len": "32"}
+    options.update(dict(zip(args[::2], args[1::2], strict=True)))
+    result = run_mebp("train", *[x for kv in options.items() for x in kv],
+                      cache=tmp_path / "cache")
+    assert result.returncode == 2
+    assert message in result.stderr.lower()
+    assert not (tmp_path / "o").exists()
+
+
+def test_malformed_jsonl_names_the_line_and_writes_nothing(tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"text": "fine"}\n{"text": "broken"\n')
+    result = run_mebp("train", "--model", "preset:tiny", "--data", data, "--out",
+                      tmp_path / "o", "--steps", "1", "--seq-len", "32",
+                      cache=tmp_path / "cache")
+    assert result.returncode == 2
+    assert f"{data}:2:" in result.stderr
+    assert not (tmp_path / "o").exists()
+
+
+def test_adapter_for_another_model_is_refused(tmp_path, good_data):
+    cache = tmp_path / "cache"
+    first = run_mebp("train", "--model", "preset:tiny", "--data", good_data, "--out",
+                     tmp_path / "a", "--steps", "1", "--seq-len", "32", cache=cache)
+    assert first.returncode == 0, first.stderr
+    config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
+    config["r"] = 4
+    (tmp_path / "a" / "adapter_config.json").write_text(json.dumps(config))
+    result = run_mebp("train", "--model", "preset:tiny", "--data", good_data, "--out",
+                      tmp_path / "b", "--init-adapter", tmp_path / "a", "--lora-rank", "4",
+                      "--steps", "1", "--seq-len", "32", cache=cache)
+    assert result.returncode == 2
+    assert "adapter" in result.stderr and str(tmp_path / "a") in result.stderr
+    assert not (tmp_path / "b").exists()
