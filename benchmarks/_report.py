@@ -1,0 +1,117 @@
+"""Markdown tables and the issue-2 target checks for ``engine_memory.py`` results."""
+
+from __future__ import annotations
+
+TARGET_PRESET = "qwen2.5-0.5b"
+TARGET_SEQ_LEN = 256
+TARGET_CAP_MB = 320
+TARGETS = {  # issue 2: qwen2.5-0.5b, seq 256, batch 1, LoRA r8 x7, int4 g64, SGD
+    "footprint_mb": 100.0,
+    "peak_anon_mb": 300.0,
+    "step_time_ratio_vs_peft": 1.5,
+    "decompress_share": 0.15,
+}
+
+
+def _fmt(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def step_ratio(row: dict) -> float | None:
+    mebp, peft = row.get("mebp", {}), row.get("peft", {})
+    if "s_per_step" in mebp and "s_per_step" in peft:
+        return mebp["s_per_step"] / peft["s_per_step"]
+    return None
+
+
+def _cpu_use(run: dict) -> float | None:
+    """Cores the child kept busy on average: ~threads when alone, less when contended."""
+    return run["cpu_s"] / run["wall_s"] if run.get("wall_s") else None
+
+
+def mebp_table(report: dict) -> list[str]:
+    lines = [
+        "| preset | seq | peak anon MB | post-import MB | footprint MB | above bare torch MB "
+        "| s/step | decompress s | decompress % | HF+PEFT s/step | HF+PEFT peak anon MB "
+        "| mebp/HF time | peak RSS incl. files mebp / HF MB | cores busy mebp / HF |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in report["rows"]:
+        m, p = row["mebp"], row.get("peft", {})
+        share = m.get("decompress_share")
+        lines.append(
+            f"| {row['preset']} | {row['seq_len']} | {_fmt(m.get('peak_anon_mb'))} "
+            f"| {_fmt(m.get('post_import_mb'))} | {_fmt(m.get('footprint_mb'))} "
+            f"| {_fmt(m.get('above_bare_torch_mb'))} | {_fmt(m.get('s_per_step'), 2)} "
+            f"| {_fmt(m.get('decompress_s_median'), 2)} "
+            f"| {_fmt(share * 100 if share is not None else None, 1)} "
+            f"| {_fmt(p.get('s_per_step'), 2)} | {_fmt(p.get('peak_anon_mb'))} "
+            f"| {_fmt(step_ratio(row), 2)}x "
+            f"| {_fmt(m.get('peak_rss_mb'))} / {_fmt(p.get('peak_rss_mb'))} "
+            f"| {_fmt(_cpu_use(m), 1)} / {_fmt(_cpu_use(p), 1)} |")
+    return lines
+
+
+def cgroup_table(report: dict) -> list[str]:
+    lines = [
+        "| preset | seq | cap MB | steps done | exit code | cgroup max usage MB "
+        "| sampled peak anon / file MB | failcnt | oom kills | child peak anon MB | s/step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in report["rows"]:
+        run = row.get("mebp_capped")
+        if not run:
+            continue
+        cg = run.get("cgroup", {})
+        lines.append(
+            f"| {row['preset']} | {row['seq_len']} | {_fmt(cg.get('cap_mb'))} "
+            f"| {run.get('steps_completed', 0)}/{row['steps']} | {run['exit_code']} "
+            f"| {_fmt(cg.get('max_usage_mb'))} | {_fmt(cg.get('sampled_peak_anon_mb'))} / "
+            f"{_fmt(cg.get('sampled_peak_file_mb'))} | {cg.get('failcnt', '-')} "
+            f"| {cg.get('oom_kill', '-')} | {_fmt(run.get('peak_anon_mb'))} "
+            f"| {_fmt(run.get('s_per_step'), 2)} |")
+    return lines
+
+
+def check_targets(rows: list[dict], cap_mb: int | None) -> list[dict]:
+    """One verdict per issue-2 target, from the qwen2.5-0.5b seq-256 row (if measured)."""
+    row = next((r for r in rows if r["preset"] == TARGET_PRESET
+                and r["seq_len"] == TARGET_SEQ_LEN), None)
+    if row is None:
+        return []
+    m = row["mebp"]
+    measured = {"footprint_mb": m.get("footprint_mb"), "peak_anon_mb": m.get("peak_anon_mb"),
+                "step_time_ratio_vs_peft": step_ratio(row),
+                "decompress_share": m.get("decompress_share")}
+    checks = [{"target": name, "limit": limit, "measured": measured[name],
+               "met": None if measured[name] is None else measured[name] <= limit}
+              for name, limit in TARGETS.items()]
+    capped = row.get("mebp_capped")
+    if capped and cap_mb == TARGET_CAP_MB:
+        done = capped["exit_code"] == 0 and capped.get("steps_completed") == row["steps"]
+        checks.append({"target": "completes_under_cgroup_cap_mb", "limit": TARGET_CAP_MB,
+                       "measured": capped["exit_code"], "met": done})
+    return checks
+
+
+def targets_table(report: dict) -> list[str]:
+    lines = ["| target (qwen2.5-0.5b, seq 256) | limit | measured | met |",
+             "|---|---:|---:|---|"]
+    for c in report["targets"]:
+        verdict = {True: "yes", False: "**no**", None: "not measured"}[c["met"]]
+        measured = c["measured"]
+        shown = f"{measured:.3g}" if isinstance(measured, float) else str(measured)
+        if c["target"] == "completes_under_cgroup_cap_mb":
+            shown = f"exit {measured}"
+        lines.append(f"| {c['target']} | {c['limit']} | {shown} | {verdict} |")
+    return lines
+
+
+def markdown_tables(report: dict, cap_mb: int | None) -> str:
+    bare = report["bare_torch"].get("bare_torch_mb")
+    parts = [f"Bare `import torch` RssAnon: {_fmt(bare)} MB.", "", *mebp_table(report)]
+    if cap_mb:
+        parts += ["", *cgroup_table(report)]
+    if report["targets"]:
+        parts += ["", *targets_table(report)]
+    return "\n".join(parts)
