@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from mebp_core.store.errors import QuantizationError
+from mebp_core.store.native import dequantize_native
 
 SUPPORTED_BITS = (4, 8)
 CHUNK_ELEMENTS = 1 << 20  # rows per dequantization chunk = CHUNK_ELEMENTS // K
@@ -126,6 +127,8 @@ def dequantize(
     # (2560, 10240) matrix, one-shot dequantization ran 5x slower than chunked (page faults
     # on fresh 50-100 MB temporaries). Lower-precision outputs are computed in float32 and
     # cast once: as fast as computing in bfloat16 (measured) and exact to half an output ulp.
+    if n_rows and dequantize_native(data, scales, biases, bits, group_size, out):
+        return out
     step = max(1, CHUNK_ELEMENTS // k)
     direct = out.dtype == torch.float32
     scratch = None if direct else torch.empty(min(step, n_rows), k, dtype=torch.float32)

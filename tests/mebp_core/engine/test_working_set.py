@@ -72,3 +72,19 @@ def test_tiled_and_shared_modes_give_identical_gradients(packed_models):
         grads.append([p.grad.clone() for p in engine.lora_parameters()])
     for a, b in zip(*grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_decompression_reuses_one_buffer_across_steps(packed_models):
+    engine = load_engine_model(packed_models["llama", "int4"], lora_spec=LORA)
+    input_ids, labels = random_batch(300, seed=2)
+
+    def step_and_find_buffer():
+        run_mebp_step(engine, input_ids, labels, make_checkpoints("ram"),
+                      loss_scale=1.0 / count_valid_targets(labels))
+        buffer = engine.working_set._arena._buffer
+        return buffer.data_ptr(), buffer.numel() * buffer.element_size()
+
+    first_pointer, first_bytes = step_and_find_buffer()
+    assert (first_pointer, first_bytes) == step_and_find_buffer()
+    largest_block = max(block_weight_bytes(engine, i) for i in range(len(engine.layers)))
+    assert first_bytes == largest_block  # sized to one block's shared weights, no more

@@ -1,0 +1,59 @@
+"""The native dequantization kernel gives the torch implementation's results bit for bit."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mebp_core.store import native
+from mebp_core.store.quant import dequantize, quantize
+
+
+@pytest.fixture
+def torch_only():
+    native.set_native_enabled(False)
+    yield
+    native.set_native_enabled(True)
+
+
+def dequantize_both(q, bits, group_size, dtype, rows=None):
+    fast = dequantize(q.data, q.scales, q.biases, bits, group_size, dtype, rows=rows)
+    native.set_native_enabled(False)
+    try:
+        slow = dequantize(q.data, q.scales, q.biases, bits, group_size, dtype, rows=rows)
+    finally:
+        native.set_native_enabled(True)
+    return fast, slow
+
+
+def test_the_kernel_builds_here():
+    assert native.load_library() is not None
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_native_equals_torch_bit_for_bit(bits, group_size, dtype):
+    gen = torch.Generator().manual_seed(bits * group_size)
+    q = quantize(torch.randn(96, 256, generator=gen) * 0.05, bits, group_size)
+    for rows in (None, slice(7, 61), torch.tensor([3, 90, 3, 0])):
+        fast, slow = dequantize_both(q, bits, group_size, dtype, rows)
+        assert fast.dtype == dtype
+        assert torch.equal(fast.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
+                           slow.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+
+
+def test_native_path_is_taken_and_fills_out():
+    q = quantize(torch.randn(8, 64), 4, 64)
+    out = torch.full((8, 64), float("nan"))
+    assert native.dequantize_native(q.data, q.scales, q.biases, 4, 64, out)
+    assert torch.isfinite(out).all()
+
+
+def test_unsupported_dtype_falls_back(torch_only):
+    q = quantize(torch.randn(8, 64), 8, 64)
+    out = torch.empty(8, 64, dtype=torch.float16)
+    native.set_native_enabled(True)
+    assert not native.dequantize_native(q.data, q.scales, q.biases, 8, 64, out)
+    result = dequantize(q.data, q.scales, q.biases, 8, 64, torch.float16)
+    assert result.dtype == torch.float16
