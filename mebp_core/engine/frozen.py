@@ -35,13 +35,12 @@ class _Arena:
         self._round_numel += numel
         self._capacity = max(self._capacity, self._round_numel)
         buffer = self._buffer
-        if buffer is not None and buffer.dtype == dtype and self._used + numel <= buffer.numel():
+        if self._used == 0 and (buffer is None or buffer.dtype != dtype
+                                or buffer.numel() < self._capacity):
+            buffer = self._buffer = torch.empty(self._capacity, dtype=dtype)
+        if buffer.dtype == dtype and self._used + numel <= buffer.numel():
             self._used += numel
             return buffer[self._used - numel : self._used]
-        if self._used == 0:
-            self._buffer = torch.empty(self._capacity, dtype=dtype)
-            self._used = numel
-            return self._buffer[:numel]
         return torch.empty(numel, dtype=dtype)  # mid-round overflow: earlier views stay valid
 
     def reset(self) -> None:
@@ -107,6 +106,7 @@ class WeightWorkingSet:
     @contextmanager
     def share_weights(self):
         """Within this scope each projection is decompressed once and kept until its backward."""
+        self._arena.reset()  # the last tile decompressed before this scope is dead
         self.shared = {}
         try:
             yield
