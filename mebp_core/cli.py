@@ -17,7 +17,7 @@ _FLAGS = {
     "lora_rank": "--lora-rank", "lora_alpha": "--lora-alpha", "lora_targets": "--lora-targets",
     "optimizer": "--optimizer", "lr": "--lr", "seed": "--seed", "quant": "--quant",
     "group_size": "--group-size", "compute_dtype": "--compute-dtype", "method": "--method",
-    "checkpoint_storage": "--checkpoint-storage",
+    "checkpoint_storage": "--checkpoint-storage", "threads": "--threads",
 }
 
 
@@ -55,7 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--init-adapter", type=Path)
     train.add_argument("--metrics", type=Path, help="write one JSON line per step here")
-    train.add_argument("--checkpoint-storage", choices=["ram", "mmap"], default="ram")
+    knobs = train.add_argument_group("memory/time trade-off knobs")
+    knobs.add_argument("--checkpoint-storage", choices=["ram", "mmap"], default="ram",
+                       help="keep block-input checkpoints in RAM or in a memory-mapped file")
+    knobs.add_argument("--share-decompression", action=argparse.BooleanOptionalAction,
+                       default=True, help="decompress a block once for recompute and backward "
+                       "(faster) instead of twice, tile by tile (less memory)")
+    knobs.add_argument("--threads", type=int, help="torch intra-op threads")
 
     evaluate = sub.add_parser("eval", help="loss and next-token accuracy on a dataset")
     _add_model_options(evaluate)
@@ -116,7 +122,8 @@ def _run_train(args: argparse.Namespace) -> int:
         lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets,
         optimizer=args.optimizer, lr=args.lr, seed=args.seed, quant=args.quant,
         group_size=args.group_size, compute_dtype=args.compute_dtype,
-        knobs=EngineKnobs(checkpoint_storage=args.checkpoint_storage))
+        knobs=EngineKnobs(checkpoint_storage=args.checkpoint_storage,
+                          share_decompression=args.share_decompression, threads=args.threads))
     if config.method != "mebp":
         return _fail(f"--method {config.method}: not available yet (only mebp)")
     with MemorySampler() as sampler:

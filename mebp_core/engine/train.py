@@ -66,6 +66,8 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
           metrics_path: Path | None = None, base_model_name: str | None = None,
           on_step: Callable[[StepMetrics], None] | None = None) -> TrainResult:
     """Fine-tune LoRA adapters on ``data`` and write the PEFT adapter to ``out``."""
+    if config.knobs.threads:
+        torch.set_num_threads(config.knobs.threads)
     engine = load_engine_model(model_dir, compute_dtype=config.compute_dtype,
                                lora_spec=lora_spec_of(config), seed=config.seed,
                                init_adapter=init_adapter, knobs=config.knobs)

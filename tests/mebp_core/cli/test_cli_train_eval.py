@@ -122,12 +122,14 @@ def test_adapter_for_another_model_is_refused(tmp_path, good_data):
     first = run_mebp("train", "--model", "preset:tiny", "--data", good_data, "--out",
                      tmp_path / "a", "--steps", "1", "--seq-len", "32", cache=cache)
     assert first.returncode == 0, first.stderr
-    config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
-    config["r"] = 4
-    (tmp_path / "a" / "adapter_config.json").write_text(json.dumps(config))
-    result = run_mebp("train", "--model", "preset:tiny", "--data", good_data, "--out",
-                      tmp_path / "b", "--init-adapter", tmp_path / "a", "--lora-rank", "4",
-                      "--steps", "1", "--seq-len", "32", cache=cache)
+    other = transformers.Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=96,
+                                     num_hidden_layers=2, num_attention_heads=4,
+                                     num_key_value_heads=2, tie_word_embeddings=True)
+    transformers.AutoModelForCausalLM.from_config(other).save_pretrained(tmp_path / "other")
+    result = run_mebp("train", "--model", tmp_path / "other", "--data", good_data, "--out",
+                      tmp_path / "b", "--init-adapter", tmp_path / "a", "--steps", "1",
+                      "--seq-len", "32", cache=cache)
     assert result.returncode == 2
-    assert "adapter" in result.stderr and str(tmp_path / "a") in result.stderr
+    assert str(tmp_path / "a") in result.stderr and "does not fit" in result.stderr
+    assert "adapter module model.layers.0." in result.stderr  # names the module and shapes
     assert not (tmp_path / "b").exists()
