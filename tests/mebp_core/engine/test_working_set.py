@@ -88,3 +88,11 @@ def test_decompression_reuses_one_buffer_across_steps(packed_models):
     assert (first_pointer, first_bytes) == step_and_find_buffer()
     largest_block = max(block_weight_bytes(engine, i) for i in range(len(engine.layers)))
     assert first_bytes == largest_block  # sized to one block's shared weights, no more
+
+
+def test_only_lora_parameters_receive_gradients(packed_models):
+    engine = run_step(packed_models["qwen2", "int4"])
+    lora = {id(p) for p in engine.lora_parameters()}
+    with_grad = [name for name, p in engine.arch.named_parameters() if p.grad is not None]
+    assert with_grad and all(".lora_" in name for name in with_grad)
+    assert all(not p.requires_grad for p in engine.arch.parameters() if id(p) not in lora)
