@@ -17,7 +17,7 @@ _FLAGS = {
     "lora_rank": "--lora-rank", "lora_alpha": "--lora-alpha", "lora_targets": "--lora-targets",
     "optimizer": "--optimizer", "lr": "--lr", "seed": "--seed", "quant": "--quant",
     "group_size": "--group-size", "compute_dtype": "--compute-dtype", "method": "--method",
-    "checkpoint_storage": "--checkpoint-storage", "threads": "--threads",
+    "checkpoint_storage": "--checkpoint-storage", "threads": "--threads", "mezo_eps": "--mezo-eps",
 }
 
 
@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--lora-targets", default="q,k,v,o,gate,up,down")
     train.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
     train.add_argument("--lr", type=float, default=1e-4)
+    train.add_argument("--mezo-eps", type=float, default=1e-3, help="MeZO's perturbation scale")
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--init-adapter", type=Path)
     train.add_argument("--metrics", type=Path, help="write one JSON line per step here")
@@ -95,7 +96,8 @@ def _fail(message: str, code: int = 2) -> int:
 
 def _describe_validation(err: dict) -> str:
     field = ".".join(str(part) for part in err["loc"])
-    return f"{_FLAGS.get(field, field)}: {err['msg']}"
+    message = err["msg"].removeprefix("Value error, ")
+    return f"{_FLAGS.get(field, field)}: {message}" if field else message
 
 
 def _run_pack(args: argparse.Namespace) -> int:
@@ -120,12 +122,11 @@ def _run_train(args: argparse.Namespace) -> int:
     config = TrainConfig(
         method=args.method, steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size,
         lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets,
-        optimizer=args.optimizer, lr=args.lr, seed=args.seed, quant=args.quant,
+        optimizer=args.optimizer, lr=args.lr, mezo_eps=args.mezo_eps, seed=args.seed,
+        quant=args.quant,
         group_size=args.group_size, compute_dtype=args.compute_dtype,
         knobs=EngineKnobs(checkpoint_storage=args.checkpoint_storage,
                           share_decompression=args.share_decompression, threads=args.threads))
-    if config.method != "mebp":
-        return _fail(f"--method {config.method}: not available yet (only mebp)")
     with MemorySampler() as sampler:
         model_dir = resolve_model(args.model, quant=config.quant, group_size=config.group_size)
         result = train(config, model_dir=model_dir, data=args.data, out=args.out,

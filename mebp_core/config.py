@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mebp_core.lora.spec import TARGET_SUFFIXES, LoraSpec
 
@@ -49,9 +49,17 @@ class TrainConfig(BaseModel):
     weight_decay: float = Field(default=0.0, ge=0)
     seed: int = 0
     quant: Quant = "int4"
+    mezo_eps: float = Field(default=1e-3, gt=0, le=1.0)
     group_size: int = Field(default=64, ge=8, le=4096)
     compute_dtype: ComputeDtype = "float32"
     knobs: EngineKnobs = EngineKnobs()
+
+    @model_validator(mode="after")
+    def _mezo_uses_sgd(self) -> TrainConfig:
+        if self.method == "mezo" and self.optimizer != "sgd":
+            # AdamW state is as large as the parameters: it would defeat MeZO's point.
+            raise ValueError("method mezo trains with sgd only (MeZO-SGD); use --optimizer sgd")
+        return self
 
     @field_validator("lora_targets", mode="before")
     @classmethod

@@ -15,8 +15,8 @@ from mebp_core.data.batching import iter_batches, pack_examples
 from mebp_core.data.jsonl import read_examples
 from mebp_core.data.tokenizer import load_tokenizer
 from mebp_core.engine.checkpoints import make_checkpoints
-from mebp_core.engine.mebp import count_valid_targets, run_mebp_step
 from mebp_core.engine.memory import MB, MemorySampler
+from mebp_core.engine.methods import StepFunction, make_step_function
 from mebp_core.engine.model import EngineModel, load_engine_model
 from mebp_core.engine.optim import BlockOptimizer, make_optimizer
 from mebp_core.lora.peft_io import save_peft_adapter
@@ -75,13 +75,13 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
         batches = _open_batches(engine, model_dir, data, config)
         optimizers = make_block_optimizers(engine, config)
         checkpoints = make_checkpoints(config.knobs.checkpoint_storage)
+        run_step = make_step_function(engine, config, optimizers, checkpoints)
         metrics_file = metrics_path.open("w") if metrics_path else None
         last = None
         try:
             for step in range(1, config.steps + 1):
                 input_ids, labels = next(batches)
-                last = _train_step(engine, optimizers, checkpoints, sampler, step,
-                                   input_ids, labels)
+                last = _train_step(engine, run_step, sampler, step, input_ids, labels)
                 if metrics_file:
                     metrics_file.write(json.dumps(asdict(last)) + "\n")
                     metrics_file.flush()
@@ -100,17 +100,11 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
                        sampler.footprint_bytes / MB)
 
 
-def _train_step(engine: EngineModel, optimizers, checkpoints, sampler: MemorySampler,
+def _train_step(engine: EngineModel, run_step: StepFunction, sampler: MemorySampler,
                 step: int, input_ids: torch.Tensor, labels: torch.Tensor) -> StepMetrics:
     engine.working_set.reset_counters()
-    valid = count_valid_targets(labels)
     start = time.perf_counter()
-
-    def update_block(index: int) -> None:
-        optimizers[index].step()
-
-    result = run_mebp_step(engine, input_ids, labels, checkpoints,
-                           loss_scale=1.0 / max(valid, 1), on_block_done=update_block)
+    result = run_step(step, input_ids, labels)
     elapsed = time.perf_counter() - start
     step_peak = sampler.take_step_peak()
     return StepMetrics(
