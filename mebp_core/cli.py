@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from pydantic import ValidationError
 
 from mebp_core.store.errors import StoreError
-
-# CLI flag for each TrainConfig field, so validation errors name what the user typed.
-_FLAGS = {
-    "steps": "--steps", "seq_len": "--seq-len", "batch_size": "--batch-size",
-    "lora_rank": "--lora-rank", "lora_alpha": "--lora-alpha", "lora_targets": "--lora-targets",
-    "optimizer": "--optimizer", "lr": "--lr", "seed": "--seed", "quant": "--quant",
-    "group_size": "--group-size", "compute_dtype": "--compute-dtype", "method": "--method",
-    "checkpoint_storage": "--checkpoint-storage", "threads": "--threads", "mezo_eps": "--mezo-eps",
-}
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -56,6 +49,23 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--seed", type=int, default=0)
     train.add_argument("--init-adapter", type=Path)
     train.add_argument("--metrics", type=Path, help="write one JSON line per step here")
+    loop = train.add_argument_group("training loop")
+    loop.add_argument("--schedule", choices=["constant", "cosine"], default="constant")
+    loop.add_argument("--warmup-steps", type=int, default=0)
+    loop.add_argument("--grad-accum-steps", type=int, default=1)
+    loop.add_argument("--max-grad-norm", type=float, help="clip the global gradient norm")
+    loop.add_argument("--weight-decay", type=float, default=0.0)
+    loop.add_argument("--validation-data", type=Path, help="a JSONL file to validate on")
+    loop.add_argument("--validation-fraction", type=float,
+                      help="hold out this fraction of --data for validation instead")
+    loop.add_argument("--eval-every", type=int, help="validate every N steps (and at the end)")
+    loop.add_argument("--checkpoint-every", type=int, help="save a checkpoint every N steps")
+    loop.add_argument("--checkpoint-dir", type=Path,
+                      help="where checkpoints go (default: OUT.checkpoint)")
+    loop.add_argument("--resume", action="store_true",
+                      help="continue the run saved in the checkpoint directory")
+    loop.add_argument("--skip-malformed", action="store_true",
+                      help="skip and count malformed JSONL lines instead of failing")
     knobs = train.add_argument_group("memory/time trade-off knobs")
     knobs.add_argument("--checkpoint-storage", choices=["ram", "mmap"], default="ram",
                        help="keep block-input checkpoints in RAM or in a memory-mapped file")
@@ -95,9 +105,10 @@ def _fail(message: str, code: int = 2) -> int:
 
 
 def _describe_validation(err: dict) -> str:
-    field = ".".join(str(part) for part in err["loc"])
+    # Every TrainConfig field has the flag of the same name: lora_rank -> --lora-rank.
+    field = str(err["loc"][-1]) if err["loc"] else ""
     message = err["msg"].removeprefix("Value error, ")
-    return f"{_FLAGS.get(field, field)}: {message}" if field else message
+    return f"--{field.replace('_', '-')}: {message}" if field else message
 
 
 def _run_pack(args: argparse.Namespace) -> int:
@@ -114,34 +125,77 @@ def _run_pack(args: argparse.Namespace) -> int:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from mebp_core.config import EngineKnobs, TrainConfig
     from mebp_core.engine.memory import MemorySampler
     from mebp_core.engine.train import train
     from mebp_core.store.resolve import resolve_model
 
-    config = TrainConfig(
-        method=args.method, steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size,
-        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets,
-        optimizer=args.optimizer, lr=args.lr, mezo_eps=args.mezo_eps, seed=args.seed,
-        quant=args.quant,
-        group_size=args.group_size, compute_dtype=args.compute_dtype,
-        knobs=EngineKnobs(checkpoint_storage=args.checkpoint_storage,
-                          share_decompression=args.share_decompression, threads=args.threads))
-    with MemorySampler() as sampler:
+    config = _train_config(args)
+    checkpoint_dir = args.checkpoint_dir or args.out.with_name(args.out.name + ".checkpoint")
+    with MemorySampler() as sampler, _StopOnSignals() as stop:
         model_dir = resolve_model(args.model, quant=config.quant, group_size=config.group_size)
         result = train(config, model_dir=model_dir, data=args.data, out=args.out,
                        sampler=sampler, init_adapter=args.init_adapter,
-                       metrics_path=args.metrics, base_model_name=args.model,
-                       on_step=_print_step)
+                       validation_data=args.validation_data, metrics_path=args.metrics,
+                       checkpoint_dir=checkpoint_dir, resume=args.resume,
+                       base_model_name=args.model, on_step=_print_step,
+                       stop_requested=stop.is_set)
     print(json.dumps({"steps": result.steps, "final_loss": result.final_loss,
                       "adapter": str(result.adapter_dir), "peak_anon_mb": result.peak_anon_mb,
-                      "footprint_mb": result.footprint_mb}))
+                      "footprint_mb": result.footprint_mb, "interrupted": result.interrupted}))
+    if result.interrupted:
+        print(f"mebp: interrupted after step {result.steps}; checkpoint in "
+              f"{result.checkpoint_dir}; continue with --resume", file=sys.stderr)
+        return 128 + stop.signal_number
     return 0
 
 
+def _train_config(args: argparse.Namespace):
+    from mebp_core.config import EngineKnobs, TrainConfig
+
+    return TrainConfig(
+        method=args.method, steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size,
+        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets,
+        optimizer=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
+        schedule=args.schedule, warmup_steps=args.warmup_steps,
+        grad_accum_steps=args.grad_accum_steps, max_grad_norm=args.max_grad_norm,
+        mezo_eps=args.mezo_eps, seed=args.seed, quant=args.quant, group_size=args.group_size,
+        compute_dtype=args.compute_dtype, eval_every=args.eval_every,
+        validation_fraction=args.validation_fraction, checkpoint_every=args.checkpoint_every,
+        skip_malformed=args.skip_malformed,
+        knobs=EngineKnobs(checkpoint_storage=args.checkpoint_storage,
+                          share_decompression=args.share_decompression, threads=args.threads))
+
+
+class _StopOnSignals:
+    """SIGINT and SIGTERM ask the run to stop after the current step (it then checkpoints)."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.signal_number = 0
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> _StopOnSignals:
+        for number in (signal.SIGINT, signal.SIGTERM):
+            self._previous[number] = signal.signal(number, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def _handle(self, number: int, frame: object) -> None:
+        self.signal_number = number
+        self._event.set()
+
+    def is_set(self) -> bool:
+        return self._event.is_set()
+
+
 def _print_step(metrics) -> None:
-    print(f"step {metrics.step}: loss {metrics.loss:.4f}  {metrics.step_time_s:.2f}s  "
-          f"footprint {metrics.footprint_mb:.0f} MB", file=sys.stderr, flush=True)
+    validation = "" if metrics.val_loss is None else f"  val_loss {metrics.val_loss:.4f}"
+    print(f"step {metrics.step}: loss {metrics.loss:.4f}{validation}  lr {metrics.lr:.2e}  "
+          f"{metrics.step_time_s:.2f}s  footprint {metrics.footprint_mb:.0f} MB",
+          file=sys.stderr, flush=True)
 
 
 def _run_eval(args: argparse.Namespace) -> int:

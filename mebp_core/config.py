@@ -15,6 +15,7 @@ Quant = Literal["none", "int8", "int4"]
 ComputeDtype = Literal["float32", "bfloat16"]
 Optimizer = Literal["sgd", "adamw"]
 CheckpointStorage = Literal["ram", "mmap"]
+Schedule = Literal["constant", "cosine"]
 
 
 class EngineKnobs(BaseModel):
@@ -49,17 +50,35 @@ class TrainConfig(BaseModel):
     weight_decay: float = Field(default=0.0, ge=0)
     seed: int = 0
     quant: Quant = "int4"
+    schedule: Schedule = "constant"
+    warmup_steps: int = Field(default=0, ge=0)
+    grad_accum_steps: int = Field(default=1, ge=1, le=1024)
+    max_grad_norm: float | None = Field(default=None, gt=0)
     mezo_eps: float = Field(default=1e-3, gt=0, le=1.0)
     group_size: int = Field(default=64, ge=8, le=4096)
     compute_dtype: ComputeDtype = "float32"
+    eval_every: int | None = Field(default=None, ge=1)
+    validation_fraction: float | None = Field(default=None, gt=0, lt=1)
+    checkpoint_every: int | None = Field(default=None, ge=1)
+    skip_malformed: bool = False
     knobs: EngineKnobs = EngineKnobs()
 
     @model_validator(mode="after")
-    def _mezo_uses_sgd(self) -> TrainConfig:
-        if self.method == "mezo" and self.optimizer != "sgd":
+    def _mezo_is_plain_sgd(self) -> TrainConfig:
+        if self.method != "mezo":
+            return self
+        if self.optimizer != "sgd":
             # AdamW state is as large as the parameters: it would defeat MeZO's point.
             raise ValueError("method mezo trains with sgd only (MeZO-SGD); use --optimizer sgd")
+        if self.grad_accum_steps != 1 or self.max_grad_norm is not None:
+            raise ValueError("method mezo takes one batch per step and no gradient clipping "
+                             "(--grad-accum-steps 1, no --max-grad-norm)")
         return self
+
+    def resume_key(self) -> dict:
+        """The fields a resumed run must share with the run that wrote the checkpoint."""
+        return self.model_dump(mode="json", exclude={"steps", "knobs", "eval_every",
+                                                     "checkpoint_every"})
 
     @field_validator("lora_targets", mode="before")
     @classmethod

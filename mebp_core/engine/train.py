@@ -1,24 +1,33 @@
-"""The training loop: data to batches, one MeBP step per batch, metrics, the adapter."""
+"""The training loop: batches, one optimizer step at a time, validation, checkpoints, metrics.
+
+Deterministic for a seed: the data order, the LoRA init and MeZO's perturbations all derive
+from it, so a run resumed from a checkpoint reproduces the uninterrupted run's loss curve.
+"""
 
 from __future__ import annotations
 
 import json
 import time
 from collections.abc import Callable, Iterator
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from mebp_core.config import TrainConfig
-from mebp_core.data.batching import iter_batches, pack_examples
+from mebp_core.data.batching import iter_batches, pack_examples, split_validation
+from mebp_core.data.example import Example
 from mebp_core.data.jsonl import read_examples
 from mebp_core.data.tokenizer import load_tokenizer
 from mebp_core.engine.checkpoints import make_checkpoints
+from mebp_core.engine.evaluate import evaluate_examples
 from mebp_core.engine.memory import MB, MemorySampler
-from mebp_core.engine.methods import StepFunction, make_step_function
+from mebp_core.engine.methods import make_step_function
 from mebp_core.engine.model import EngineModel, load_engine_model
 from mebp_core.engine.optim import BlockOptimizer, make_optimizer
+from mebp_core.engine.run_state import RunPosition, load_run_state, save_run_state
+from mebp_core.engine.schedule import compute_lr
 from mebp_core.lora.peft_io import save_peft_adapter
 from mebp_core.lora.spec import LoraSpec
 
@@ -31,6 +40,7 @@ class TrainError(ValueError):
 class StepMetrics:
     step: int
     loss: float
+    lr: float
     tokens: int
     step_time_s: float
     decompress_s: float
@@ -39,15 +49,30 @@ class StepMetrics:
     step_peak_anon_mb: float
     weights_live_peak_mb: float
     checkpoint_mb: float
+    val_loss: float | None = None
+    val_token_accuracy: float | None = None
+
+    def to_json(self) -> str:
+        return json.dumps({k: v for k, v in asdict(self).items() if v is not None})
 
 
 @dataclass
 class TrainResult:
-    steps: int
-    final_loss: float
+    steps: int  # optimizer steps completed, resumed ones included
+    final_loss: float | None
     adapter_dir: Path
     peak_anon_mb: float
     footprint_mb: float
+    interrupted: bool = False
+    checkpoint_dir: Path | None = None
+
+
+@dataclass
+class TrainData:
+    train: list[Example]
+    validation: list[Example] | None
+    pad_token_id: int
+    skipped_rows: int
 
 
 def lora_spec_of(config: TrainConfig) -> LoraSpec:
@@ -55,83 +80,162 @@ def lora_spec_of(config: TrainConfig) -> LoraSpec:
 
 
 def make_block_optimizers(engine: EngineModel, config: TrainConfig) -> list[BlockOptimizer]:
-    """One optimizer per block, so each block is updated as soon as its gradients are done."""
+    """One optimizer per block, so each block can be updated as soon as its gradients are done."""
     return [make_optimizer(config.optimizer, engine.block_parameters(index), lr=config.lr,
                            weight_decay=config.weight_decay)
             for index in range(len(engine.layers))]
 
 
-def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
-          sampler: MemorySampler, init_adapter: Path | None = None,
-          metrics_path: Path | None = None, base_model_name: str | None = None,
-          on_step: Callable[[StepMetrics], None] | None = None) -> TrainResult:
-    """Fine-tune LoRA adapters on ``data`` and write the PEFT adapter to ``out``."""
-    if config.knobs.threads:
-        torch.set_num_threads(config.knobs.threads)
-    engine = load_engine_model(model_dir, compute_dtype=config.compute_dtype,
-                               lora_spec=lora_spec_of(config), seed=config.seed,
-                               init_adapter=init_adapter, knobs=config.knobs)
-    try:
-        batches = _open_batches(engine, model_dir, data, config)
-        optimizers = make_block_optimizers(engine, config)
-        checkpoints = make_checkpoints(config.knobs.checkpoint_storage)
-        run_step = make_step_function(engine, config, optimizers, checkpoints)
-        metrics_file = metrics_path.open("w") if metrics_path else None
-        last = None
-        try:
-            for step in range(1, config.steps + 1):
-                input_ids, labels = next(batches)
-                last = _train_step(engine, run_step, sampler, step, input_ids, labels)
-                if metrics_file:
-                    metrics_file.write(json.dumps(asdict(last)) + "\n")
-                    metrics_file.flush()
-                if on_step:
-                    on_step(last)
-        finally:
-            checkpoints.close()
-            if metrics_file:
-                metrics_file.close()
-        save_peft_adapter(out, engine.adapter_tensors(), engine.lora_spec,
-                          base_model_name_or_path=base_model_name,
-                          model_type=engine.config.get("model_type"))
-    finally:
-        engine.close()
-    return TrainResult(config.steps, last.loss, out, sampler.peak_anon_bytes / MB,
-                       sampler.footprint_bytes / MB)
-
-
-def _train_step(engine: EngineModel, run_step: StepFunction, sampler: MemorySampler,
-                step: int, input_ids: torch.Tensor, labels: torch.Tensor) -> StepMetrics:
-    engine.working_set.reset_counters()
-    start = time.perf_counter()
-    result = run_step(step, input_ids, labels)
-    elapsed = time.perf_counter() - start
-    step_peak = sampler.take_step_peak()
-    return StepMetrics(
-        step=step, loss=result.loss_sum / max(result.valid_tokens, 1),
-        tokens=result.valid_tokens, step_time_s=elapsed,
-        decompress_s=engine.working_set.decompress_s,
-        peak_anon_mb=sampler.peak_anon_bytes / MB, footprint_mb=sampler.footprint_bytes / MB,
-        step_peak_anon_mb=step_peak / MB,
-        weights_live_peak_mb=engine.working_set.peak_bytes / MB,
-        checkpoint_mb=_checkpoint_bytes(engine, input_ids) / MB)
-
-
-def _checkpoint_bytes(engine: EngineModel, input_ids: torch.Tensor) -> int:
-    """What the block-input checkpoints hold during a step: L x (B, T, D) in the compute dtype."""
-    elem = torch.empty((), dtype=engine.dtype).element_size()
-    return len(engine.layers) * input_ids.numel() * engine.arch.args.hidden_size * elem
-
-
-def _open_batches(engine: EngineModel, model_dir: Path, data: Path,
-                  config: TrainConfig) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+def load_train_data(engine: EngineModel, model_dir: Path, data: Path,
+                    validation_data: Path | None, config: TrainConfig) -> TrainData:
     args = engine.arch.args
     if config.seq_len > args.max_position_embeddings:
         raise TrainError(f"--seq-len {config.seq_len} exceeds the model's context of "
                          f"{args.max_position_embeddings} tokens (max_position_embeddings)")
     tokenizer = load_tokenizer(model_dir, engine.config)
-    report = read_examples(data, tokenizer, seq_len=config.seq_len, vocab_size=args.vocab_size)
-    examples = pack_examples(report.examples, config.seq_len)
-    for batch in iter_batches(examples, batch_size=config.batch_size, seq_len=config.seq_len,
-                              seed=config.seed, pad_token_id=tokenizer.pad_token_id):
-        yield batch.input_ids, batch.labels
+
+    def read(path: Path):
+        return read_examples(path, tokenizer, seq_len=config.seq_len,
+                             vocab_size=args.vocab_size, skip_malformed=config.skip_malformed)
+
+    report = read(data)
+    train_rows, validation = report.examples, None
+    skipped = len(report.skipped)
+    if validation_data is not None:
+        validation_report = read(validation_data)
+        validation, skipped = validation_report.examples, skipped + len(validation_report.skipped)
+    elif config.validation_fraction is not None:
+        train_rows, validation = split_validation(train_rows, config.validation_fraction,
+                                                  config.seed)
+    if validation is not None:
+        validation = pack_examples(validation, config.seq_len)
+    return TrainData(pack_examples(train_rows, config.seq_len), validation,
+                     tokenizer.pad_token_id, skipped)
+
+
+def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
+          sampler: MemorySampler, init_adapter: Path | None = None,
+          validation_data: Path | None = None, metrics_path: Path | None = None,
+          checkpoint_dir: Path | None = None, resume: bool = False,
+          base_model_name: str | None = None,
+          on_step: Callable[[StepMetrics], None] | None = None,
+          stop_requested: Callable[[], bool] | None = None) -> TrainResult:
+    """Fine-tune LoRA adapters on ``data`` and write the PEFT adapter to ``out``.
+
+    ``stop_requested`` is polled between steps (signals, cancellation): the run then saves a
+    checkpoint and the adapter trained so far, and returns with ``interrupted`` set.
+    """
+    if config.knobs.threads:
+        torch.set_num_threads(config.knobs.threads)
+    if resume and checkpoint_dir is None:
+        raise TrainError("--resume needs the checkpoint directory of the interrupted run")
+    engine = load_engine_model(model_dir, compute_dtype=config.compute_dtype,
+                               lora_spec=lora_spec_of(config), seed=config.seed,
+                               init_adapter=init_adapter, knobs=config.knobs)
+    try:
+        run = TrainingRun(engine, config, load_train_data(engine, model_dir, data,
+                                                          validation_data, config),
+                          sampler=sampler, checkpoint_dir=checkpoint_dir)
+        if resume:
+            run.resume()
+        log_file = open(metrics_path, "a" if resume else "w") if metrics_path else nullcontext()
+        with log_file as log:
+            run.loop(log, on_step, stop_requested or (lambda: False))
+        save_peft_adapter(out, engine.adapter_tensors(), engine.lora_spec,
+                          base_model_name_or_path=base_model_name,
+                          model_type=engine.config.get("model_type"))
+    finally:
+        engine.close()
+    return TrainResult(run.position.step, run.last_loss, out, sampler.peak_anon_bytes / MB,
+                       sampler.footprint_bytes / MB, run.interrupted, run.saved_checkpoint)
+
+
+class TrainingRun:
+    """The mutable state of one run: position in the data, optimizers, last results."""
+
+    def __init__(self, engine: EngineModel, config: TrainConfig, data: TrainData, *,
+                 sampler: MemorySampler, checkpoint_dir: Path | None) -> None:
+        self.engine, self.config, self.data, self.sampler = engine, config, data, sampler
+        self.checkpoint_dir = checkpoint_dir
+        self.optimizers = make_block_optimizers(engine, config)
+        self.checkpoints = make_checkpoints(config.knobs.checkpoint_storage)
+        self.run_step = make_step_function(engine, config, self.optimizers, self.checkpoints)
+        self.position = RunPosition(0, 0)
+        self.last_loss: float | None = None
+        self.interrupted = False
+        self.saved_checkpoint: Path | None = None
+
+    def resume(self) -> None:
+        self.position = load_run_state(self.checkpoint_dir, self.engine, self.optimizers,
+                                       self.config)
+
+    def loop(self, log, on_step, stop_requested: Callable[[], bool]) -> None:
+        batches = self._batches()
+        try:
+            for step in range(self.position.step + 1, self.config.steps + 1):
+                metrics = self._step(step, batches)
+                if log is not None:
+                    log.write(metrics.to_json() + "\n")
+                    log.flush()
+                if on_step is not None:
+                    on_step(metrics)
+                if self._due(self.config.checkpoint_every, step):
+                    self.save_checkpoint()
+                if stop_requested() and step < self.config.steps:
+                    self.interrupted = True
+                    if self.checkpoint_dir is not None:
+                        self.save_checkpoint()
+                    break
+        finally:
+            self.checkpoints.close()
+
+    def save_checkpoint(self) -> None:
+        if self.checkpoint_dir is not None:
+            self.saved_checkpoint = save_run_state(self.checkpoint_dir, self.engine,
+                                                   self.optimizers, self.position, self.config)
+
+    def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for batch in iter_batches(self.data.train, batch_size=self.config.batch_size,
+                                  seq_len=self.config.seq_len, seed=self.config.seed,
+                                  pad_token_id=self.data.pad_token_id,
+                                  start=self.position.batches_consumed):
+            yield batch.input_ids, batch.labels
+
+    def _step(self, step: int, batches) -> StepMetrics:
+        micro_batches = [next(batches) for _ in range(self.config.grad_accum_steps)]
+        lr = compute_lr(self.config, step)
+        working_set = self.engine.working_set
+        working_set.reset_counters()
+        start = time.perf_counter()
+        result = self.run_step(step, micro_batches, lr)
+        elapsed = time.perf_counter() - start
+        self.position = RunPosition(step, self.position.batches_consumed + len(micro_batches))
+        self.last_loss = result.loss_sum / max(result.valid_tokens, 1)
+        metrics = StepMetrics(
+            step=step, loss=self.last_loss, lr=lr, tokens=result.valid_tokens,
+            step_time_s=elapsed, decompress_s=working_set.decompress_s,
+            peak_anon_mb=self.sampler.peak_anon_bytes / MB,
+            footprint_mb=self.sampler.footprint_bytes / MB,
+            step_peak_anon_mb=self.sampler.take_step_peak() / MB,
+            weights_live_peak_mb=working_set.peak_bytes / MB,
+            checkpoint_mb=self._checkpoint_bytes(micro_batches[0][0]) / MB)
+        if self.data.validation and (self._due(self.config.eval_every, step)
+                                     or step == self.config.steps):
+            scores = evaluate_examples(self.engine, self.data.validation,
+                                       batch_size=self.config.batch_size,
+                                       pad_token_id=self.data.pad_token_id)
+            metrics.val_loss, metrics.val_token_accuracy = (scores["loss"],
+                                                            scores["token_accuracy"])
+        return metrics
+
+    @staticmethod
+    def _due(every: int | None, step: int) -> bool:
+        return every is not None and step % every == 0
+
+    def _checkpoint_bytes(self, input_ids: torch.Tensor) -> int:
+        """Block-input checkpoints during a step: L x (B, T, D) in the compute dtype."""
+        if self.config.method != "mebp":
+            return 0
+        element = torch.empty((), dtype=self.engine.dtype).element_size()
+        return len(self.engine.layers) * input_ids.numel() * \
+            self.engine.arch.args.hidden_size * element
