@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--adapter", type=Path)
     evaluate.add_argument("--json", action="store_true")
 
+    export = sub.add_parser("export", help="export a PEFT adapter for an on-device runtime")
+    export.add_argument("adapter", type=Path, help="a PEFT adapter directory")
+    export.add_argument("out", type=Path)
+    export.add_argument("--format", choices=["peft", "mlx", "gguf"], required=True)
+    export.add_argument("--model", required=True,
+                        help="the base model (packed dir, Hugging Face dir or preset:NAME)")
+
     serve = sub.add_parser("serve", help="run the service (not built yet)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -214,12 +221,35 @@ def _run_eval(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_export(args: argparse.Namespace) -> int:
+    from mebp_core.lora.export import export_adapter
+    from mebp_core.lora.peft_io import AdapterError
+    from mebp_core.store.pack import PRESET_PREFIX
+    from mebp_core.store.presets import preset_config
+
+    if args.model.startswith(PRESET_PREFIX):
+        config = preset_config(args.model.removeprefix(PRESET_PREFIX))
+    else:
+        config_path = Path(args.model) / "config.json"
+        try:
+            config = json.loads(config_path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            return _fail(f"{config_path}: cannot read the base model's config ({exc})")
+    try:
+        print(export_adapter(args.adapter, args.format, args.out, base_config=config))
+    except AdapterError as exc:
+        message = str(exc)
+        return _fail(message if str(args.adapter) in message else f"{args.adapter}: {message}")
+    return 0
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     return _fail("the service is not built yet (see the open service issue); "
                  "use `mebp pack`, `mebp train` and `mebp eval`", code=1)
 
 
-_COMMANDS = {"pack": _run_pack, "train": _run_train, "eval": _run_eval, "serve": _run_serve}
+_COMMANDS = {"pack": _run_pack, "train": _run_train, "eval": _run_eval,
+             "export": _run_export, "serve": _run_serve}
 
 if __name__ == "__main__":
     sys.exit(main())

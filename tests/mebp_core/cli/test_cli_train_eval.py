@@ -133,3 +133,22 @@ def test_adapter_for_another_model_is_refused(tmp_path, good_data):
     assert str(tmp_path / "a") in result.stderr and "does not fit" in result.stderr
     assert "adapter module model.layers.0." in result.stderr  # names the module and shapes
     assert not (tmp_path / "b").exists()
+
+
+def test_export_writes_every_format_and_refuses_another_model(tmp_path, good_data):
+    cache = tmp_path / "cache"
+    trained = run_mebp("train", "--model", "preset:tiny", "--data", good_data, "--out",
+                       tmp_path / "a", "--steps", "1", "--seq-len", "32", cache=cache)
+    assert trained.returncode == 0, trained.stderr
+    expected = {"peft": "adapter_model.safetensors", "mlx": "adapters.safetensors"}
+    for fmt in ("peft", "mlx", "gguf"):
+        out = tmp_path / f"export-{fmt}"
+        result = run_mebp("export", tmp_path / "a", out, "--format", fmt, "--model",
+                          "preset:tiny", cache=cache)
+        assert result.returncode == 0, result.stderr
+        assert (out / expected[fmt]).is_file() if fmt in expected else out.is_file()
+    refused = run_mebp("export", tmp_path / "a", tmp_path / "bad", "--format", "gguf",
+                       "--model", "preset:smollm2-135m", cache=cache)
+    assert refused.returncode == 2
+    assert str(tmp_path / "a") in refused.stderr and "does not fit" in refused.stderr
+    assert not (tmp_path / "bad").exists()
