@@ -65,6 +65,26 @@ def evaluate_batch(engine: EngineModel, input_ids: torch.Tensor,
     return StepLoss(float(head.loss_sum), head.valid_tokens, head.correct_tokens)
 
 
+def compute_logits(engine: EngineModel, input_ids: torch.Tensor) -> torch.Tensor:
+    """Full (B, T, V) float32 logits, the head decompressed tile by tile (for small inputs:
+    the training path never builds this tensor)."""
+    hidden = forward_blocks(engine, input_ids)
+    head = engine.arch.head_weight_name
+    vocab = engine.store.info(head).shape[0]
+    with torch.no_grad():
+        normed = engine.arch.final_norm(hidden)
+        logits = torch.empty(*normed.shape[:-1], vocab)
+        row_bytes = normed.shape[-1] * normed.element_size()
+        tile_rows = max(1, engine.knobs.loss_vocab_tile_bytes // row_bytes)
+        for start in range(0, vocab, tile_rows):
+            rows = slice(start, min(start + tile_rows, vocab))
+            weight = engine.working_set.decompress(engine.store, head, engine.dtype, rows=rows)
+            logits[..., rows] = (normed @ weight.T).float()
+            engine.working_set.drop(weight)
+        softcap = getattr(engine.arch, "logit_softcap", None)
+        return softcap * torch.tanh(logits / softcap) if softcap else logits
+
+
 def run_mebp_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Tensor,
                   checkpoints, *, loss_scale: float,
                   on_block_done: Callable[[int], None] | None = None) -> StepLoss:

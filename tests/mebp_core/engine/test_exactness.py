@@ -11,7 +11,7 @@ import transformers
 from engine_fixtures import FAMILIES, LORA, random_batch
 
 from mebp_core.engine.checkpoints import make_checkpoints
-from mebp_core.engine.mebp import count_valid_targets, run_mebp_step
+from mebp_core.engine.mebp import compute_logits, count_valid_targets, run_mebp_step
 from mebp_core.engine.model import load_engine_model
 from mebp_core.lora.peft_io import save_peft_adapter
 from mebp_core.store.reader import open_store
@@ -138,3 +138,20 @@ def test_mmap_checkpoints_give_the_same_gradients(tiny_models, packed_models, tm
                                      checkpoint_storage="mmap")
     for key, grad in in_ram.items():
         assert torch.equal(grad, on_disk[key])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_peft_loads_our_adapter_and_gets_the_engine_logits(family, tiny_models, packed_models,
+                                                           tmp_path):
+    hf_dir = tiny_models[family]
+    adapter = write_random_adapter(hf_dir, tmp_path / "adapter", seed=9)
+    input_ids, _ = random_batch(300, seed=10)
+    engine = load_engine_model(packed_models[family, "none"], lora_spec=LORA,
+                               init_adapter=adapter)
+    ours = compute_logits(engine, input_ids)
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    base = model(input_ids=input_ids).logits.detach()
+    with torch.no_grad():
+        theirs = peft.PeftModel.from_pretrained(model, adapter)(input_ids=input_ids).logits
+    assert relative_error(ours, theirs) <= 1e-5
+    assert relative_error(base, theirs) > 1e-2  # the adapter matters
