@@ -12,10 +12,44 @@ from torch import nn
 from mebp_core.config import EngineKnobs
 from mebp_core.engine.frozen import FrozenEmbedding, FrozenLinear, WeightWorkingSet
 from mebp_core.lora.linear import LoraLinear, apply_lora
-from mebp_core.lora.peft_io import AdapterError, check_adapter_fits, load_peft_adapter
+from mebp_core.lora.peft_io import (
+    AdapterError,
+    check_adapter_fits,
+    load_peft_adapter,
+    save_peft_adapter,
+)
 from mebp_core.lora.spec import LoraSpec
 from mebp_core.models import build_model
 from mebp_core.store.reader import open_store
+
+
+class SourceNames:
+    """Module paths of the source model: the engine runs every checkpoint as its text causal
+    LM (``model.layers...``), but a multimodal Gemma 3 keeps its text model at
+    ``model.language_model`` and its adapters must say so."""
+
+    MULTIMODAL_TEXT_PREFIX = "model.language_model."
+
+    def __init__(self, config: dict) -> None:
+        self.multimodal = config.get("model_type") == "gemma3"
+
+    def to_source(self, path: str) -> str:
+        if self.multimodal and path.startswith("model."):
+            return self.MULTIMODAL_TEXT_PREFIX + path.removeprefix("model.")
+        return path
+
+    def from_source(self, path: str) -> str:
+        if self.multimodal and path.startswith(self.MULTIMODAL_TEXT_PREFIX):
+            return "model." + path.removeprefix(self.MULTIMODAL_TEXT_PREFIX)
+        return path
+
+    def target_modules(self, spec: LoraSpec) -> str | None:
+        """A PEFT regex confining the adapter to the text model (the vision tower has q_proj
+        too), or None to let PEFT match the module names."""
+        if not self.multimodal:
+            return None
+        names = "|".join(spec.hf_target_modules())
+        return rf".*language_model\.layers\.\d+\..*\.({names})"
 
 
 class ModelLoadError(ValueError):
@@ -63,6 +97,15 @@ class EngineModel:
     def adapter_tensors(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         return {path: (m.lora_A.weight.detach(), m.lora_B.weight.detach())
                 for path, m in self.lora.items()}
+
+    def save_adapter(self, out: Path, base_model_name: str | None) -> Path:
+        """The PEFT adapter, named for the Hugging Face model the weights came from."""
+        names = SourceNames(self.config)
+        tensors = {names.to_source(path): ab for path, ab in self.adapter_tensors().items()}
+        return save_peft_adapter(out, tensors, self.lora_spec,
+                                 base_model_name_or_path=base_model_name,
+                                 model_type=self.config.get("model_type"),
+                                 target_modules=names.target_modules(self.lora_spec))
 
     def close(self) -> None:
         self.store.close()
@@ -151,6 +194,8 @@ def _attach_lora(engine: EngineModel, spec: LoraSpec | None, seed: int,
     loaded = None
     if init_adapter is not None:
         adapter_spec, loaded = load_peft_adapter(init_adapter)
+        names = SourceNames(engine.config)
+        loaded = {names.from_source(path): ab for path, ab in loaded.items()}
         spec = _reconcile_specs(spec, adapter_spec, init_adapter)
     engine.lora = apply_lora(engine.arch, spec, seed=seed)
     engine.lora_spec = spec

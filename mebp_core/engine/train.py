@@ -28,7 +28,6 @@ from mebp_core.engine.model import EngineModel, load_engine_model
 from mebp_core.engine.optim import BlockOptimizer, make_optimizer
 from mebp_core.engine.run_state import RunPosition, load_run_state, save_run_state
 from mebp_core.engine.schedule import compute_lr
-from mebp_core.lora.peft_io import save_peft_adapter
 from mebp_core.lora.spec import LoraSpec
 
 
@@ -141,9 +140,7 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
         log_file = open(metrics_path, "a" if resume else "w") if metrics_path else nullcontext()
         with log_file as log:
             run.loop(log, on_step, stop_requested or (lambda: False))
-        save_peft_adapter(out, engine.adapter_tensors(), engine.lora_spec,
-                          base_model_name_or_path=base_model_name,
-                          model_type=engine.config.get("model_type"))
+        engine.save_adapter(out, base_model_name)
     finally:
         engine.close()
     return TrainResult(run.position.step, run.last_loss, out, sampler.peak_anon_bytes / MB,

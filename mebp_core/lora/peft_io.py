@@ -33,15 +33,20 @@ class AdapterError(ValueError):
     """An adapter directory is unreadable, not LoRA, inconsistent, or does not fit a model."""
 
 
-def build_adapter_config(spec: LoraSpec, base_model_name_or_path: str | None) -> dict:
-    """PEFT ``LoraConfig`` fields for ``spec`` (inference-ready, as PEFT saves them)."""
+def build_adapter_config(spec: LoraSpec, base_model_name_or_path: str | None,
+                         target_modules: str | None = None) -> dict:
+    """PEFT ``LoraConfig`` fields for ``spec`` (inference-ready, as PEFT saves them).
+
+    ``target_modules`` overrides the module names with a PEFT regex (e.g. to keep a
+    multimodal model's vision tower out of the adapter).
+    """
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "r": spec.rank,
         "lora_alpha": spec.alpha,
         "lora_dropout": spec.dropout,
-        "target_modules": spec.hf_target_modules(),
+        "target_modules": target_modules or spec.hf_target_modules(),
         "bias": "none",
         "fan_in_fan_out": False,
         "use_rslora": spec.use_rslora,
@@ -64,6 +69,7 @@ def save_peft_adapter(
     spec: LoraSpec,
     base_model_name_or_path: str | None,
     model_type: str | None = None,
+    target_modules: str | None = None,
 ) -> Path:
     """Write a PEFT adapter to ``out_dir``; an existing one is replaced only once complete."""
     out = Path(out_dir)
@@ -75,7 +81,7 @@ def save_peft_adapter(
         tensors[KEY_PREFIX + path + _B_SUFFIX] = lora_b.detach().to(torch.float32).contiguous()
     # model_type rides in the safetensors metadata: PEFT warns about unknown config keys.
     metadata = {"format": "pt", **({"model_type": model_type} if model_type else {})}
-    config = build_adapter_config(spec, base_model_name_or_path)
+    config = build_adapter_config(spec, base_model_name_or_path, target_modules)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
