@@ -80,7 +80,7 @@ def test_gradients_equal_peft_autograd(family, tiny_models, packed_models, tmp_p
     assert worst <= 1e-4, f"{family}: worst LoRA gradient relative error {worst:.2e}"
 
 
-@pytest.mark.parametrize("family", ["qwen2", "gemma3_text"])
+@pytest.mark.parametrize("family", FAMILIES)
 def test_one_sgd_step_equals_peft(family, tiny_models, packed_models, tmp_path):
     hf_dir = tiny_models[family]
     adapter = write_random_adapter(hf_dir, tmp_path / "adapter", seed=3)
@@ -155,3 +155,41 @@ def test_peft_loads_our_adapter_and_gets_the_engine_logits(family, tiny_models, 
         theirs = peft.PeftModel.from_pretrained(model, adapter)(input_ids=input_ids).logits
     assert relative_error(ours, theirs) <= 1e-5
     assert relative_error(base, theirs) > 1e-2  # the adapter matters
+
+
+def global_relative_error(actual: dict, expected: dict) -> float:
+    diff = torch.cat([(actual[k].float() - expected[k]).flatten() for k in expected])
+    return float(diff.norm() / torch.cat([v.flatten() for v in expected.values()]).norm())
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_bfloat16_gradients_are_as_accurate_as_peft_in_bfloat16(family, tiny_models,
+                                                                 packed_models, tmp_path):
+    """bf16 has an 8-bit mantissa, so neither side is exact: measured against the float32
+    gradient, the engine's bf16 error must be of the order of transformers + PEFT's own."""
+    hf_dir = tiny_models[family]
+    adapter = write_random_adapter(hf_dir, tmp_path / "adapter", seed=11)
+    input_ids, labels = random_batch(300, seed=12)
+    _, exact = peft_gradients(hf_dir, adapter, input_ids, labels)
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.bfloat16)
+    peft_model = peft.PeftModel.from_pretrained(model, adapter, is_trainable=True)
+    peft_model(input_ids=input_ids, labels=labels).loss.backward()
+    peft_bf16 = {}
+    for name, param in peft_model.named_parameters():
+        if param.grad is not None:
+            path = name.removeprefix("base_model.model.").split(".lora_")[0]
+            peft_bf16[(path, "A" if ".lora_A." in name else "B")] = param.grad.float()
+
+    engine = load_engine_model(packed_models[family, "none"], compute_dtype="bfloat16",
+                               lora_spec=LORA, init_adapter=adapter)
+    run_mebp_step(engine, input_ids, labels, make_checkpoints("ram"),
+                  loss_scale=1.0 / count_valid_targets(labels))
+    ours = {}
+    for path, module in engine.lora.items():
+        ours[(path, "A")], ours[(path, "B")] = module.lora_A.weight.grad, module.lora_B.weight.grad
+
+    ours_error = global_relative_error(ours, exact)
+    peft_error = global_relative_error(peft_bf16, exact)
+    assert 0 < peft_error < 0.2
+    assert ours_error <= 2 * peft_error, f"{family}: {ours_error:.2e} vs PEFT {peft_error:.2e}"
