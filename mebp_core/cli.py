@@ -11,7 +11,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from mebp_core.store.errors import StoreError
+from mebp_core.errors import MebpError
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         return _COMMANDS[args.command](args)
     except ValidationError as exc:
         return _fail("; ".join(_describe_validation(err) for err in exc.errors()))
-    except (ValueError, OSError, StoreError) as exc:
+    except (MebpError, OSError) as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
         return _fail("interrupted", code=130)
@@ -138,8 +138,10 @@ def _run_train(args: argparse.Namespace) -> int:
 
     config = _train_config(args)
     checkpoint_dir = args.checkpoint_dir or args.out.with_name(args.out.name + ".checkpoint")
+    # A first use packs the model in a child process: not part of the training footprint.
+    model_dir = resolve_model(args.model, quant=config.quant, group_size=config.group_size,
+                              isolated=True)
     with MemorySampler() as sampler, _StopOnSignals() as stop:
-        model_dir = resolve_model(args.model, quant=config.quant, group_size=config.group_size)
         result = train(config, model_dir=model_dir, data=args.data, out=args.out,
                        sampler=sampler, init_adapter=args.init_adapter,
                        validation_data=args.validation_data, metrics_path=args.metrics,

@@ -5,13 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from mebp_core.errors import MebpError
+
 IGNORE_INDEX = -100
 """Label value that the loss ignores (the Hugging Face / PyTorch convention)."""
 
 ExampleKind = Literal["text", "prompt_completion", "messages", "tokens"]
 
 
-class DatasetError(ValueError):
+class DatasetError(MebpError, ValueError):
     """A dataset file or row cannot be used; the message names the file and line."""
 
 

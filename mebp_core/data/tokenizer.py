@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from mebp_core.errors import MebpError
+
 CHAT_ROLES = ("system", "user", "assistant", "tool")
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -36,7 +38,7 @@ _GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
 Message = dict[str, str]
 
 
-class TokenizerError(ValueError):
+class TokenizerError(MebpError, ValueError):
     """A tokenizer cannot be built or cannot encode the given input."""
 
 

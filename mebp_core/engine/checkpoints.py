@@ -9,7 +9,19 @@ from pathlib import Path
 import torch
 
 
-class RamCheckpoints:
+class _PeakCounter:
+    """``peak_nbytes``: the most checkpoint bytes held at once since ``reset_peak``."""
+
+    peak_nbytes = 0
+
+    def reset_peak(self) -> None:
+        self.peak_nbytes = self.nbytes
+
+    def _count(self) -> None:
+        self.peak_nbytes = max(self.peak_nbytes, self.nbytes)
+
+
+class RamCheckpoints(_PeakCounter):
     """Block inputs kept as tensors in process memory."""
 
     def __init__(self) -> None:
@@ -20,6 +32,7 @@ class RamCheckpoints:
 
     def put(self, block: int, hidden: torch.Tensor) -> None:
         self._saved[block] = hidden
+        self._count()
 
     def pop(self, block: int) -> torch.Tensor:
         return self._saved.pop(block)
@@ -35,7 +48,7 @@ class RamCheckpoints:
         self.clear()
 
 
-class MmapCheckpoints:
+class MmapCheckpoints(_PeakCounter):
     """Block inputs written to a memory-mapped file: file-backed pages the kernel can write back
     and evict, instead of anonymous memory. The file is unlinked at once, so nothing is left
     behind even if the process dies."""
@@ -71,6 +84,7 @@ class MmapCheckpoints:
             raise RuntimeError("MmapCheckpoints.reserve() must be called before put()")
         self._buffer[block].copy_(hidden.reshape(-1))
         self._shapes[block] = hidden.shape
+        self._count()
 
     def pop(self, block: int) -> torch.Tensor:
         shape = self._shapes.pop(block)

@@ -143,6 +143,9 @@ class FrozenLinear(nn.Module):
         return f"{self.weight_name}, in={self.in_features}, out={self.out_features}"
 
     def decompress(self, rows: slice | None = None, keep: bool = False) -> torch.Tensor:
+        # Inside a shared scope every decompression keeps its slot: a tile reusing the arena
+        # would overwrite shared weights still waiting for their backward.
+        keep = keep or self.working_set.shared is not None
         return self.working_set.decompress(
             self.store, self.weight_name, self.dtype, rows=rows, block=self.block, keep=keep)
 

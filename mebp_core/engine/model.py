@@ -11,6 +11,7 @@ from torch import nn
 
 from mebp_core.config import EngineKnobs
 from mebp_core.engine.frozen import FrozenEmbedding, FrozenLinear, WeightWorkingSet
+from mebp_core.errors import MebpError
 from mebp_core.lora.linear import LoraLinear, apply_lora
 from mebp_core.lora.peft_io import (
     AdapterError,
@@ -52,7 +53,7 @@ class SourceNames:
         return rf".*language_model\.layers\.\d+\..*\.({names})"
 
 
-class ModelLoadError(ValueError):
+class ModelLoadError(MebpError, ValueError):
     """The packed model cannot be bound to its architecture (missing or misshapen tensor)."""
 
 
@@ -213,7 +214,8 @@ def _attach_lora(engine: EngineModel, spec: LoraSpec | None, seed: int,
 
 
 def _reconcile_specs(spec: LoraSpec | None, adapter_spec: LoraSpec, source) -> LoraSpec:
-    """An initial adapter must agree with the requested rank and alpha; targets may grow."""
+    """An initial adapter must agree with the requested rank and alpha; targets may grow, and
+    the adapter's scaling rule (rsLoRA or not) carries over."""
     if spec is None:
         return adapter_spec
     for field_name, flag in (("rank", "--lora-rank"), ("alpha", "--lora-alpha")):
@@ -221,7 +223,7 @@ def _reconcile_specs(spec: LoraSpec | None, adapter_spec: LoraSpec, source) -> L
         if ours != theirs:
             raise AdapterError(f"{source}: adapter has {field_name} {theirs}, "
                                f"but {flag} is {ours}")
-    return spec
+    return spec.model_copy(update={"use_rslora": adapter_spec.use_rslora})
 
 
 def _check_shape(store, name: str, expected: tuple[int, ...]) -> None:

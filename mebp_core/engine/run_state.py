@@ -20,11 +20,14 @@ from safetensors.torch import load_file, save_file
 from mebp_core.config import TrainConfig
 from mebp_core.engine.model import EngineModel
 from mebp_core.engine.optim import BlockOptimizer
+from mebp_core.errors import MebpError
+from mebp_core.lora.peft_io import replace_directory
 
 STATE_VERSION = 1
+CHECKPOINT_FILES = {"adapter.safetensors", "optimizer.pt", "rng.pt", "state.json"}
 
 
-class ResumeError(ValueError):
+class ResumeError(MebpError, ValueError):
     """A checkpoint is missing, unreadable, or belongs to a different run."""
 
 
@@ -50,11 +53,7 @@ def save_run_state(directory: Path, engine: EngineModel, optimizers: list[BlockO
         state = {"version": STATE_VERSION, "step": position.step,
                  "batches_consumed": position.batches_consumed, "config": config.resume_key()}
         (staging / "state.json").write_text(json.dumps(state, indent=2))
-        old = directory.with_name(f".{directory.name}.old")
-        if directory.exists():
-            directory.rename(old)
-        staging.rename(directory)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_directory(staging, directory)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return directory
@@ -69,16 +68,32 @@ def load_run_state(directory: Path, engine: EngineModel, optimizers: list[BlockO
         changed = sorted(k for k, v in config.resume_key().items() if state["config"].get(k) != v)
         raise ResumeError(f"{directory}: checkpoint was trained with different settings "
                           f"({', '.join(changed)}); resume with the same ones")
-    tensors = load_file(directory / "adapter.safetensors")
-    with torch.no_grad():
-        for path, module in engine.lora.items():
-            module.lora_A.weight.copy_(tensors[f"{path}.lora_A.weight"])
-            module.lora_B.weight.copy_(tensors[f"{path}.lora_B.weight"])
-    saved = torch.load(directory / "optimizer.pt", weights_only=True)
-    for optimizer, optimizer_state in zip(optimizers, saved, strict=True):
-        optimizer.load_state_dict(optimizer_state)
-    torch.set_rng_state(torch.load(directory / "rng.pt", weights_only=True))
+    try:
+        tensors = load_file(directory / "adapter.safetensors")
+        _check_tensors_fit(directory, tensors, engine)
+        with torch.no_grad():
+            for path, module in engine.lora.items():
+                module.lora_A.weight.copy_(tensors[f"{path}.lora_A.weight"])
+                module.lora_B.weight.copy_(tensors[f"{path}.lora_B.weight"])
+        saved = torch.load(directory / "optimizer.pt", weights_only=True)
+        for optimizer, optimizer_state in zip(optimizers, saved, strict=True):
+            optimizer.load_state_dict(optimizer_state)
+        torch.set_rng_state(torch.load(directory / "rng.pt", weights_only=True))
+    except (OSError, RuntimeError, KeyError, ValueError) as exc:
+        if isinstance(exc, ResumeError):
+            raise
+        raise ResumeError(f"{directory}: unreadable or mismatched checkpoint ({exc})") from exc
     return RunPosition(state["step"], state["batches_consumed"])
+
+
+def _check_tensors_fit(directory: Path, tensors: dict, engine: EngineModel) -> None:
+    for path, module in engine.lora.items():
+        for name, param in ((f"{path}.lora_A.weight", module.lora_A.weight),
+                            (f"{path}.lora_B.weight", module.lora_B.weight)):
+            if name not in tensors or tensors[name].shape != param.shape:
+                found = tuple(tensors[name].shape) if name in tensors else "nothing"
+                raise ResumeError(f"{directory}: checkpoint has {found} for {name}, the model "
+                                  f"needs {tuple(param.shape)}: it belongs to another model")
 
 
 def _read_state(directory: Path) -> dict:

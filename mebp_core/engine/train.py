@@ -26,12 +26,19 @@ from mebp_core.engine.memory import MB, MemorySampler
 from mebp_core.engine.methods import make_step_function
 from mebp_core.engine.model import EngineModel, load_engine_model
 from mebp_core.engine.optim import BlockOptimizer, make_optimizer
-from mebp_core.engine.run_state import RunPosition, load_run_state, save_run_state
+from mebp_core.engine.run_state import (
+    CHECKPOINT_FILES,
+    RunPosition,
+    load_run_state,
+    save_run_state,
+)
 from mebp_core.engine.schedule import compute_lr
+from mebp_core.errors import MebpError
+from mebp_core.lora.peft_io import ADAPTER_FILES, check_replaceable
 from mebp_core.lora.spec import LoraSpec
 
 
-class TrainError(ValueError):
+class TrainError(MebpError, ValueError):
     """The run cannot start: a setting does not fit the model or the data."""
 
 
@@ -104,6 +111,9 @@ def load_train_data(engine: EngineModel, model_dir: Path, data: Path,
         validation_report = read(validation_data)
         validation, skipped = validation_report.examples, skipped + len(validation_report.skipped)
     elif config.validation_fraction is not None:
+        if len(train_rows) < 2:
+            raise TrainError(f"{data}: --validation-fraction needs at least 2 rows to hold "
+                             f"some out, the dataset has {len(train_rows)}")
         train_rows, validation = split_validation(train_rows, config.validation_fraction,
                                                   config.seed)
     if validation is not None:
@@ -128,6 +138,9 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
         torch.set_num_threads(config.knobs.threads)
     if resume and checkpoint_dir is None:
         raise TrainError("--resume needs the checkpoint directory of the interrupted run")
+    check_replaceable(out, ADAPTER_FILES)  # before hours of training, not after
+    if checkpoint_dir is not None:
+        check_replaceable(checkpoint_dir, CHECKPOINT_FILES)
     engine = load_engine_model(model_dir, compute_dtype=config.compute_dtype,
                                lora_spec=lora_spec_of(config), seed=config.seed,
                                init_adapter=init_adapter, knobs=config.knobs)
@@ -203,6 +216,7 @@ class TrainingRun:
         lr = compute_lr(self.config, step)
         working_set = self.engine.working_set
         working_set.reset_counters()
+        self.checkpoints.reset_peak()
         start = time.perf_counter()
         result = self.run_step(step, micro_batches, lr)
         elapsed = time.perf_counter() - start
@@ -215,7 +229,7 @@ class TrainingRun:
             footprint_mb=self.sampler.footprint_bytes / MB,
             step_peak_anon_mb=self.sampler.take_step_peak() / MB,
             weights_live_peak_mb=working_set.peak_bytes / MB,
-            checkpoint_mb=self._checkpoint_bytes(micro_batches[0][0]) / MB)
+            checkpoint_mb=self.checkpoints.peak_nbytes / MB)
         if self.data.validation and (self._due(self.config.eval_every, step)
                                      or step == self.config.steps):
             scores = evaluate_examples(self.engine, self.data.validation,
@@ -228,11 +242,3 @@ class TrainingRun:
     @staticmethod
     def _due(every: int | None, step: int) -> bool:
         return every is not None and step % every == 0
-
-    def _checkpoint_bytes(self, input_ids: torch.Tensor) -> int:
-        """Block-input checkpoints during a step: L x (B, T, D) in the compute dtype."""
-        if self.config.method != "mebp":
-            return 0
-        element = torch.empty((), dtype=self.engine.dtype).element_size()
-        return len(self.engine.layers) * input_ids.numel() * \
-            self.engine.arch.args.hidden_size * element

@@ -12,13 +12,14 @@ from collections.abc import Callable, Mapping
 import torch
 from torch import nn
 
+from mebp_core.errors import MebpError
 from mebp_core.lora.function import lora_delta
 from mebp_core.lora.init import init_lora_weights
 from mebp_core.lora.peft_io import check_adapter_fits
 from mebp_core.lora.spec import LoraSpec
 
 
-class LoraTargetError(ValueError):
+class LoraTargetError(MebpError, ValueError):
     """The model has no module a spec targets, or a target is not a linear projection."""
 
 

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from mebp_core.errors import MebpError
 from mebp_core.lora.spec import LoraSpec, normalize_target
 
 CONFIG_NAME = "adapter_config.json"
@@ -29,8 +30,11 @@ _A_SUFFIX, _B_SUFFIX = ".lora_A.weight", ".lora_B.weight"
 Adapters = dict[str, tuple[torch.Tensor, torch.Tensor]]
 
 
-class AdapterError(ValueError):
+class AdapterError(MebpError, ValueError):
     """An adapter directory is unreadable, not LoRA, inconsistent, or does not fit a model."""
+
+
+ADAPTER_FILES = {CONFIG_NAME, WEIGHTS_NAME}
 
 
 def build_adapter_config(spec: LoraSpec, base_model_name_or_path: str | None,
@@ -73,8 +77,7 @@ def save_peft_adapter(
 ) -> Path:
     """Write a PEFT adapter to ``out_dir``; an existing one is replaced only once complete."""
     out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise AdapterError(f"{out} exists and is not a directory")
+    check_replaceable(out, ADAPTER_FILES)
     tensors = {}
     for path, (lora_a, lora_b) in adapters.items():
         tensors[KEY_PREFIX + path + _A_SUFFIX] = lora_a.detach().to(torch.float32).contiguous()
@@ -107,8 +110,22 @@ def sync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def check_replaceable(out: Path, names: set[str]) -> None:
+    """Refuse to overwrite ``out`` unless it is missing, empty, or an earlier artifact of the
+    same kind (holding only files named in ``names``): never delete a user's directory."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise AdapterError(f"{out} exists and is not a directory")
+    foreign = sorted(child.name for child in out.iterdir() if child.name not in names)
+    if foreign:
+        raise AdapterError(f"{out} exists and holds other files ({', '.join(foreign[:3])}); "
+                           "refusing to replace it: choose another output directory")
+
+
 def replace_directory(staging: Path, out: Path) -> None:
     """Move ``staging`` to ``out``; an old ``out`` is set aside first and deleted after."""
+    check_replaceable(out, {child.name for child in staging.iterdir()})
     if not out.exists():
         os.replace(staging, out)
         return

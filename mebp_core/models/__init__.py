@@ -29,6 +29,8 @@ from typing import Any
 
 from torch import nn
 
+from mebp_core.errors import MebpError
+
 # model_type -> module name under mebp_core.models
 _ARCHITECTURES = {
     "llama": "llama",
@@ -39,7 +41,7 @@ _ARCHITECTURES = {
 }
 
 
-class UnknownArchitectureError(ValueError):
+class UnknownArchitectureError(MebpError, ValueError):
     """The config names a model_type this engine does not implement."""
 
 

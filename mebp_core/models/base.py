@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from mebp_core.errors import MebpError
+
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
@@ -26,7 +28,7 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-class UnsupportedConfigError(ValueError):
+class UnsupportedConfigError(MebpError, ValueError):
     """The config asks for a feature (RoPE type, activation...) this engine does not implement."""
 
 

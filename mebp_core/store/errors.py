@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from mebp_core.errors import MebpError
 
-class StoreError(Exception):
+
+class StoreError(MebpError):
     """A packed store cannot be read or a tensor in it cannot be served."""
 
 
@@ -15,5 +17,5 @@ class PackError(StoreError):
     """A source checkpoint cannot be packed."""
 
 
-class QuantizationError(ValueError):
+class QuantizationError(MebpError, ValueError):
     """A tensor cannot be quantized with the requested bits or group size."""

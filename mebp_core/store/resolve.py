@@ -4,6 +4,7 @@ packing into a cache once and reusing it."""
 from __future__ import annotations
 
 import hashlib
+import multiprocessing
 import os
 from pathlib import Path
 
@@ -42,14 +43,23 @@ def resolve_model(
     quant: str = "int4",
     group_size: int = 64,
     cache_dir: str | Path | None = None,
+    isolated: bool = False,
 ) -> Path:
     """A packed model directory for ``spec``: a packed dir as is, anything else packed into
-    the cache (``$MEBP_CACHE_DIR`` or ``~/.cache/mebp``) once."""
+    the cache (``$MEBP_CACHE_DIR`` or ``~/.cache/mebp``) once.
+
+    ``isolated`` packs in a child process, so the caller's memory (and the baseline its
+    footprint is measured against) never holds what packing allocated.
+    """
     if not (isinstance(spec, str) and spec.startswith(PRESET_PREFIX)):
         if (Path(spec) / STORE_FILENAME).is_file():
             return Path(spec)
     cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     out = cache / cache_key(spec, quant, group_size)
     if not (out / STORE_FILENAME).is_file():
-        pack_model(spec, out, quant=quant, group_size=group_size)
+        if isolated:
+            with multiprocessing.get_context("spawn").Pool(1) as pool:
+                pool.apply(pack_model, (spec, out), {"quant": quant, "group_size": group_size})
+        else:
+            pack_model(spec, out, quant=quant, group_size=group_size)
     return out

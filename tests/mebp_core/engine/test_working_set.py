@@ -96,3 +96,15 @@ def test_only_lora_parameters_receive_gradients(packed_models):
     with_grad = [name for name, p in engine.arch.named_parameters() if p.grad is not None]
     assert with_grad and all(".lora_" in name for name in with_grad)
     assert all(not p.requires_grad for p in engine.arch.parameters() if id(p) not in lora)
+
+
+def test_checkpoints_hold_one_block_input_per_block(packed_models):
+    for storage in ("ram", "mmap"):
+        engine = load_engine_model(packed_models["qwen3", "int4"], lora_spec=LORA)
+        checkpoints = make_checkpoints(storage)
+        input_ids, labels = random_batch(300, seed=3)
+        run_mebp_step(engine, input_ids, labels, checkpoints,
+                      loss_scale=1.0 / count_valid_targets(labels))
+        expected = len(engine.layers) * input_ids.numel() * engine.arch.args.hidden_size * 4
+        assert checkpoints.peak_nbytes == expected  # L x (B, T, D) float32
+        assert checkpoints.nbytes == 0  # all popped by the backward
