@@ -1,0 +1,201 @@
+"""One measurement in a fresh process; prints exactly one JSON line (the result) on stdout.
+
+    python -m mebp_core.bench.worker {mebp,mezo,backprop} --model PACKED_DIR --seq-len 256 \\
+        --steps 3 [--threads N] [--dtype bfloat16]
+    python -m mebp_core.bench.worker peft --model HF_DIR --seq-len 256 --steps 3
+    python -m mebp_core.bench.worker cosine --model PACKED_DIR --seq-len 256 --seeds 5
+
+Heavy imports happen inside the runners, and the memory baseline is taken after them, so
+``footprint_mb`` is what the method added above its imported runtime. Progress goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+MB = 1 << 20
+ENGINE_METHODS = ("mebp", "mezo", "backprop")
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LR = 1e-4  # the value does not matter for timing; finite updates keep the work realistic
+
+
+def random_batch(vocab_size: int, seq_len: int, seed: int = 0):
+    """input_ids and labels (1, T): uniform random tokens, every position scored."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, vocab_size, (1, seq_len), generator=generator)
+    return input_ids, input_ids.clone()
+
+
+def run_timed_steps(step: Callable[[], float], steps: int, sampler) -> list[dict]:
+    """``step()`` returns the loss; each record gets its wall time and its own anon peak."""
+    records = []
+    for index in range(steps):
+        start = time.perf_counter()
+        loss = step()
+        elapsed = time.perf_counter() - start
+        records.append({"loss": loss, "step_time_s": elapsed,
+                        "step_peak_anon_mb": sampler.take_step_peak() / MB})
+        print(f"step {index + 1}/{steps}: {elapsed:.2f} s loss {loss:.4f}", file=sys.stderr,
+              flush=True)
+    return records
+
+
+def summarize_steps(records: list[dict], sampler) -> dict:
+    """The median step time excludes the first (warm-up) step when there are others."""
+    timed = records[1:] or records
+    return {"steps_completed": len(records),
+            "step_times_s": [r["step_time_s"] for r in records],
+            "s_per_step": statistics.median(r["step_time_s"] for r in timed),
+            "losses": [r["loss"] for r in records],
+            "peak_anon_mb": sampler.peak_anon_bytes / MB,
+            "post_import_anon_mb": sampler.baseline_anon_bytes / MB,
+            "footprint_mb": sampler.footprint_bytes / MB,
+            "step_peak_anon_mb": [r["step_peak_anon_mb"] for r in records]}
+
+
+def engine_config(args: argparse.Namespace, method: str):
+    from mebp_core.config import EngineKnobs, TrainConfig
+
+    return TrainConfig(method=method, steps=args.steps, seq_len=args.seq_len, lr=LR,
+                       compute_dtype=args.dtype, seed=args.seed,
+                       knobs=EngineKnobs(threads=args.threads))
+
+
+def run_engine(args: argparse.Namespace) -> dict:
+    """mebp, mezo or backprop through the training loop's own step functions."""
+    import torch
+
+    from mebp_core.engine.checkpoints import make_checkpoints
+    from mebp_core.engine.memory import MemorySampler
+    from mebp_core.engine.methods import make_step_function
+    from mebp_core.engine.model import load_engine_model
+    from mebp_core.engine.train import lora_spec_of, make_block_optimizers
+
+    config = engine_config(args, args.kind)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    gc.collect()
+    with MemorySampler() as sampler:  # baseline: torch and the engine imported, nothing loaded
+        engine = load_engine_model(args.model, compute_dtype=config.compute_dtype,
+                                   lora_spec=lora_spec_of(config), seed=config.seed,
+                                   knobs=config.knobs)
+        checkpoints = make_checkpoints(config.knobs.checkpoint_storage)
+        try:
+            step_function = make_step_function(engine, config,
+                                               make_block_optimizers(engine, config),
+                                               checkpoints)
+            batch = random_batch(engine.arch.args.vocab_size, args.seq_len, args.seed)
+            counter = iter(range(1, args.steps + 1))
+
+            def step() -> float:
+                result = step_function(next(counter), [batch], config.lr)
+                return result.loss_sum / max(result.valid_tokens, 1)
+
+            records = run_timed_steps(step, args.steps, sampler)
+        finally:
+            checkpoints.close()
+            engine.close()
+    return {**summarize_steps(records, sampler), "threads": torch.get_num_threads()}
+
+
+def run_peft(args: argparse.Namespace) -> dict:
+    """transformers + PEFT in bf16: what a user would pick instead on a CPU box."""
+    import peft
+    import torch
+    import transformers
+
+    from mebp_core.engine.memory import MemorySampler
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    gc.collect()
+    with MemorySampler() as sampler:  # baseline: torch, transformers and peft imported
+        model = transformers.AutoModelForCausalLM.from_pretrained(args.model,
+                                                                  dtype=torch.bfloat16)
+        lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS,
+                               lora_dropout=0.0, task_type="CAUSAL_LM")
+        model = peft.get_peft_model(model, lora)
+        model.train()
+        params = [p for p in model.parameters() if p.requires_grad]
+        optimizer = torch.optim.SGD(params, lr=LR)
+        input_ids, labels = random_batch(model.config.vocab_size, args.seq_len, args.seed)
+
+        def step() -> float:
+            out = model(input_ids=input_ids, labels=labels, use_cache=False)
+            out.loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            return float(out.loss)
+
+        records = run_timed_steps(step, args.steps, sampler)
+    return {**summarize_steps(records, sampler), "threads": torch.get_num_threads(),
+            "transformers_version": transformers.__version__, "peft_version": peft.__version__}
+
+
+def run_cosine(args: argparse.Namespace) -> dict:
+    """Cosine of MeZO's one-sample estimate and the exact LoRA gradient, one per seed."""
+    import torch
+
+    from mebp_core.engine.mezo import cosine_similarity_to_true_gradient, named_lora_parameters
+    from mebp_core.engine.model import load_engine_model
+    from mebp_core.engine.train import lora_spec_of
+
+    config = engine_config(args, "mebp")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    engine = load_engine_model(args.model, compute_dtype=config.compute_dtype,
+                               lora_spec=lora_spec_of(config), seed=config.seed)
+    try:
+        input_ids, labels = random_batch(engine.arch.args.vocab_size, args.seq_len, args.seed)
+        cosines = []
+        for seed in range(args.seeds):
+            cosines.append(cosine_similarity_to_true_gradient(
+                engine, input_ids, labels, step_seed=seed, eps=args.eps))
+            print(f"seed {seed}: cosine {cosines[-1]:.6f}", file=sys.stderr, flush=True)
+        dimension = sum(p.numel() for _, p in named_lora_parameters(engine))
+    finally:
+        engine.close()
+    return {"cosines": cosines, "cosine_mean": statistics.fmean(cosines),
+            "cosine_std": statistics.pstdev(cosines), "lora_parameters": dimension,
+            # E|<g, z>| / (|g| |z|) for z ~ N(0, I) in d dimensions: the exact-FD expectation
+            "cosine_expected": math.sqrt(2 / (math.pi * dimension)), "eps": args.eps,
+            "dtype": args.dtype}
+
+
+RUNNERS = {"mebp": run_engine, "mezo": run_engine, "backprop": run_engine, "peft": run_peft,
+           "cosine": run_cosine}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("kind", choices=list(RUNNERS))
+    parser.add_argument("--model", required=True,
+                        help="a packed dir (engine methods, cosine) or a Hugging Face dir (peft)")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=3, help="the first one is warm-up")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
+    parser.add_argument("--threads", type=int, help="torch intra-op threads")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=5, help="cosine: MeZO directions")
+    parser.add_argument("--eps", type=float, default=1e-3, help="cosine: MeZO's eps")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = {"kind": args.kind, "seq_len": args.seq_len, **RUNNERS[args.kind](args)}
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""The worker contract: one fresh process per measurement, exactly one JSON line on stdout."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from mebp_core.bench.side_by_side import preset_hf_dir
+from mebp_core.store.resolve import resolve_model
+
+COMMON_KEYS = {"kind", "seq_len", "steps_completed", "step_times_s", "s_per_step", "losses",
+               "peak_anon_mb", "post_import_anon_mb", "footprint_mb", "step_peak_anon_mb",
+               "threads"}
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench-worker")
+    return {"packed": resolve_model("preset:tiny", cache_dir=root),
+            "hf": preset_hf_dir("tiny", root / "hf")}
+
+
+def run(kind: str, model, *options: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "mebp_core.bench.worker", kind, "--model",
+                           str(model), "--seq-len", "32", "--threads", "1", *options],
+                          capture_output=True, text=True, check=True)
+    lines = proc.stdout.splitlines()
+    assert len(lines) == 1, proc.stdout
+    return json.loads(lines[0])
+
+
+@pytest.mark.parametrize("kind", ["mebp", "mezo", "backprop", "peft"])
+def test_each_method_prints_one_result_line(tiny_dirs, kind):
+    result = run(kind, tiny_dirs["hf" if kind == "peft" else "packed"], "--steps", "2")
+    assert COMMON_KEYS <= set(result)
+    assert result["kind"] == kind and result["steps_completed"] == 2
+    assert result["s_per_step"] == result["step_times_s"][1]  # the warm-up step is not timed
+    assert result["footprint_mb"] == pytest.approx(
+        result["peak_anon_mb"] - result["post_import_anon_mb"])
+    assert result["footprint_mb"] > 0 and result["threads"] == 1
+    assert all(4.0 < loss < 7.0 for loss in result["losses"])  # ~ln(320) on random tokens
+
+
+def test_cosine_result(tiny_dirs):
+    result = run("cosine", tiny_dirs["packed"], "--seeds", "2", "--dtype", "float32")
+    assert len(result["cosines"]) == 2
+    # |<g, z>| / (|g| |z|) is positive and tiny in ~1.5e5 dimensions
+    assert all(0 < cosine < 0.05 for cosine in result["cosines"])
+    assert result["lora_parameters"] > 100_000
