@@ -15,7 +15,7 @@ from torch import nn
 from mebp_core.engine.frozen import FrozenEmbedding, FrozenLinear
 from mebp_core.engine.loss import IGNORE_INDEX
 from mebp_core.engine.mebp import StepLoss, shift_targets
-from mebp_core.engine.model import EngineModel
+from mebp_core.engine.model import EngineModel, set_submodule
 
 
 class ResidentLinear(nn.Module):
@@ -66,7 +66,7 @@ def make_resident(engine: EngineModel) -> int:
             resident = ResidentEmbedding(module.weight_name, weight)
         else:
             continue
-        _replace_submodule(engine.arch, path, resident)
+        set_submodule(engine.arch, path, resident)
     return sum(_nbytes(w) for w in find_resident_weights(engine).values())
 
 
@@ -128,9 +128,3 @@ def _decompress_once(engine: EngineModel, name: str, block: int,
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
-
-
-def _replace_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
-    owner_path, _, leaf = path.rpartition(".")
-    owner = root.get_submodule(owner_path) if owner_path else root
-    setattr(owner, leaf, module)

@@ -12,9 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from mebp_core.data.example import IGNORE_INDEX
 from mebp_core.engine.frozen import WeightWorkingSet
-
-IGNORE_INDEX = -100
 
 
 @dataclass
@@ -23,6 +22,54 @@ class HeadLoss:
     valid_tokens: int
     correct_tokens: int
     grad_hidden: torch.Tensor | None  # (N, D) d loss_sum / d hidden, float32
+
+
+class _OnlineSoftmax:
+    """Per-token running max, sum of exponentials, argmax, target logit and (optionally)
+    ``sum_v exp(l_v - max) * dl_v/dz_v * W_v``, fed one vocabulary tile at a time."""
+
+    def __init__(self, targets: torch.Tensor, dim: int, softcap: float | None,
+                 with_grad: bool) -> None:
+        n = targets.shape[0]
+        self.targets, self.softcap = targets, softcap
+        self.run_max = torch.full((n,), float("-inf"))
+        self.run_sum = torch.zeros(n)
+        self.target_logit = torch.zeros(n)
+        self.best_logit = torch.full((n,), float("-inf"))
+        self.best_index = torch.zeros(n, dtype=torch.long)
+        self.acc = torch.zeros(n, dim) if with_grad else None
+
+    def add_tile(self, raw: torch.Tensor, weight: torch.Tensor, start: int) -> None:
+        """raw (n, V_t) float32 logits of vocabulary rows start..start+V_t; weight those rows."""
+        cap = self.softcap
+        logits = cap * torch.tanh(raw / cap) if cap else raw
+        stop = start + logits.shape[1]
+        tile_max, tile_arg = logits.max(dim=1)
+        better = tile_max > self.best_logit
+        self.best_logit = torch.where(better, tile_max, self.best_logit)
+        self.best_index = torch.where(better, tile_arg + start, self.best_index)
+        in_tile = (self.targets >= start) & (self.targets < stop)
+        local = (self.targets - start).clamp(0, stop - start - 1)
+        self.target_logit += torch.where(in_tile, logits.gather(1, local[:, None])[:, 0], 0.0)
+
+        new_max = torch.maximum(self.run_max, tile_max)
+        rescale = torch.exp(self.run_max - new_max)
+        probs = torch.exp(logits - new_max[:, None])  # unnormalized, (n, V_t)
+        self.run_sum = self.run_sum * rescale + probs.sum(dim=1)
+        if self.acc is not None:
+            if cap:
+                probs *= 1 - (logits / cap) ** 2  # d softcap(z) / dz
+            self.acc.mul_(rescale[:, None]).add_((probs.to(weight.dtype) @ weight).float())
+        self.run_max = new_max
+
+    def losses(self) -> torch.Tensor:
+        return self.run_max + torch.log(self.run_sum) - self.target_logit  # (n,)
+
+    def gradient(self, target_rows: torch.Tensor) -> torch.Tensor:
+        """d loss / d hidden: softmax-weighted rows minus the (softcap-scaled) target rows."""
+        if self.softcap:
+            target_rows = target_rows * (1 - (self.target_logit / self.softcap) ** 2)[:, None]
+        return self.acc / self.run_sum[:, None] - target_rows
 
 
 def compute_head_loss(hidden: torch.Tensor, targets: torch.Tensor, *, store, head_name: str,
@@ -43,46 +90,16 @@ def compute_head_loss(hidden: torch.Tensor, targets: torch.Tensor, *, store, hea
     vocab = store.info(head_name).shape[0]
     row_bytes = dim * torch.empty((), dtype=dtype).element_size()
     tile_rows = max(1, min(vocab, tile_bytes // row_bytes))
-
-    run_max = torch.full((n_valid,), float("-inf"))
-    run_sum = torch.zeros(n_valid)
-    acc = torch.zeros(n_valid, dim) if with_grad else None
-    target_logit = torch.zeros(n_valid)
-    best_logit = torch.full((n_valid,), float("-inf"))
-    best_index = torch.zeros(n_valid, dtype=torch.long)
+    state = _OnlineSoftmax(tgt, dim, softcap, with_grad)
     for start in range(0, vocab, tile_rows):
-        stop = min(start + tile_rows, vocab)
-        weight = working_set.decompress(store, head_name, dtype, rows=slice(start, stop))
-        raw = (h @ weight.T).float()  # (n, V_t)
-        logits = softcap * torch.tanh(raw / softcap) if softcap else raw
-        tile_max, tile_arg = logits.max(dim=1)
-        better = tile_max > best_logit
-        best_logit = torch.where(better, tile_max, best_logit)
-        best_index = torch.where(better, tile_arg + start, best_index)
-        in_tile = (tgt >= start) & (tgt < stop)
-        local = (tgt - start).clamp(0, stop - start - 1)
-        target_logit += torch.where(in_tile, logits.gather(1, local[:, None])[:, 0], 0.0)
-
-        new_max = torch.maximum(run_max, tile_max)
-        rescale = torch.exp(run_max - new_max)
-        probs = torch.exp(logits - new_max[:, None])  # unnormalized, (n, V_t)
-        run_sum = run_sum * rescale + probs.sum(dim=1)
-        if with_grad:
-            if softcap:
-                probs *= 1 - (logits / softcap) ** 2
-            acc.mul_(rescale[:, None]).add_((probs.to(dtype) @ weight).float())
-        run_max = new_max
+        rows = slice(start, min(start + tile_rows, vocab))
+        weight = working_set.decompress(store, head_name, dtype, rows=rows)
+        state.add_tile((h @ weight.T).float(), weight, start)
         working_set.drop(weight)
-        del weight, raw, logits, probs
-
-    losses = run_max + torch.log(run_sum) - target_logit
-    correct = int((best_index == tgt).sum())
+        del weight
     grad = None
     if with_grad:
-        target_rows = store.gather_rows(head_name, tgt, dtype).float()  # (n, D)
-        if softcap:
-            target_rows *= (1 - (target_logit / softcap) ** 2)[:, None]
         grad = torch.zeros(n_tokens, dim)
-        grad[valid] = acc / run_sum[:, None] - target_rows
-    return HeadLoss(losses.sum(), n_valid, correct, grad)
-
+        grad[valid] = state.gradient(store.gather_rows(head_name, tgt, dtype).float())
+    correct = int((state.best_index == tgt).sum())
+    return HeadLoss(state.losses().sum(), n_valid, correct, grad)

@@ -12,10 +12,9 @@ from torch import nn
 from mebp_core.config import EngineKnobs
 from mebp_core.engine.frozen import FrozenEmbedding, FrozenLinear, WeightWorkingSet
 from mebp_core.errors import MebpError
-from mebp_core.lora.linear import LoraLinear, apply_lora
+from mebp_core.lora.linear import LoraLinear, apply_lora, assign_lora_tensors, collect_lora_tensors
 from mebp_core.lora.peft_io import (
     AdapterError,
-    check_adapter_fits,
     load_peft_adapter,
     save_peft_adapter,
 )
@@ -96,8 +95,7 @@ class EngineModel:
                 if p.requires_grad]
 
     def adapter_tensors(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        return {path: (m.lora_A.weight.detach(), m.lora_B.weight.detach())
-                for path, m in self.lora.items()}
+        return collect_lora_tensors(self.lora)
 
     def save_adapter(self, out: Path, base_model_name: str | None) -> Path:
         """The PEFT adapter, named for the Hugging Face model the weights came from."""
@@ -163,11 +161,11 @@ def _bind_frozen_modules(arch: nn.Module, store, dtype: torch.dtype,
                 bias = store.dequantize(f"{path}.bias", dtype)
             frozen = FrozenLinear(store, weight_name, bias, working_set=working_set,
                                   dtype=dtype, tile_bytes=knobs.decompress_tile_bytes)
-            _set_submodule(arch, path, frozen)
+            set_submodule(arch, path, frozen)
         elif isinstance(module, nn.Embedding):
             weight_name = f"{path}.weight"
             _check_shape(store, weight_name, (module.num_embeddings, module.embedding_dim))
-            _set_submodule(arch, path, FrozenEmbedding(store, weight_name, dtype=dtype))
+            set_submodule(arch, path, FrozenEmbedding(store, weight_name, dtype=dtype))
     if head is not None and head not in names:
         raise ModelLoadError(f"{store.path}: output projection {head!r} is missing")
 
@@ -202,15 +200,10 @@ def _attach_lora(engine: EngineModel, spec: LoraSpec | None, seed: int,
     engine.lora_spec = spec
     if loaded is None:
         return
-    expected = {path: (m.out_features, m.in_features) for path, m in engine.lora.items()}
     try:
-        check_adapter_fits(loaded, expected)
+        assign_lora_tensors(engine.lora, loaded)
     except AdapterError as exc:
         raise AdapterError(f"{init_adapter}: {exc}") from exc
-    with torch.no_grad():
-        for path, (a, b) in loaded.items():
-            engine.lora[path].lora_A.weight.copy_(a)
-            engine.lora[path].lora_B.weight.copy_(b)
 
 
 def _reconcile_specs(spec: LoraSpec | None, adapter_spec: LoraSpec, source) -> LoraSpec:
@@ -233,7 +226,7 @@ def _check_shape(store, name: str, expected: tuple[int, ...]) -> None:
             f"{store.path}: tensor {name!r} has shape {actual}, the config implies {expected}")
 
 
-def _set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
+def set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
     owner_path, _, leaf = path.rpartition(".")
     owner = root.get_submodule(owner_path) if owner_path else root
     setattr(owner, leaf, module)
