@@ -150,7 +150,8 @@ def _run_train(args: argparse.Namespace) -> int:
                        stop_requested=stop.is_set)
     print(json.dumps({"steps": result.steps, "final_loss": result.final_loss,
                       "adapter": str(result.adapter_dir), "peak_anon_mb": result.peak_anon_mb,
-                      "footprint_mb": result.footprint_mb, "interrupted": result.interrupted}))
+                      "footprint_mb": result.footprint_mb, "interrupted": result.interrupted,
+                      "skipped_rows": result.skipped_rows}))
     if result.interrupted:
         print(f"mebp: interrupted after step {result.steps}; checkpoint in "
               f"{result.checkpoint_dir}; continue with --resume", file=sys.stderr)

@@ -71,6 +71,7 @@ class TrainResult:
     footprint_mb: float
     interrupted: bool = False
     checkpoint_dir: Path | None = None
+    skipped_rows: int = 0  # malformed JSONL lines skipped with skip_malformed
 
 
 @dataclass
@@ -157,7 +158,8 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
     finally:
         engine.close()
     return TrainResult(run.position.step, run.last_loss, out, sampler.peak_anon_bytes / MB,
-                       sampler.footprint_bytes / MB, run.interrupted, run.saved_checkpoint)
+                       sampler.footprint_bytes / MB, run.interrupted, run.saved_checkpoint,
+                       run.data.skipped_rows)
 
 
 class TrainingRun:

@@ -152,3 +152,13 @@ def test_export_writes_every_format_and_refuses_another_model(tmp_path, good_dat
     assert refused.returncode == 2
     assert str(tmp_path / "a") in refused.stderr and "does not fit" in refused.stderr
     assert not (tmp_path / "bad").exists()
+
+
+def test_skip_malformed_counts_the_skipped_lines(tmp_path):
+    data = tmp_path / "mixed.jsonl"
+    data.write_text('{"text": "good row"}\nnot json\n{"text": "another good row"}\n')
+    result = run_mebp("train", "--model", "preset:tiny", "--data", data, "--out",
+                      tmp_path / "o", "--steps", "1", "--seq-len", "32", "--skip-malformed",
+                      cache=tmp_path / "cache")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["skipped_rows"] == 1
