@@ -3,7 +3,8 @@
 for its own runtime.
 
     python -m benchmarks._workers torch
-    python -m benchmarks._workers mebp --model PACKED_DIR --seq-len 256 --steps 3
+    python -m benchmarks._workers mebp --model PACKED_DIR --seq-len 256 --steps 3 \\
+        [--no-share-decompression] [--checkpoint-storage mmap]
     python -m benchmarks._workers peft --model HF_DIR --seq-len 256 --steps 3
 """
 
@@ -96,7 +97,7 @@ def run_torch(_: argparse.Namespace) -> dict:
 def run_mebp(args: argparse.Namespace) -> dict:
     import torch
 
-    from mebp_core.config import TrainConfig
+    from mebp_core.config import EngineKnobs, TrainConfig
     from mebp_core.engine.checkpoints import make_checkpoints
     from mebp_core.engine.mebp import count_valid_targets, run_mebp_step
     from mebp_core.engine.memory import MemorySampler
@@ -106,12 +107,16 @@ def run_mebp(args: argparse.Namespace) -> dict:
     gc.collect()
     sampler = MemorySampler()  # baseline: runtime + engine imported, nothing loaded
     sampler.start()
-    cfg = TrainConfig(seq_len=args.seq_len, compute_dtype=args.dtype)
+    knobs = EngineKnobs(share_decompression=args.share_decompression,
+                        checkpoint_storage=args.checkpoint_storage)
+    cfg = TrainConfig(seq_len=args.seq_len, compute_dtype=args.dtype, knobs=knobs)
     engine = load_engine_model(args.model, compute_dtype=cfg.compute_dtype,
                                lora_spec=lora_spec_of(cfg), seed=0, knobs=cfg.knobs)
     opts = make_block_optimizers(engine, cfg)
     ckpts = make_checkpoints(cfg.knobs.checkpoint_storage)
     ids, labels = random_batch(args.seq_len)
+    elem = torch.empty((), dtype=engine.dtype).element_size()
+    ckpt_bytes = len(engine.layers) * ids.numel() * engine.arch.args.hidden_size * elem
     scale = 1.0 / count_valid_targets(labels)
 
     def step(_: int) -> dict:
@@ -128,7 +133,9 @@ def run_mebp(args: argparse.Namespace) -> dict:
     sampler.stop()
     out = summarize(records, sampler, sampler.baseline_anon_bytes / MB)
     out.update(decompress_summary(records))
-    out["threads"] = torch.get_num_threads()
+    out.update(threads=torch.get_num_threads(), knobs=cfg.knobs.model_dump(),
+               # L x (B, T, D): in RssAnon with "ram", file-backed (not in RssAnon) with "mmap"
+               checkpoint_mb=ckpt_bytes / MB)
     return out
 
 
@@ -199,6 +206,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's)")
+    p.add_argument("--share-decompression", action=argparse.BooleanOptionalAction,
+                   default=True, help="mebp: EngineKnobs.share_decompression")
+    p.add_argument("--checkpoint-storage", default="ram", choices=["ram", "mmap"],
+                   help="mebp: EngineKnobs.checkpoint_storage")
     return p.parse_args(argv)
 
 
