@@ -8,6 +8,7 @@ matmul, and released as soon as that backward has run.
 
 from __future__ import annotations
 
+import mmap
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,13 +21,15 @@ class _Arena:
     """One reused flat buffer for decompressed weights. Filling warm memory runs ~5x faster
     than a fresh allocation (its page faults cost more than the dequantization itself).
 
-    ``take`` bump-allocates; ``reset`` declares every view dead. Tiles (forward, head) are
-    taken right after a reset; a block's shared weights are taken one after another and reset
-    together when the block is done. The buffer grows to the largest round seen and stays.
+    ``take`` bump-allocates; ``reset`` declares every view dead. The buffer grows to the
+    largest round seen and stays until ``release``. It is an anonymous mapping of its own,
+    not a malloc block: freeing a block that large would raise glibc's mmap threshold and
+    leave later activations fragmenting the heap (measured: +30 MB peak).
     """
 
     def __init__(self) -> None:
         self._buffer: torch.Tensor | None = None
+        self._mapping: mmap.mmap | None = None
         self._used = 0  # elements of the buffer taken since the last reset
         self._round_numel = 0  # elements requested since the last reset
         self._capacity = 0  # the largest round seen
@@ -37,7 +40,7 @@ class _Arena:
         buffer = self._buffer
         if self._used == 0 and (buffer is None or buffer.dtype != dtype
                                 or buffer.numel() < self._capacity):
-            buffer = self._buffer = torch.empty(self._capacity, dtype=dtype)
+            buffer = self._map(self._capacity, dtype)
         if buffer.dtype == dtype and self._used + numel <= buffer.numel():
             self._used += numel
             return buffer[self._used - numel : self._used]
@@ -46,6 +49,31 @@ class _Arena:
     def reset(self) -> None:
         self._used = 0
         self._round_numel = 0
+
+    def release(self) -> None:
+        """Free the buffer (it is re-made at its known size on the next take)."""
+        self.reset()
+        self._unmap()
+
+    def _unmap(self) -> None:
+        self._buffer = None
+        if self._mapping is not None:
+            try:
+                self._mapping.close()
+            except BufferError:
+                pass  # a view is still alive somewhere; the mapping goes when it does
+            self._mapping = None
+
+    def _map(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        self._unmap()
+        nbytes = numel * torch.empty((), dtype=dtype).element_size()
+        self._mapping = mmap.mmap(-1, max(nbytes, 1))
+        self._buffer = torch.frombuffer(self._mapping, dtype=dtype, count=numel)
+        return self._buffer
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self._buffer is None else self._buffer.numel() * self._buffer.element_size()
 
 
 @dataclass
@@ -59,7 +87,10 @@ class WeightWorkingSet:
     live_blocks: dict[int, int] = field(default_factory=dict)
     max_live_blocks: int = 0
     shared: dict[str, torch.Tensor] | None = None
-    _arena: _Arena = field(default_factory=_Arena)
+    # Tiles (forward, head, unshared backward) and a block's shared weights live in separate
+    # arenas, so the block-sized one exists only during the backward pass.
+    _tiles: _Arena = field(default_factory=_Arena)
+    _shared: _Arena = field(default_factory=_Arena)
 
     def acquire(self, block: int, nbytes: int) -> None:
         self.live_bytes += nbytes
@@ -84,9 +115,10 @@ class WeightWorkingSet:
         """
         out_features, in_features = store.info(name).shape
         n_rows = len(range(out_features)[rows]) if rows is not None else out_features
+        arena = self._shared if keep else self._tiles
         if not keep:
-            self._arena.reset()
-        buffer = self._arena.take(n_rows * in_features, dtype)
+            arena.reset()
+        buffer = arena.take(n_rows * in_features, dtype)
         start = time.perf_counter()
         weight = store.dequantize(name, dtype, rows=rows, out=buffer.view(n_rows, in_features))
         self.decompress_s += time.perf_counter() - start
@@ -97,6 +129,17 @@ class WeightWorkingSet:
     def drop(self, weight: torch.Tensor, block: int = -1) -> None:
         self.release(block, weight.numel() * weight.element_size())
 
+    def release_buffers(self, *, tiles: bool = True, shared: bool = True) -> None:
+        """Give the reused buffers back between phases that do not need them."""
+        if tiles:
+            self._tiles.release()
+        if shared:
+            self._shared.release()
+
+    @property
+    def buffer_bytes(self) -> int:
+        return self._tiles.nbytes + self._shared.nbytes
+
     def reset_counters(self) -> None:
         self.peak_bytes = self.live_bytes
         self.max_live_blocks = len(self.live_blocks)
@@ -106,7 +149,6 @@ class WeightWorkingSet:
     @contextmanager
     def share_weights(self):
         """Within this scope each projection is decompressed once and kept until its backward."""
-        self._arena.reset()  # the last tile decompressed before this scope is dead
         self.shared = {}
         try:
             yield
@@ -115,7 +157,7 @@ class WeightWorkingSet:
             # Weights whose backward never ran (e.g. an exception) still count as released.
             for name, weight in leftover.items():
                 self.release(_block_of(name), weight.numel() * weight.element_size())
-            self._arena.reset()
+            self._shared.reset()
 
 
 def _block_of(weight_name: str) -> int:

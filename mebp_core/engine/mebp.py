@@ -104,6 +104,9 @@ def run_mebp_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Te
     del hidden, normed, grad_normed, head.grad_hidden
 
     ctx = engine.context(input_ids.shape[1])
+    shared = engine.knobs.share_decompression
+    if shared:  # the backward decompresses whole projections, not tiles
+        engine.working_set.release_buffers(shared=False)
     for index in reversed(range(len(engine.layers))):
         block_input = checkpoints.pop(index).requires_grad_(True)
         with torch.enable_grad(), _weight_sharing(engine):
@@ -114,6 +117,7 @@ def run_mebp_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Te
         if on_block_done is not None:
             on_block_done(index)
     checkpoints.clear()
+    engine.working_set.release_buffers(tiles=False)  # no block-sized buffer outside backward
     return StepLoss(float(head.loss_sum), head.valid_tokens, head.correct_tokens)
 
 
