@@ -87,6 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("--model", required=True,
                         help="the base model (packed dir, Hugging Face dir or preset:NAME)")
 
+    from mebp_core.bench import add_bench_arguments
+
+    add_bench_arguments(sub.add_parser(
+        "bench", help="mebp, mezo, backprop and transformers + PEFT side by side, or "
+                      "convergence against mezo"))
+
     serve = sub.add_parser("serve", help="run the service (not built yet)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -251,8 +257,14 @@ def _run_serve(args: argparse.Namespace) -> int:
                  "use `mebp pack`, `mebp train` and `mebp eval`", code=1)
 
 
+def _run_bench(args: argparse.Namespace) -> int:
+    from mebp_core.bench import run_bench
+
+    return run_bench(args)
+
+
 _COMMANDS = {"pack": _run_pack, "train": _run_train, "eval": _run_eval,
-             "export": _run_export, "serve": _run_serve}
+             "export": _run_export, "bench": _run_bench, "serve": _run_serve}
 
 if __name__ == "__main__":
     sys.exit(main())
