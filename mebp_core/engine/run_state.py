@@ -9,19 +9,17 @@ so a crash mid-save leaves the previous checkpoint intact.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
+from mebp_core.atomic import staged_directory
 from mebp_core.config import TrainConfig
 from mebp_core.engine.model import EngineModel
 from mebp_core.engine.optim import BlockOptimizer
 from mebp_core.errors import MebpError
-from mebp_core.lora.peft_io import replace_directory
 
 STATE_VERSION = 1
 CHECKPOINT_FILES = {"adapter.safetensors", "optimizer.pt", "rng.pt", "state.json"}
@@ -40,9 +38,7 @@ class RunPosition:
 def save_run_state(directory: Path, engine: EngineModel, optimizers: list[BlockOptimizer],
                    position: RunPosition, config: TrainConfig) -> Path:
     directory = Path(directory)
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
-    try:
+    with staged_directory(directory) as staging:
         tensors = {}
         for path, (a, b) in engine.adapter_tensors().items():
             tensors[f"{path}.lora_A.weight"] = a.contiguous()
@@ -53,9 +49,6 @@ def save_run_state(directory: Path, engine: EngineModel, optimizers: list[BlockO
         state = {"version": STATE_VERSION, "step": position.step,
                  "batches_consumed": position.batches_consumed, "config": config.resume_key()}
         (staging / "state.json").write_text(json.dumps(state, indent=2))
-        replace_directory(staging, directory)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return directory
 
 

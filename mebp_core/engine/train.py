@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from mebp_core.atomic import check_replaceable
 from mebp_core.config import TrainConfig
 from mebp_core.data.batching import iter_batches, pack_examples, split_validation
 from mebp_core.data.example import Example
@@ -34,7 +35,7 @@ from mebp_core.engine.run_state import (
 )
 from mebp_core.engine.schedule import compute_lr
 from mebp_core.errors import MebpError
-from mebp_core.lora.peft_io import ADAPTER_FILES, check_replaceable
+from mebp_core.lora.peft_io import ADAPTER_FILES
 from mebp_core.lora.spec import LoraSpec
 
 

@@ -8,10 +8,10 @@ the base model's config first, so a mismatched adapter fails here, not on the ph
 from __future__ import annotations
 
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from mebp_core.atomic import staged_directory
 from mebp_core.lora.export_gguf import write_gguf_adapter
 from mebp_core.lora.export_mlx import write_mlx_adapter
 from mebp_core.lora.peft_io import (
@@ -20,8 +20,6 @@ from mebp_core.lora.peft_io import (
     AdapterError,
     check_adapter_fits,
     load_peft_adapter,
-    replace_directory,
-    sync_directory,
 )
 from mebp_core.store.shapes import expected_shapes, full_text_config
 
@@ -48,16 +46,9 @@ def linear_shapes(base_config: dict[str, Any]) -> dict[str, tuple[int, int]]:
 
 def copy_peft_adapter(peft_dir: Path, out: Path) -> Path:
     """Copy the two PEFT files to ``out``; an existing ``out`` is replaced only once complete."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staged_directory(out) as staging:
         for name in (WEIGHTS_NAME, CONFIG_NAME):
             shutil.copyfile(peft_dir / name, staging / name)
-        sync_directory(staging)
-        replace_directory(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out
 
 

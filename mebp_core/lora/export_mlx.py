@@ -12,15 +12,14 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 from safetensors.numpy import save_file
 
-from mebp_core.lora.peft_io import AdapterError, Adapters, replace_directory, sync_directory
+from mebp_core.atomic import staged_directory
+from mebp_core.lora.peft_io import AdapterError, Adapters
 from mebp_core.lora.spec import LoraSpec
 
 CONFIG_NAME = "adapter_config.json"
@@ -93,14 +92,7 @@ def write_mlx_adapter(
     layers = range(num_hidden_layers - num_layers, num_hidden_layers)
     tensors = build_mlx_tensors(adapters, shapes, spec.rank, layers, keys)
     config = build_mlx_config(spec, num_layers, keys)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staged_directory(out) as staging:
         save_file(tensors, str(staging / WEIGHTS_NAME), metadata={"format": "mlx"})
         (staging / CONFIG_NAME).write_text(json.dumps(config, indent=4, sort_keys=True) + "\n")
-        sync_directory(staging)
-        replace_directory(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out

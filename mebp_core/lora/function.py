@@ -3,9 +3,11 @@
 The rank-r intermediate ``h = x A^T`` is recomputed in backward instead of stored: it costs
 one (N, in) x (in, r) matmul and saves N * r activations per adapted projection.
 
-Dtypes: as in PEFT, the branch runs in the adapter's dtype (float32 masters) even when x is
-bfloat16: x is cast on the fly (the cast is not saved), the delta comes out in the adapter's
-dtype, and grad_x goes back in x's dtype.
+Dtypes: A and B may be float32 master weights while x is bfloat16. The math runs in x's
+dtype (A and B are cast on the fly; the casts are not saved) and grad_A / grad_B are returned
+in the parameters' dtype, so the optimizer always updates float32 masters. PEFT instead
+upcasts x and sums in float32; doing that here cost 20% of a bf16 step on qwen2.5-0.5b for
+gradients no closer to float32 than transformers + PEFT's own bf16 ones (tested).
 """
 
 from __future__ import annotations
@@ -24,32 +26,32 @@ class LoraDeltaFunction(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.save_for_backward(x, lora_a, lora_b)
         ctx.scaling = scaling
-        h = x.to(lora_a.dtype) @ lora_a.T  # (..., r)
-        return (h @ lora_b.T) * scaling  # (..., out), in the adapter's dtype
+        h = x @ lora_a.to(x.dtype).T  # (..., r)
+        return (h @ lora_b.to(x.dtype).T) * scaling  # (..., out)
 
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, lora_a, lora_b = ctx.saved_tensors
         need_x, need_a, need_b = ctx.needs_input_grad[:3]
-        dtype = lora_a.dtype
-        x2 = x.reshape(-1, x.shape[-1]).to(dtype)  # (N, in)
-        g2 = grad_y.reshape(-1, grad_y.shape[-1]).to(dtype)  # (N, out)
+        x2 = x.reshape(-1, x.shape[-1])  # (N, in)
+        g2 = grad_y.reshape(-1, grad_y.shape[-1]).to(x.dtype)  # (N, out)
+        a_c = lora_a.to(x.dtype)  # (r, in)
         grad_x = grad_a = grad_b = None
         if need_b:
-            h = x2 @ lora_a.T  # (N, r), recomputed, never saved
-            grad_b = (g2.T @ h) * ctx.scaling  # (out, r)
+            h = x2 @ a_c.T  # (N, r), recomputed, never saved
+            grad_b = ((g2.T @ h) * ctx.scaling).to(lora_b.dtype)  # (out, r)
             del h
         if need_x or need_a:
-            grad_h = (g2 @ lora_b) * ctx.scaling  # (N, r)
+            grad_h = (g2 @ lora_b.to(x.dtype)) * ctx.scaling  # (N, r)
             if need_a:
-                grad_a = grad_h.T @ x2  # (r, in)
+                grad_a = (grad_h.T @ x2).to(lora_a.dtype)  # (r, in)
             if need_x:
-                grad_x = (grad_h @ lora_a).reshape(x.shape).to(x.dtype)  # (..., in)
+                grad_x = (grad_h @ a_c).reshape(x.shape)  # (..., in)
         return grad_x, grad_a, grad_b, None
 
 
 def lora_delta(
     x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float
 ) -> torch.Tensor:
-    """``(x @ A.T) @ B.T * scaling`` for x (..., in), A (r, in), B (out, r), in A's dtype."""
+    """``(x @ A.T) @ B.T * scaling`` for x (..., in), A (r, in), B (out, r); out in x's dtype."""
     return LoraDeltaFunction.apply(x, lora_a, lora_b, float(scaling))

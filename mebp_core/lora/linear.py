@@ -51,10 +51,7 @@ class LoraLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)  # (..., out)
-        delta = lora_delta(x, self.lora_A.weight, self.lora_B.weight, self.scaling)
-        if delta.dtype == y.dtype:
-            return y + delta
-        return (y.to(delta.dtype) + delta).to(y.dtype)  # summed in float32, as PEFT does
+        return y + lora_delta(x, self.lora_A.weight, self.lora_B.weight, self.scaling)
 
 
 def read_features(module: object, path: str) -> tuple[int, int]:

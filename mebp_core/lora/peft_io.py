@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from pydantic import ValidationError
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from mebp_core.atomic import check_replaceable, staged_directory
 from mebp_core.errors import MebpError
 from mebp_core.lora.spec import LoraSpec, normalize_target
 
@@ -85,60 +84,10 @@ def save_peft_adapter(
     # model_type rides in the safetensors metadata: PEFT warns about unknown config keys.
     metadata = {"format": "pt", **({"model_type": model_type} if model_type else {})}
     config = build_adapter_config(spec, base_model_name_or_path, target_modules)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with staged_directory(out) as staging:
         save_file(tensors, str(staging / WEIGHTS_NAME), metadata=metadata)
         (staging / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        sync_directory(staging)
-        replace_directory(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return out
-
-
-def sync_directory(directory: Path) -> None:
-    """fsync every file and the directory, so a rename never exposes unwritten data."""
-    for child in directory.iterdir():
-        with open(child, "rb") as handle:
-            os.fsync(handle.fileno())
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def check_replaceable(out: Path, names: set[str]) -> None:
-    """Refuse to overwrite ``out`` unless it is missing, empty, or an earlier artifact of the
-    same kind (holding only files named in ``names``): never delete a user's directory."""
-    if not out.exists():
-        return
-    if not out.is_dir():
-        raise AdapterError(f"{out} exists and is not a directory")
-    foreign = sorted(child.name for child in out.iterdir() if child.name not in names)
-    if foreign:
-        raise AdapterError(f"{out} exists and holds other files ({', '.join(foreign[:3])}); "
-                           "refusing to replace it: choose another output directory")
-
-
-def replace_directory(staging: Path, out: Path) -> None:
-    """Move ``staging`` to ``out``; an old ``out`` is set aside first and deleted after."""
-    check_replaceable(out, {child.name for child in staging.iterdir()})
-    if not out.exists():
-        os.replace(staging, out)
-        return
-    # POSIX cannot rename onto a non-empty directory: move the old one aside, then swap.
-    retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-    os.replace(out, retired / out.name)
-    try:
-        os.replace(staging, out)
-    except BaseException:
-        os.replace(retired / out.name, out)
-        raise
-    finally:
-        shutil.rmtree(retired, ignore_errors=True)
 
 
 def read_adapter_config(directory: Path) -> dict:

@@ -1,0 +1,78 @@
+"""Writing a directory artifact atomically: staged next to its place, fsynced, swapped in.
+
+An interruption never leaves a half-written artifact, and an existing directory is replaced
+only when it is an earlier artifact of the same kind, never a user's folder.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from mebp_core.errors import MebpError
+
+
+class OutputExistsError(MebpError, ValueError):
+    """The output path holds something this command must not overwrite."""
+
+
+@contextmanager
+def staged_directory(out: Path) -> Iterator[Path]:
+    """Yield an empty directory next to ``out``; when the block succeeds it replaces ``out``,
+    when it fails it vanishes."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield staging
+        sync_directory(staging)
+        replace_directory(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def sync_directory(directory: Path) -> None:
+    """fsync every file and the directory, so a rename never exposes unwritten data."""
+    for child in directory.iterdir():
+        with open(child, "rb") as handle:
+            os.fsync(handle.fileno())
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def check_replaceable(out: Path, names: set[str]) -> None:
+    """Refuse to overwrite ``out`` unless it is missing, empty, or an earlier artifact of the
+    same kind (holding only files named in ``names``): never delete a user's directory."""
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise OutputExistsError(f"{out} exists and is not a directory")
+    foreign = sorted(child.name for child in out.iterdir() if child.name not in names)
+    if foreign:
+        raise OutputExistsError(f"{out} exists and holds other files ({', '.join(foreign[:3])}); "
+                           "refusing to replace it: choose another output directory")
+
+
+def replace_directory(staging: Path, out: Path) -> None:
+    """Move ``staging`` to ``out``; an old ``out`` is set aside first and deleted after."""
+    check_replaceable(out, {child.name for child in staging.iterdir()})
+    if not out.exists():
+        os.replace(staging, out)
+        return
+    # POSIX cannot rename onto a non-empty directory: move the old one aside, then swap.
+    retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    os.replace(out, retired / out.name)
+    try:
+        os.replace(staging, out)
+    except BaseException:
+        os.replace(retired / out.name, out)
+        raise
+    finally:
+        shutil.rmtree(retired, ignore_errors=True)
