@@ -26,6 +26,9 @@ def staged_directory(out: Path) -> Iterator[Path]:
     when it fails it vanishes."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would make the artifact private
     try:
         yield staging
         sync_directory(staging)
@@ -72,7 +75,17 @@ def replace_directory(staging: Path, out: Path) -> None:
     try:
         os.replace(staging, out)
     except BaseException:
-        os.replace(retired / out.name, out)
-        raise
-    finally:
+        os.replace(retired / out.name, out)  # if this fails too, the old copy stays in retired
         shutil.rmtree(retired, ignore_errors=True)
+        raise
+    shutil.rmtree(retired, ignore_errors=True)
+    _sync_path(out.parent)
+
+
+def _sync_path(directory: Path) -> None:
+    """fsync a directory so the renames in it survive a power loss."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

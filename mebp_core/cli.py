@@ -200,6 +200,10 @@ class _StopOnSignals:
             signal.signal(number, handler)
 
     def _handle(self, number: int, frame: object) -> None:
+        if self._event.is_set():  # a second signal: stop now, the usual way
+            self.__exit__()
+            signal.raise_signal(number)
+            return
         self.signal_number = number
         self._event.set()
 

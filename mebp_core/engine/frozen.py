@@ -56,13 +56,11 @@ class _Arena:
         self._unmap()
 
     def _unmap(self) -> None:
+        # Never close() the mapping: torch.frombuffer holds no buffer export, so closing would
+        # unmap memory a live view may still read. Each view references the mmap object, so
+        # the mapping goes when the last view does.
         self._buffer = None
-        if self._mapping is not None:
-            try:
-                self._mapping.close()
-            except BufferError:
-                pass  # a view is still alive somewhere; the mapping goes when it does
-            self._mapping = None
+        self._mapping = None
 
     def _map(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
         self._unmap()

@@ -107,17 +107,19 @@ def run_mebp_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Te
     shared = engine.knobs.share_decompression
     if shared:  # the backward decompresses whole projections, not tiles
         engine.working_set.release_buffers(shared=False)
-    for index in reversed(range(len(engine.layers))):
-        block_input = checkpoints.pop(index).requires_grad_(True)
-        with torch.enable_grad(), _weight_sharing(engine):
-            output = engine.layers[index](block_input, ctx)
-            backward_from(output, grad)
-        grad = block_input.grad
-        del output, block_input
-        if on_block_done is not None:
-            on_block_done(index)
-    checkpoints.clear()
-    engine.working_set.release_buffers(tiles=False)  # no block-sized buffer outside backward
+    try:
+        for index in reversed(range(len(engine.layers))):
+            block_input = checkpoints.pop(index).requires_grad_(True)
+            with torch.enable_grad(), _weight_sharing(engine):
+                output = engine.layers[index](block_input, ctx)
+                backward_from(output, grad)
+            grad = block_input.grad
+            del output, block_input
+            if on_block_done is not None:
+                on_block_done(index)
+    finally:
+        checkpoints.clear()
+        engine.working_set.release_buffers(tiles=False)  # no block-sized buffer outside backward
     return StepLoss(float(head.loss_sum), head.valid_tokens, head.correct_tokens)
 
 

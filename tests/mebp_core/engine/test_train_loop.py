@@ -118,3 +118,13 @@ def test_resume_refuses_different_settings(packed_models, token_data, tmp_path):
     run(packed, token_data, tmp_path / "r", stop_after=1)
     with pytest.raises(ResumeError, match="lr"):
         run(packed, token_data, tmp_path / "r", resume=True, lr=0.5)
+
+
+def test_resume_after_a_crash_logs_every_step_once(packed_models, token_data, tmp_path):
+    packed = packed_models["qwen3", "none"]
+    # Steps 1-3 ran and were logged; the last checkpoint is from step 2 (as after a crash).
+    run(packed, token_data, tmp_path / "c", steps=3, checkpoint_every=2)
+    _, result, lines = run(packed, token_data, tmp_path / "c", steps=5, checkpoint_every=2,
+                           resume=True)
+    assert result.steps == 5
+    assert [line["step"] for line in lines] == [1, 2, 3, 4, 5]
