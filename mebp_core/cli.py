@@ -1,4 +1,4 @@
-"""The ``mebp`` command: pack, train, eval (serve and plan arrive with the service issues)."""
+"""The ``mebp`` command: pack, train, eval, export and bench (serve arrives with the service)."""
 
 from __future__ import annotations
 

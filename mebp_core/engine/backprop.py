@@ -15,7 +15,8 @@ from torch import nn
 from mebp_core.engine.frozen import FrozenEmbedding, FrozenLinear
 from mebp_core.engine.loss import IGNORE_INDEX
 from mebp_core.engine.mebp import StepLoss, shift_targets
-from mebp_core.engine.model import EngineModel, set_submodule
+from mebp_core.engine.model import EngineModel
+from mebp_core.models.base import apply_softcap
 
 
 class ResidentLinear(nn.Module):
@@ -66,7 +67,7 @@ def make_resident(engine: EngineModel) -> int:
             resident = ResidentEmbedding(module.weight_name, weight)
         else:
             continue
-        set_submodule(engine.arch, path, resident)
+        engine.arch.set_submodule(path, resident)
     return sum(_nbytes(w) for w in find_resident_weights(engine).values())
 
 
@@ -101,9 +102,7 @@ def compute_full_logits_loss(engine: EngineModel, normed: torch.Tensor,
     targets = shift_targets(labels).reshape(-1)  # (N,)
     weight = _head_weight(engine)  # (V, D)
     logits = (normed.reshape(-1, normed.shape[-1]) @ weight.T).float()  # (N, V)
-    softcap = getattr(engine.arch, "logit_softcap", None)
-    if softcap:
-        logits = softcap * torch.tanh(logits / softcap)
+    logits = apply_softcap(logits, engine.arch.logit_softcap)
     loss_sum = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
     valid = targets != IGNORE_INDEX
     correct = int((logits.detach().argmax(dim=1) == targets)[valid].sum())

@@ -10,7 +10,7 @@ from mebp_core.data.example import Example
 from mebp_core.data.jsonl import read_examples
 from mebp_core.data.tokenizer import load_tokenizer
 from mebp_core.engine.mebp import evaluate_batch
-from mebp_core.engine.model import EngineModel, ModelLoadError, load_engine_model
+from mebp_core.engine.model import EngineModel, load_engine_model
 
 
 def evaluate_examples(engine: EngineModel, examples: Sequence[Example], *, batch_size: int,
@@ -32,10 +32,7 @@ def evaluate_dataset(model_dir: Path, data: Path, *, adapter: Path | None = None
     """``evaluate_examples`` over a JSONL file, loading the model (and adapter) first."""
     engine = load_engine_model(model_dir, compute_dtype=compute_dtype, init_adapter=adapter)
     try:
-        context = engine.arch.args.max_position_embeddings
-        if seq_len > context:
-            raise ModelLoadError(f"--seq-len {seq_len} exceeds the model's context of {context} "
-                                 "tokens (max_position_embeddings)")
+        engine.check_seq_len(seq_len)
         tokenizer = load_tokenizer(model_dir, engine.config)
         report = read_examples(data, tokenizer, seq_len=seq_len,
                                vocab_size=engine.arch.args.vocab_size)

@@ -29,7 +29,6 @@ class _Arena:
 
     def __init__(self) -> None:
         self._buffer: torch.Tensor | None = None
-        self._mapping: mmap.mmap | None = None
         self._used = 0  # elements of the buffer taken since the last reset
         self._round_numel = 0  # elements requested since the last reset
         self._capacity = 0  # the largest round seen
@@ -53,20 +52,15 @@ class _Arena:
     def release(self) -> None:
         """Free the buffer (it is re-made at its known size on the next take)."""
         self.reset()
-        self._unmap()
-
-    def _unmap(self) -> None:
-        # Never close() the mapping: torch.frombuffer holds no buffer export, so closing would
-        # unmap memory a live view may still read. Each view references the mmap object, so
-        # the mapping goes when the last view does.
         self._buffer = None
-        self._mapping = None
 
     def _map(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
-        self._unmap()
-        nbytes = numel * torch.empty((), dtype=dtype).element_size()
-        self._mapping = mmap.mmap(-1, max(nbytes, 1))
-        self._buffer = torch.frombuffer(self._mapping, dtype=dtype, count=numel)
+        # The mapping is never close()d: torch.frombuffer holds no buffer export, so closing
+        # would unmap memory a live view may still read. Every view references the mmap
+        # object, which is unmapped when the last view goes.
+        self._buffer = None
+        mapping = mmap.mmap(-1, max(numel * dtype.itemsize, 1))
+        self._buffer = torch.frombuffer(mapping, dtype=dtype, count=numel)
         return self._buffer
 
     @property
@@ -108,9 +102,11 @@ class WeightWorkingSet:
                    block: int = -1, keep: bool = False) -> torch.Tensor:
         """Dequantize ``name`` (or some of its rows), timing it and counting it as live.
 
-        The result lives in the reused arena: with ``keep`` until the ``share_weights`` scope
-        ends, otherwise only until the next decompression.
+        The result lives in a reused arena: with ``keep`` (always, inside a ``share_weights``
+        scope, where a recycled tile would overwrite weights still waiting for their backward)
+        until that scope ends, otherwise only until the next decompression.
         """
+        keep = keep or self.shared is not None
         out_features, in_features = store.info(name).shape
         n_rows = len(range(out_features)[rows]) if rows is not None else out_features
         arena = self._shared if keep else self._tiles
@@ -133,10 +129,6 @@ class WeightWorkingSet:
             self._tiles.release()
         if shared:
             self._shared.release()
-
-    @property
-    def buffer_bytes(self) -> int:
-        return self._tiles.nbytes + self._shared.nbytes
 
     def reset_counters(self) -> None:
         self.peak_bytes = self.live_bytes
@@ -176,16 +168,13 @@ class FrozenLinear(nn.Module):
         self.working_set = working_set
         self.dtype = dtype
         self.block = _block_of(weight_name)
-        row_bytes = self.in_features * torch.empty((), dtype=dtype).element_size()
+        row_bytes = self.in_features * dtype.itemsize
         self.tile_rows = max(1, min(self.out_features, tile_bytes // row_bytes))
 
     def extra_repr(self) -> str:
         return f"{self.weight_name}, in={self.in_features}, out={self.out_features}"
 
     def decompress(self, rows: slice | None = None, keep: bool = False) -> torch.Tensor:
-        # Inside a shared scope every decompression keeps its slot: a tile reusing the arena
-        # would overwrite shared weights still waiting for their backward.
-        keep = keep or self.working_set.shared is not None
         return self.working_set.decompress(
             self.store, self.weight_name, self.dtype, rows=rows, block=self.block, keep=keep)
 

@@ -8,12 +8,14 @@ and its gradient come out of one decompression of the head, with nothing kept fo
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
 from mebp_core.data.example import IGNORE_INDEX
 from mebp_core.engine.frozen import WeightWorkingSet
+from mebp_core.models.base import apply_softcap
 
 
 @dataclass
@@ -42,7 +44,7 @@ class _OnlineSoftmax:
     def add_tile(self, raw: torch.Tensor, weight: torch.Tensor, start: int) -> None:
         """raw (n, V_t) float32 logits of vocabulary rows start..start+V_t; weight those rows."""
         cap = self.softcap
-        logits = cap * torch.tanh(raw / cap) if cap else raw
+        logits = apply_softcap(raw, cap)
         stop = start + logits.shape[1]
         tile_max, tile_arg = logits.max(dim=1)
         better = tile_max > self.best_logit
@@ -87,19 +89,27 @@ def compute_head_loss(hidden: torch.Tensor, targets: torch.Tensor, *, store, hea
         return HeadLoss(torch.zeros(()), 0, 0, grad)
     h = hidden[valid].to(dtype)  # (n, D)
     tgt = targets[valid]
-    vocab = store.info(head_name).shape[0]
-    row_bytes = dim * torch.empty((), dtype=dtype).element_size()
-    tile_rows = max(1, min(vocab, tile_bytes // row_bytes))
     state = _OnlineSoftmax(tgt, dim, softcap, with_grad)
-    for start in range(0, vocab, tile_rows):
-        rows = slice(start, min(start + tile_rows, vocab))
-        weight = working_set.decompress(store, head_name, dtype, rows=rows)
+    for start, weight in iter_vocab_tiles(store, head_name, dtype, tile_bytes, working_set):
         state.add_tile((h @ weight.T).float(), weight, start)
-        working_set.drop(weight)
-        del weight
     grad = None
     if with_grad:
         grad = torch.zeros(n_tokens, dim)
         grad[valid] = state.gradient(store.gather_rows(head_name, tgt, dtype).float())
     correct = int((state.best_index == tgt).sum())
     return HeadLoss(state.losses().sum(), n_valid, correct, grad)
+
+
+def iter_vocab_tiles(store, head_name: str, dtype: torch.dtype, tile_bytes: int,
+                     working_set: WeightWorkingSet) -> Iterator[tuple[int, torch.Tensor]]:
+    """(first row, rows) of the output projection, one bounded tile at a time; each tile is
+    released when the next is asked for."""
+    vocab, dim = store.info(head_name).shape
+    tile_rows = max(1, min(vocab, tile_bytes // (dim * dtype.itemsize)))
+    for start in range(0, vocab, tile_rows):
+        rows = slice(start, min(start + tile_rows, vocab))
+        weight = working_set.decompress(store, head_name, dtype, rows=rows)
+        try:
+            yield start, weight
+        finally:
+            working_set.drop(weight)

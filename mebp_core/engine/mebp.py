@@ -13,8 +13,9 @@ from dataclasses import dataclass
 
 import torch
 
-from mebp_core.engine.loss import IGNORE_INDEX, compute_head_loss
+from mebp_core.engine.loss import IGNORE_INDEX, compute_head_loss, iter_vocab_tiles
 from mebp_core.engine.model import EngineModel
+from mebp_core.models.base import apply_softcap
 
 
 @dataclass
@@ -70,19 +71,14 @@ def compute_logits(engine: EngineModel, input_ids: torch.Tensor) -> torch.Tensor
     the training path never builds this tensor)."""
     hidden = forward_blocks(engine, input_ids)
     head = engine.arch.head_weight_name
-    vocab = engine.store.info(head).shape[0]
     with torch.no_grad():
         normed = engine.arch.final_norm(hidden)
-        logits = torch.empty(*normed.shape[:-1], vocab)
-        row_bytes = normed.shape[-1] * normed.element_size()
-        tile_rows = max(1, engine.knobs.loss_vocab_tile_bytes // row_bytes)
-        for start in range(0, vocab, tile_rows):
-            rows = slice(start, min(start + tile_rows, vocab))
-            weight = engine.working_set.decompress(engine.store, head, engine.dtype, rows=rows)
-            logits[..., rows] = (normed @ weight.T).float()
-            engine.working_set.drop(weight)
-        softcap = getattr(engine.arch, "logit_softcap", None)
-        return softcap * torch.tanh(logits / softcap) if softcap else logits
+        logits = torch.empty(*normed.shape[:-1], engine.store.info(head).shape[0])
+        for start, weight in iter_vocab_tiles(engine.store, head, engine.dtype,
+                                              engine.knobs.loss_vocab_tile_bytes,
+                                              engine.working_set):
+            logits[..., start : start + weight.shape[0]] = (normed @ weight.T).float()
+        return apply_softcap(logits, engine.arch.logit_softcap)
 
 
 def run_mebp_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Tensor,
@@ -104,8 +100,7 @@ def run_mebp_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Te
     del hidden, normed, grad_normed, head.grad_hidden
 
     ctx = engine.context(input_ids.shape[1])
-    shared = engine.knobs.share_decompression
-    if shared:  # the backward decompresses whole projections, not tiles
+    if engine.knobs.share_decompression:  # the backward decompresses whole projections
         engine.working_set.release_buffers(shared=False)
     try:
         for index in reversed(range(len(engine.layers))):
@@ -136,5 +131,5 @@ def _head_loss(engine: EngineModel, normed: torch.Tensor, labels: torch.Tensor, 
         normed.reshape(-1, normed.shape[-1]), targets,
         store=engine.store, head_name=engine.arch.head_weight_name, dtype=engine.dtype,
         tile_bytes=engine.knobs.loss_vocab_tile_bytes,
-        softcap=getattr(engine.arch, "logit_softcap", None),
+        softcap=engine.arch.logit_softcap,
         working_set=engine.working_set, with_grad=with_grad)

@@ -12,7 +12,13 @@ from torch import nn
 from mebp_core.config import EngineKnobs
 from mebp_core.engine.frozen import FrozenEmbedding, FrozenLinear, WeightWorkingSet
 from mebp_core.errors import MebpError
-from mebp_core.lora.linear import LoraLinear, apply_lora, assign_lora_tensors, collect_lora_tensors
+from mebp_core.lora.linear import (
+    LoraLinear,
+    apply_lora,
+    assign_lora_tensors,
+    collect_lora_tensors,
+    lora_parameters,
+)
 from mebp_core.lora.peft_io import (
     AdapterError,
     load_peft_adapter,
@@ -80,6 +86,12 @@ class EngineModel:
     def config(self) -> dict:
         return self.store.config
 
+    def check_seq_len(self, seq_len: int) -> None:
+        context = self.arch.args.max_position_embeddings
+        if seq_len > context:
+            raise ModelLoadError(f"--seq-len {seq_len} exceeds the model's context of {context} "
+                                 "tokens (max_position_embeddings)")
+
     def context(self, seq_len: int):
         if seq_len not in self._contexts:
             self._contexts.clear()
@@ -91,8 +103,7 @@ class EngineModel:
         return [p for p in self.layers[block].parameters() if p.requires_grad]
 
     def lora_parameters(self) -> list[nn.Parameter]:
-        return [p for module in self.lora.values() for p in module.parameters()
-                if p.requires_grad]
+        return lora_parameters(self.lora)
 
     def adapter_tensors(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         return collect_lora_tensors(self.lora)
@@ -149,7 +160,7 @@ def _skipped_init():
 def _bind_frozen_modules(arch: nn.Module, store, dtype: torch.dtype,
                          working_set: WeightWorkingSet, knobs: EngineKnobs) -> None:
     names = set(store.names())
-    head = getattr(arch, "head_weight_name", None)
+    head = arch.head_weight_name
     for path, module in list(arch.named_modules()):
         if isinstance(module, nn.Linear):
             weight_name = f"{path}.weight"
@@ -161,12 +172,12 @@ def _bind_frozen_modules(arch: nn.Module, store, dtype: torch.dtype,
                 bias = store.dequantize(f"{path}.bias", dtype)
             frozen = FrozenLinear(store, weight_name, bias, working_set=working_set,
                                   dtype=dtype, tile_bytes=knobs.decompress_tile_bytes)
-            set_submodule(arch, path, frozen)
+            arch.set_submodule(path, frozen)
         elif isinstance(module, nn.Embedding):
             weight_name = f"{path}.weight"
             _check_shape(store, weight_name, (module.num_embeddings, module.embedding_dim))
-            set_submodule(arch, path, FrozenEmbedding(store, weight_name, dtype=dtype))
-    if head is not None and head not in names:
+            arch.set_submodule(path, FrozenEmbedding(store, weight_name, dtype=dtype))
+    if head not in names:
         raise ModelLoadError(f"{store.path}: output projection {head!r} is missing")
 
 
@@ -225,8 +236,3 @@ def _check_shape(store, name: str, expected: tuple[int, ...]) -> None:
         raise ModelLoadError(
             f"{store.path}: tensor {name!r} has shape {actual}, the config implies {expected}")
 
-
-def set_submodule(root: nn.Module, path: str, module: nn.Module) -> None:
-    owner_path, _, leaf = path.rpartition(".")
-    owner = root.get_submodule(owner_path) if owner_path else root
-    setattr(owner, leaf, module)

@@ -97,9 +97,7 @@ def make_block_optimizers(engine: EngineModel, config: TrainConfig) -> list[Bloc
 def load_train_data(engine: EngineModel, model_dir: Path, data: Path,
                     validation_data: Path | None, config: TrainConfig) -> TrainData:
     args = engine.arch.args
-    if config.seq_len > args.max_position_embeddings:
-        raise TrainError(f"--seq-len {config.seq_len} exceeds the model's context of "
-                         f"{args.max_position_embeddings} tokens (max_position_embeddings)")
+    engine.check_seq_len(config.seq_len)
     tokenizer = load_tokenizer(model_dir, engine.config)
 
     def read(path: Path):
