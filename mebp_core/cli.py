@@ -66,13 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="continue the run saved in the checkpoint directory")
     loop.add_argument("--skip-malformed", action="store_true",
                       help="skip and count malformed JSONL lines instead of failing")
-    knobs = train.add_argument_group("memory/time trade-off knobs")
-    knobs.add_argument("--checkpoint-storage", choices=["ram", "mmap"], default="ram",
-                       help="keep block-input checkpoints in RAM or in a memory-mapped file")
-    knobs.add_argument("--share-decompression", action=argparse.BooleanOptionalAction,
-                       default=True, help="decompress a block once for recompute and backward "
-                       "(faster) instead of twice, tile by tile (less memory)")
-    knobs.add_argument("--threads", type=int, help="torch intra-op threads")
+    _add_knob_arguments(train.add_argument_group("memory/time trade-off knobs"))
 
     evaluate = sub.add_parser("eval", help="loss and next-token accuracy on a dataset")
     _add_model_options(evaluate)
@@ -178,8 +172,60 @@ def _train_config(args: argparse.Namespace):
         compute_dtype=args.compute_dtype, eval_every=args.eval_every,
         validation_fraction=args.validation_fraction, checkpoint_every=args.checkpoint_every,
         skip_malformed=args.skip_malformed,
-        knobs=EngineKnobs(checkpoint_storage=args.checkpoint_storage,
-                          share_decompression=args.share_decompression, threads=args.threads))
+        knobs=EngineKnobs(
+            frozen_weights=args.frozen_weights, resident_weight_bytes=args.resident_weight_bytes,
+            checkpoint_blocks=args.checkpoint_blocks, checkpoint_storage=args.checkpoint_storage,
+            lora_hidden=args.lora_hidden, share_decompression=args.share_decompression,
+            decompress_tile_bytes=args.decompress_tile_bytes,
+            loss_vocab_tile_bytes=args.loss_tile_bytes, threads=args.threads))
+
+
+def _add_knob_arguments(knobs) -> None:
+    knobs.add_argument("--frozen-weights", choices=["lazy", "resident"], default="lazy",
+                       help="decompress frozen weights on every use, or once and keep them")
+    knobs.add_argument("--resident-weight-bytes", type=parse_size, metavar="SIZE",
+                       help="with --frozen-weights resident: keep at most this much "
+                       "(e.g. 300M), first blocks first")
+    knobs.add_argument("--checkpoint-blocks", type=_checkpoint_blocks, default=1,
+                       metavar="K|none", help="save every K-th block input (1: every block; "
+                       "none: keep every activation, no recompute)")
+    knobs.add_argument("--checkpoint-storage", choices=["ram", "mmap"], default="ram",
+                       help="keep block-input checkpoints in RAM or in a memory-mapped file")
+    knobs.add_argument("--lora-hidden", choices=["recompute", "store"], default="recompute",
+                       help="recompute LoRA's rank-r intermediate in backward or keep it")
+    knobs.add_argument("--share-decompression", action=argparse.BooleanOptionalAction,
+                       default=True, help="decompress a block once for recompute and backward "
+                       "(faster) instead of twice, tile by tile (less memory)")
+    knobs.add_argument("--decompress-tile-bytes", type=parse_size, default=8 << 20,
+                       metavar="SIZE", help="rows decompressed at once by a lazy projection")
+    knobs.add_argument("--loss-tile-bytes", type=parse_size, default=8 << 20, metavar="SIZE",
+                       help="output-head rows per loss chunk")
+    knobs.add_argument("--threads", type=int, help="torch intra-op threads")
+
+
+def parse_size(text: str) -> int:
+    """``123``, ``64K``, ``300M``, ``1.5G`` -> bytes (binary multiples)."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    scale = units.get(text[-1:].upper(), 1)
+    number = text[:-1] if scale != 1 else text
+    try:
+        value = float(number)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"not a size: {text!r} (e.g. 4096, 64K, 300M, 1G)") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"size must not be negative: {text!r}")
+    return int(value * scale)
+
+
+def _checkpoint_blocks(text: str) -> int | str:
+    if text == "none":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a block count or 'none', got {text!r}") from None
 
 
 class _StopOnSignals:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -15,6 +15,8 @@ Quant = Literal["none", "int8", "int4"]
 ComputeDtype = Literal["float32", "bfloat16"]
 Optimizer = Literal["sgd", "adamw"]
 CheckpointStorage = Literal["ram", "mmap"]
+FrozenWeights = Literal["lazy", "resident"]
+LoraHidden = Literal["recompute", "store"]
 Schedule = Literal["constant", "cosine"]
 
 
@@ -23,13 +25,31 @@ class EngineKnobs(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
+    # Frozen weights decompressed from the store on every use ("lazy"), or decompressed once
+    # and kept in RAM ("resident"), up to resident_weight_bytes if set (block projections
+    # first, from block 0, then the output head: each resident byte saves two decompressions
+    # per step in a block and one in the head).
+    frozen_weights: FrozenWeights = "lazy"
+    resident_weight_bytes: int | None = Field(default=None, ge=0)
+    # Block inputs saved by the forward: every block (1), every k blocks (the backward
+    # re-runs each segment's forward from its checkpoint), or "none" (one autograd graph
+    # over the whole model: every activation kept, no recompute).
+    checkpoint_blocks: Annotated[int, Field(ge=1)] | Literal["none"] = 1
     checkpoint_storage: CheckpointStorage = "ram"
+    # The LoRA rank-r intermediate h = x A^T recomputed in backward (MeSP) or kept.
+    lora_hidden: LoraHidden = "recompute"
     # Decompress each projection once per block in backward and reuse it for the recompute
     # and the backward matmul (one block's weights live) instead of twice, tile by tile.
     share_decompression: bool = True
     decompress_tile_bytes: int = Field(default=8 << 20, ge=1 << 16)
     loss_vocab_tile_bytes: int = Field(default=8 << 20, ge=1 << 16)
     threads: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _budget_needs_resident(self) -> EngineKnobs:
+        if self.resident_weight_bytes is not None and self.frozen_weights != "resident":
+            raise ValueError("resident_weight_bytes needs frozen_weights 'resident'")
+        return self
 
 
 class TrainConfig(BaseModel):

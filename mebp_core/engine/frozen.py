@@ -1,9 +1,10 @@
 """Frozen projections and embeddings that decompress their weights lazily from the store.
 
-A projection never keeps its weight: in the forward pass it decompresses bounded tiles of rows
-and drops each right after its matmul. During a block's backward phase (``share_weights``)
+A lazy projection never keeps its weight: in the forward pass it decompresses bounded tiles of
+rows and drops each right after its matmul. During a block's backward phase (``share_weights``)
 each projection is decompressed once, used by the block's recompute and again by its backward
-matmul, and released as soon as that backward has run.
+matmul, and released as soon as that backward has run. Weights made resident (``keep_resident``) are
+decompressed once and used in place from then on.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class WeightWorkingSet:
     live_blocks: dict[int, int] = field(default_factory=dict)
     max_live_blocks: int = 0
     shared: dict[str, torch.Tensor] | None = None
+    resident: dict[str, torch.Tensor] = field(default_factory=dict)
     # Tiles (forward, head, unshared backward) and a block's shared weights live in separate
     # arenas, so the block-sized one exists only during the backward pass.
     _tiles: _Arena = field(default_factory=_Arena)
@@ -97,6 +99,17 @@ class WeightWorkingSet:
             self.live_blocks[block] = remaining
         else:
             del self.live_blocks[block]
+
+    def keep_resident(self, store, name: str, dtype: torch.dtype) -> None:
+        """Decompress ``name`` once and keep it; it counts as live from now on."""
+        if name not in self.resident:
+            weight = self.resident[name] = store.dequantize(name, dtype)
+            self.live_bytes += weight.numel() * weight.element_size()
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
+    @property
+    def resident_bytes(self) -> int:
+        return sum(w.numel() * w.element_size() for w in self.resident.values())
 
     def decompress(self, store, name: str, dtype: torch.dtype, rows: slice | None = None,
                    block: int = -1, keep: bool = False) -> torch.Tensor:
@@ -186,6 +199,9 @@ class FrozenLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        resident = self.working_set.resident.get(self.weight_name)
+        if resident is not None:
+            return x @ resident.T
         shared = self.working_set.shared
         if shared is not None:
             weight = shared.get(self.weight_name)
@@ -203,6 +219,9 @@ class FrozenLinear(nn.Module):
 
     def matmul_transposed(self, grad_y: torch.Tensor) -> torch.Tensor:
         """``grad_y @ W``: the input gradient, consuming the shared weight if there is one."""
+        resident = self.working_set.resident.get(self.weight_name)
+        if resident is not None:
+            return grad_y @ resident
         shared = self.working_set.shared
         if shared is not None and self.weight_name in shared:
             weight = shared.pop(self.weight_name)

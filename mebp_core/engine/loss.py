@@ -103,11 +103,15 @@ def compute_head_loss(hidden: torch.Tensor, targets: torch.Tensor, *, store, hea
 def iter_vocab_tiles(store, head_name: str, dtype: torch.dtype, tile_bytes: int,
                      working_set: WeightWorkingSet) -> Iterator[tuple[int, torch.Tensor]]:
     """(first row, rows) of the output projection, one bounded tile at a time; each tile is
-    released when the next is asked for."""
+    released when the next is asked for (a resident head is sliced, not copied)."""
     vocab, dim = store.info(head_name).shape
     tile_rows = max(1, min(vocab, tile_bytes // (dim * dtype.itemsize)))
+    resident = working_set.resident.get(head_name)
     for start in range(0, vocab, tile_rows):
         rows = slice(start, min(start + tile_rows, vocab))
+        if resident is not None:
+            yield start, resident[rows]
+            continue
         weight = working_set.decompress(store, head_name, dtype, rows=rows)
         try:
             yield start, weight

@@ -3,6 +3,10 @@
 Memory at any moment: the checkpoints (one (B, T, D) tensor per block), one block's
 recomputed activations, at most one block's decompressed weights, and the LoRA parameters.
 The gradients are exactly those of plain autograd over the same model.
+
+The ``checkpoint_blocks`` knob trades this: with k > 1 only every k-th block input is saved
+and the backward re-runs each segment's forward from it (keeping that segment's k inputs
+meanwhile); with "none" one autograd graph spans the model, every activation kept.
 """
 
 from __future__ import annotations
@@ -42,16 +46,18 @@ def backward_from(output: torch.Tensor, grad: torch.Tensor) -> None:
     torch.sum(output * grad).backward()
 
 
-def forward_blocks(engine: EngineModel, input_ids: torch.Tensor, checkpoints=None) -> torch.Tensor:
-    """Run the frozen forward without autograd, saving each block's input if asked."""
+def forward_blocks(engine: EngineModel, input_ids: torch.Tensor, checkpoints=None,
+                   every: int = 1) -> torch.Tensor:
+    """Run the frozen forward without autograd, saving the input of every ``every``-th block
+    (in checkpoint slot ``index // every``) if asked."""
     ctx = engine.context(input_ids.shape[1])
     with torch.no_grad():
         hidden = engine.arch.embed(input_ids).to(engine.dtype)  # (B, T, D)
         if checkpoints is not None:
-            checkpoints.reserve(len(engine.layers), hidden)
+            checkpoints.reserve(-(-len(engine.layers) // every), hidden)
         for index, layer in enumerate(engine.layers):
-            if checkpoints is not None:
-                checkpoints.put(index, hidden)
+            if checkpoints is not None and index % every == 0:
+                checkpoints.put(index // every, hidden)
             hidden = layer(hidden, ctx)
     return hidden
 
@@ -89,33 +95,77 @@ def run_mebp_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Te
     ``on_block_done(i)`` runs right after block i's gradients are complete: an optimizer may
     update that block there, since no later backward reads its parameters.
     """
-    hidden = forward_blocks(engine, input_ids, checkpoints)
-    hidden.requires_grad_(True)
-    with torch.enable_grad():
-        normed = engine.arch.final_norm(hidden)
-    head = _head_loss(engine, normed.detach(), labels, with_grad=True)
-    grad_normed = (head.grad_hidden * loss_scale).to(normed.dtype).view_as(normed)
-    backward_from(normed, grad_normed)
-    grad = hidden.grad
-    del hidden, normed, grad_normed, head.grad_hidden
+    every = engine.knobs.checkpoint_blocks
+    if every == "none":
+        return _run_whole_graph_step(engine, input_ids, labels, loss_scale, on_block_done)
+    hidden = forward_blocks(engine, input_ids, checkpoints, every)
+    head, grad = _head_backward(engine, hidden, labels, loss_scale)
+    del hidden
 
     ctx = engine.context(input_ids.shape[1])
     if engine.knobs.share_decompression:  # the backward decompresses whole projections
         engine.working_set.release_buffers(shared=False)
+    n_blocks = len(engine.layers)
     try:
-        for index in reversed(range(len(engine.layers))):
-            block_input = checkpoints.pop(index).requires_grad_(True)
-            with torch.enable_grad(), _weight_sharing(engine):
-                output = engine.layers[index](block_input, ctx)
-                backward_from(output, grad)
-            grad = block_input.grad
-            del output, block_input
-            if on_block_done is not None:
-                on_block_done(index)
+        for first in reversed(range(0, n_blocks, every)):
+            inputs = _segment_inputs(engine, checkpoints.pop(first // every), first,
+                                     min(first + every, n_blocks), ctx)
+            for index in reversed(range(first, first + len(inputs))):
+                block_input = inputs.pop().requires_grad_(True)
+                with torch.enable_grad(), _weight_sharing(engine):
+                    output = engine.layers[index](block_input, ctx)
+                    backward_from(output, grad)
+                grad = block_input.grad
+                del output, block_input
+                if on_block_done is not None:
+                    on_block_done(index)
     finally:
         checkpoints.clear()
         engine.working_set.release_buffers(tiles=False)  # no block-sized buffer outside backward
     return StepLoss(float(head.loss_sum), head.valid_tokens, head.correct_tokens)
+
+
+def _segment_inputs(engine: EngineModel, first_input: torch.Tensor, first: int, stop: int,
+                    ctx) -> list[torch.Tensor]:
+    """The inputs of blocks first..stop-1, re-running the segment's forward from its
+    checkpoint (nothing to re-run when every block was saved)."""
+    inputs = [first_input]
+    with torch.no_grad():
+        for index in range(first, stop - 1):
+            inputs.append(engine.layers[index](inputs[-1], ctx))
+    return inputs
+
+
+def _run_whole_graph_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Tensor,
+                          loss_scale: float,
+                          on_block_done: Callable[[int], None] | None) -> StepLoss:
+    """No checkpoints: one autograd graph over every block, all activations kept, no recompute.
+    Lazy frozen weights are decompressed again, tile by tile, by their backward."""
+    ctx = engine.context(input_ids.shape[1])
+    with torch.enable_grad():
+        hidden = engine.arch.embed(input_ids).to(engine.dtype)  # (B, T, D)
+        for layer in engine.layers:
+            hidden = layer(hidden, ctx)
+    head, grad = _head_backward(engine, hidden, labels, loss_scale)
+    backward_from(hidden, grad)
+    del hidden, grad
+    if on_block_done is not None:
+        for index in reversed(range(len(engine.layers))):
+            on_block_done(index)
+    return StepLoss(float(head.loss_sum), head.valid_tokens, head.correct_tokens)
+
+
+def _head_backward(engine: EngineModel, hidden: torch.Tensor, labels: torch.Tensor,
+                   loss_scale: float):
+    """The head loss of the last block's output and the gradient w.r.t. that output."""
+    last = hidden.detach().requires_grad_(True)
+    with torch.enable_grad():
+        normed = engine.arch.final_norm(last)
+    head = _head_loss(engine, normed.detach(), labels, with_grad=True)
+    grad_normed = (head.grad_hidden * loss_scale).to(normed.dtype).view_as(normed)
+    backward_from(normed, grad_normed)
+    head.grad_hidden = None
+    return head, last.grad
 
 
 def _weight_sharing(engine: EngineModel):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from mebp_core.lora.peft_io import (
 )
 from mebp_core.lora.spec import LoraSpec
 from mebp_core.models import build_model
+from mebp_core.plan.resident import select_resident
 from mebp_core.store.reader import open_store
 
 
@@ -137,9 +139,23 @@ def load_engine_model(model_dir: str | Path, *, compute_dtype: str = "float32",
     for p in arch.parameters():
         p.requires_grad_(False)
     engine = EngineModel(store, arch, dtype, knobs, working_set)
+    if knobs.frozen_weights == "resident":
+        _keep_weights_resident(engine, knobs.resident_weight_bytes)
     if lora_spec is not None or init_adapter is not None:
         _attach_lora(engine, lora_spec, seed, init_adapter)
+        for module in engine.lora.values():
+            module.store_hidden = knobs.lora_hidden == "store"
     return engine
+
+
+def _keep_weights_resident(engine: EngineModel, budget_bytes: int | None) -> None:
+    """Decompress the frozen projections and the head that fit the budget, once."""
+    names = [m.weight_name for m in engine.arch.modules() if isinstance(m, FrozenLinear)]
+    names.append(engine.arch.head_weight_name)
+    itemsize = engine.dtype.itemsize
+    sizes = {name: math.prod(engine.store.info(name).shape) * itemsize for name in names}
+    for name in select_resident(sizes.items(), budget_bytes):
+        engine.working_set.keep_resident(engine.store, name, engine.dtype)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,8 @@
 """MeSP's LoRA branch: ``(x A^T) B^T * scaling`` that saves only x, A and B.
 
-The rank-r intermediate ``h = x A^T`` is recomputed in backward instead of stored: it costs
-one (N, in) x (in, r) matmul and saves N * r activations per adapted projection.
+By default the rank-r intermediate ``h = x A^T`` is recomputed in backward instead of stored:
+it costs one (N, in) x (in, r) matmul and saves N * r activations per adapted projection.
+``store_hidden`` keeps it instead (the engine's ``lora_hidden`` knob).
 
 Dtypes: A and B may be float32 master weights while x is bfloat16. The math runs in x's
 dtype (A and B are cast on the fly; the casts are not saved) and grad_A / grad_B are returned
@@ -22,23 +23,24 @@ class LoraDeltaFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(
-        ctx: Any, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float
+        ctx: Any, x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float,
+        store_hidden: bool,
     ) -> torch.Tensor:
-        ctx.save_for_backward(x, lora_a, lora_b)
-        ctx.scaling = scaling
         h = x @ lora_a.to(x.dtype).T  # (..., r)
+        ctx.save_for_backward(x, lora_a, lora_b, h if store_hidden else None)
+        ctx.scaling = scaling
         return (h @ lora_b.to(x.dtype).T) * scaling  # (..., out)
 
     @staticmethod
     def backward(ctx: Any, grad_y: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        x, lora_a, lora_b = ctx.saved_tensors
+        x, lora_a, lora_b, stored_h = ctx.saved_tensors
         need_x, need_a, need_b = ctx.needs_input_grad[:3]
         x2 = x.reshape(-1, x.shape[-1])  # (N, in)
         g2 = grad_y.reshape(-1, grad_y.shape[-1]).to(x.dtype)  # (N, out)
         a_c = lora_a.to(x.dtype)  # (r, in)
         grad_x = grad_a = grad_b = None
         if need_b:
-            h = x2 @ a_c.T  # (N, r), recomputed, never saved
+            h = x2 @ a_c.T if stored_h is None else stored_h.reshape(-1, stored_h.shape[-1])
             grad_b = ((g2.T @ h) * ctx.scaling).to(lora_b.dtype)  # (out, r)
             del h
         if need_x or need_a:
@@ -47,11 +49,12 @@ class LoraDeltaFunction(torch.autograd.Function):
                 grad_a = (grad_h.T @ x2).to(lora_a.dtype)  # (r, in)
             if need_x:
                 grad_x = (grad_h @ a_c).reshape(x.shape)  # (..., in)
-        return grad_x, grad_a, grad_b, None
+        return grad_x, grad_a, grad_b, None, None
 
 
 def lora_delta(
-    x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float
+    x: torch.Tensor, lora_a: torch.Tensor, lora_b: torch.Tensor, scaling: float,
+    store_hidden: bool = False,
 ) -> torch.Tensor:
     """``(x @ A.T) @ B.T * scaling`` for x (..., in), A (r, in), B (out, r); out in x's dtype."""
-    return LoraDeltaFunction.apply(x, lora_a, lora_b, float(scaling))
+    return LoraDeltaFunction.apply(x, lora_a, lora_b, float(scaling), store_hidden)

@@ -10,6 +10,7 @@ import torch
 import transformers
 from engine_fixtures import FAMILIES, LORA, random_batch
 
+from mebp_core.config import EngineKnobs
 from mebp_core.engine.checkpoints import make_checkpoints
 from mebp_core.engine.mebp import compute_logits, count_valid_targets, run_mebp_step
 from mebp_core.engine.model import load_engine_model
@@ -53,14 +54,17 @@ def peft_gradients(hf_dir: Path, adapter_dir: Path, input_ids, labels, state_dic
 
 
 def engine_gradients(packed_dir: Path, adapter_dir: Path, input_ids, labels, **knobs):
-    engine = load_engine_model(packed_dir, lora_spec=LORA, init_adapter=adapter_dir)
+    engine_knobs = EngineKnobs(**knobs)
+    engine = load_engine_model(packed_dir, lora_spec=LORA, init_adapter=adapter_dir,
+                               knobs=engine_knobs)
     valid = count_valid_targets(labels)
-    checkpoints = make_checkpoints(knobs.get("checkpoint_storage", "ram"))
+    checkpoints = make_checkpoints(engine_knobs.checkpoint_storage)
     result = run_mebp_step(engine, input_ids, labels, checkpoints, loss_scale=1.0 / valid)
     grads = {}
     for path, module in engine.lora.items():
         grads[(path, "A")] = module.lora_A.weight.grad
         grads[(path, "B")] = module.lora_B.weight.grad
+    engine.last_checkpoints = checkpoints
     return result.loss_sum / valid, grads, engine
 
 

@@ -7,7 +7,9 @@ import torch
 from safetensors.torch import save_file
 
 from mebp_core.models import UnknownArchitectureError
-from mebp_core.store import PackError, open_store, pack_model
+from mebp_core.store.errors import PackError
+from mebp_core.store.pack import pack_model
+from mebp_core.store.reader import open_store
 
 
 def assert_matches_source(store, state: dict[str, torch.Tensor], quant: str) -> None:

@@ -3,18 +3,18 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mebp_core.store import (
-    PackError,
+from mebp_core.store.errors import PackError
+from mebp_core.store.format import FORMAT_VERSION, STORE_FILENAME
+from mebp_core.store.presets import (
     iter_preset_tensors,
     list_presets,
-    open_store,
+    load_preset_tensor,
     preset_config,
     preset_parameter_count,
-    resolve_model,
     save_preset_as_hf,
 )
-from mebp_core.store.format import FORMAT_VERSION, STORE_FILENAME
-from mebp_core.store.presets import load_preset_tensor
+from mebp_core.store.reader import open_store
+from mebp_core.store.resolve import resolve_model
 from mebp_core.store.shapes import expected_shapes
 
 # Published sizes (text model, embeddings counted once when tied).

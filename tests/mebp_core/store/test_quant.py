@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mebp_core.store import QuantizationError, dequantize, quantize
-from mebp_core.store.quant import unpack_int4
+from mebp_core.store.errors import QuantizationError
+from mebp_core.store.quant import dequantize, quantize, unpack_int4
 
 
 def assert_within_bound(w: torch.Tensor, qt, bits: int, group_size: int) -> None:

@@ -5,8 +5,10 @@ import struct
 import pytest
 import torch
 
-from mebp_core.store import StoreError, StoreFormatError, open_store, pack_model
+from mebp_core.store.errors import StoreError, StoreFormatError
 from mebp_core.store.format import MAGIC, STORE_FILENAME
+from mebp_core.store.pack import pack_model
+from mebp_core.store.reader import open_store
 
 
 @pytest.fixture(scope="module")

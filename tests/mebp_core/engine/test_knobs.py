@@ -1,0 +1,93 @@
+"""Every memory/time knob keeps the gradients those of transformers + PEFT autograd, and does
+what it says (what is resident, how many checkpoints, what the LoRA branch saves)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from engine_fixtures import random_batch
+from test_exactness import engine_gradients, peft_gradients, relative_error, write_random_adapter
+
+from mebp_core.lora.function import lora_delta
+
+KNOB_SETTINGS = {
+    "resident": dict(frozen_weights="resident"),
+    "resident-budget": dict(frozen_weights="resident", resident_weight_bytes=40_000),
+    "every-2-blocks": dict(checkpoint_blocks=2),
+    "every-3-blocks-mmap": dict(checkpoint_blocks=3, checkpoint_storage="mmap"),
+    "no-checkpoints": dict(checkpoint_blocks="none"),
+    "lora-hidden-stored": dict(lora_hidden="store"),
+    "no-checkpoints-resident-stored": dict(checkpoint_blocks="none", frozen_weights="resident",
+                                           lora_hidden="store"),
+    "unshared-small-tiles": dict(share_decompression=False, decompress_tile_bytes=1 << 16,
+                                 loss_vocab_tile_bytes=1 << 16, checkpoint_blocks=2),
+}
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+@pytest.mark.parametrize("setting", list(KNOB_SETTINGS))
+def test_knob_gradients_equal_peft_autograd(setting, family, tiny_models, packed_models,
+                                            tmp_path):
+    hf_dir = tiny_models[family]
+    adapter = write_random_adapter(hf_dir, tmp_path / "adapter", seed=21)
+    config = transformers.AutoConfig.from_pretrained(hf_dir)
+    input_ids, labels = random_batch(config.vocab_size, seed=22)
+
+    expected_loss, expected = peft_gradients(hf_dir, adapter, input_ids, labels)
+    loss, actual, _ = engine_gradients(packed_models[family, "none"], adapter, input_ids, labels,
+                                       **KNOB_SETTINGS[setting])
+
+    assert loss == pytest.approx(expected_loss, rel=1e-5)
+    assert actual.keys() == expected.keys()
+    worst = max(relative_error(actual[key], expected[key]) for key in expected)
+    assert worst <= 1e-4, f"{setting}, {family}: worst relative error {worst:.2e}"
+
+
+def run_with(setting, tiny_models, packed_models, tmp_path, family="llama"):
+    adapter = write_random_adapter(tiny_models[family], tmp_path / "adapter", seed=23)
+    input_ids, labels = random_batch(300, seed=24)
+    return engine_gradients(packed_models[family, "int4"], adapter, input_ids, labels,
+                            **KNOB_SETTINGS[setting])[2]
+
+
+def test_resident_weights_are_all_projections_and_the_head(tiny_models, packed_models,
+                                                           tmp_path):
+    engine = run_with("resident", tiny_models, packed_models, tmp_path)
+    n_layers = len(engine.layers)
+    assert len(engine.working_set.resident) == 7 * n_layers + 1  # + lm_head (llama is untied)
+    assert "lm_head.weight" in engine.working_set.resident
+    assert engine.working_set.decompressed_params == 0  # the step decompressed nothing
+
+
+def test_resident_budget_keeps_the_first_blocks_within_the_budget(tiny_models, packed_models,
+                                                                  tmp_path):
+    engine = run_with("resident-budget", tiny_models, packed_models, tmp_path)
+    resident = engine.working_set.resident
+    assert 0 < engine.working_set.resident_bytes <= 40_000
+    assert all(name.startswith("model.layers.0.") for name in resident)
+    assert engine.working_set.decompressed_params > 0  # the rest stayed lazy
+
+
+@pytest.mark.parametrize(("setting", "slots"), [("every-2-blocks", 2), ("no-checkpoints", 0)])
+def test_checkpoint_policy_sets_how_many_block_inputs_are_kept(setting, slots, tiny_models,
+                                                               packed_models, tmp_path):
+    engine = run_with(setting, tiny_models, packed_models, tmp_path)
+    checkpoints = engine.last_checkpoints
+    one_input = 2 * 20 * 64 * 4  # (B, T, D) float32
+    assert checkpoints.peak_nbytes == slots * one_input  # 3 blocks: inputs of 0 and 2, or none
+
+
+def test_stored_lora_hidden_is_saved_for_backward_and_gives_the_same_gradients():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 16, generator=gen, requires_grad=True)
+    a = torch.randn(4, 16, generator=gen, requires_grad=True)
+    b = torch.randn(8, 4, generator=gen, requires_grad=True)
+    grads = {}
+    for store in (False, True):
+        y = lora_delta(x, a, b, 2.0, store_hidden=store)
+        saved = [t for t in y.grad_fn.saved_tensors if t is not None]
+        assert len(saved) == (4 if store else 3)
+        grads[store] = torch.autograd.grad(y.square().sum(), (x, a, b))
+    for recomputed, stored in zip(grads[False], grads[True], strict=True):
+        torch.testing.assert_close(stored, recomputed, rtol=1e-6, atol=1e-6)
