@@ -1,4 +1,5 @@
-"""The ``mebp`` command: pack, train, eval, export and bench (serve arrives with the service)."""
+"""The ``mebp`` command: pack, train, eval, export, plan and bench (serve arrives with the
+service)."""
 
 from __future__ import annotations
 
@@ -87,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
         "bench", help="mebp, mezo, backprop and transformers + PEFT side by side, or "
                       "convergence against mezo"))
 
+    from mebp_core.plan.command import add_plan_arguments
+
+    add_plan_arguments(sub.add_parser(
+        "plan", help="predict memory and time of every trade-off configuration"))
     serve = sub.add_parser("serve", help="run the service (not built yet)")
     serve.add_argument("--host", default="127.0.0.1")
     serve.add_argument("--port", type=int, default=8000)
@@ -302,6 +307,12 @@ def _run_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_plan(args: argparse.Namespace) -> int:
+    from mebp_core.plan.command import run_plan
+
+    return run_plan(args)
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     return _fail("the service is not built yet (see the open service issue); "
                  "use `mebp pack`, `mebp train` and `mebp eval`", code=1)
@@ -314,7 +325,7 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"pack": _run_pack, "train": _run_train, "eval": _run_eval,
-             "export": _run_export, "bench": _run_bench, "serve": _run_serve}
+             "export": _run_export, "bench": _run_bench, "plan": _run_plan, "serve": _run_serve}
 
 if __name__ == "__main__":
     sys.exit(main())

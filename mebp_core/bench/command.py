@@ -33,6 +33,16 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
                       help="run every method this many times, interleaved; report medians")
     side.add_argument("--cosine-seeds", type=int, default=5, help="MeZO directions for the "
                       "cosine to the exact gradient (0: skip)")
+    check = parser.add_argument_group("plan check")
+    check.add_argument("--plan-check", action="store_true",
+                       help="measure the planner's Pareto configurations against predictions")
+    check.add_argument("--models", nargs="+", default=["preset:qwen2.5-0.5b"],
+                       help="models to check (default preset:qwen2.5-0.5b)")
+    check.add_argument("--seq-lens", nargs="+", type=int, default=[128, 256])
+    check.add_argument("--max-configs", type=int,
+                       help="at most this many front configurations per model and length")
+    check.add_argument("--with-peft", action="store_true",
+                       help="also time transformers + PEFT once per model and length")
     conv = parser.add_argument_group("convergence")
     conv.add_argument("--convergence", action="store_true",
                       help="mebp vs mezo validation-loss curves on the stdlib docstrings")
@@ -73,7 +83,16 @@ def convergence_spec(args: argparse.Namespace) -> ConvergenceSpec:
 
 def run_bench(args: argparse.Namespace) -> int:
     """Run the chosen mode, print its summary, write ``--json``; 0 on success."""
-    if args.convergence:
+    if args.plan_check:
+        from mebp_core.bench.plan_check import PlanCheckSpec, format_plan_check, run_plan_check
+
+        report = run_plan_check(PlanCheckSpec(
+            models=tuple(args.models), seq_lens=tuple(args.seq_lens), steps=args.steps,
+            compute_dtype=args.compute_dtype or "float32", quant=args.quant,
+            group_size=args.group_size, threads=args.threads, max_configs=args.max_configs,
+            with_peft=args.with_peft, seed=args.seed))
+        text = format_plan_check(report)
+    elif args.convergence:
         from mebp_core.bench.convergence import format_summary, run_convergence
 
         report = run_convergence(convergence_spec(args), args.work_dir, args.png)

@@ -69,8 +69,9 @@ def run_worker(argv: list[str]) -> dict:
 def resolve_models(spec: SideBySideSpec, needs_hf: bool) -> tuple[Path, Path | None]:
     """The packed dir for the engine and a Hugging Face dir for the baseline (None if the
     model is already packed: there are no HF weights to load)."""
+    from mebp_core.cache import default_cache_dir
     from mebp_core.store.format import STORE_FILENAME
-    from mebp_core.store.resolve import default_cache_dir, resolve_model
+    from mebp_core.store.resolve import resolve_model
 
     packed = resolve_model(spec.model, quant=spec.quant, group_size=spec.group_size)
     if not needs_hf:

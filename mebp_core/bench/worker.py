@@ -65,9 +65,10 @@ def summarize_steps(records: list[dict], sampler) -> dict:
 def engine_config(args: argparse.Namespace, method: str):
     from mebp_core.config import EngineKnobs, TrainConfig
 
+    knobs = json.loads(args.knobs) if args.knobs else {}
     return TrainConfig(method=method, steps=args.steps, seq_len=args.seq_len, lr=LR,
                        compute_dtype=args.dtype, seed=args.seed,
-                       knobs=EngineKnobs(threads=args.threads))
+                       knobs=EngineKnobs(**{**knobs, "threads": args.threads}))
 
 
 def run_engine(args: argparse.Namespace) -> dict:
@@ -185,6 +186,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--threads", type=int, help="torch intra-op threads")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--knobs", help="engine methods: trade-off knobs as a JSON object")
     parser.add_argument("--seeds", type=int, default=5, help="cosine: MeZO directions")
     parser.add_argument("--eps", type=float, default=1e-3, help="cosine: MeZO's eps")
     return parser.parse_args(argv)

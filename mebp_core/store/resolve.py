@@ -5,16 +5,12 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
-import os
 from pathlib import Path
 
+from mebp_core.cache import default_cache_dir
 from mebp_core.store.format import FORMAT_VERSION, STORE_FILENAME
 from mebp_core.store.pack import PRESET_PREFIX, pack_model
 from mebp_core.store.presets import preset_config
-
-
-def default_cache_dir() -> Path:
-    return Path(os.environ.get("MEBP_CACHE_DIR") or Path.home() / ".cache" / "mebp")
 
 
 def _source_fingerprint(src: Path) -> str:

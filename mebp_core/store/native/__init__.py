@@ -73,7 +73,7 @@ def _compile(target: Path) -> None:
 
 @cache
 def load_library() -> ctypes.CDLL | None:
-    from mebp_core.store.resolve import default_cache_dir
+    from mebp_core.cache import default_cache_dir
 
     target = _library_path(default_cache_dir())
     try:

@@ -1,0 +1,120 @@
+"""``mebp bench --plan-check``: run each Pareto configuration the planner predicts and print
+predicted against measured peak memory and step time.
+
+Every configuration runs in a fresh worker process, one at a time (the machine is shared:
+nothing else of ours runs meanwhile). Optionally transformers + PEFT runs once per model and
+sequence length, so the front's fastest end can be quoted as a ratio to it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+
+from mebp_core.bench.side_by_side import preset_hf_dir, run_worker, worker_argv
+from mebp_core.cache import default_cache_dir
+from mebp_core.config import TrainConfig
+from mebp_core.plan.arch import load_architecture
+from mebp_core.plan.calibration import load_calibration
+from mebp_core.plan.planner import make_plan
+from mebp_core.plan.predict import MB, Workload
+
+MEMORY_TOLERANCE = 0.15
+TIME_TOLERANCE = 0.25
+
+
+@dataclass(frozen=True)
+class PlanCheckSpec:
+    models: tuple[str, ...]
+    seq_lens: tuple[int, ...]
+    steps: int = 3
+    compute_dtype: str = "float32"
+    quant: str = "int4"
+    group_size: int = 64
+    threads: int | None = None
+    max_configs: int | None = None  # per model and length, spread over the front
+    with_peft: bool = False
+    seed: int = 0
+
+
+def run_plan_check(spec: PlanCheckSpec) -> dict:
+    from mebp_core.store.resolve import resolve_model
+
+    host = load_calibration(default_cache_dir(), spec.threads)
+    rows, baselines = [], []
+    for model in spec.models:
+        packed = resolve_model(model, quant=spec.quant, group_size=spec.group_size)
+        arch = load_architecture(model)
+        for seq_len in spec.seq_lens:
+            config = TrainConfig(seq_len=seq_len, compute_dtype=spec.compute_dtype,
+                                 quant=spec.quant, group_size=spec.group_size)
+            plan = make_plan(Workload.from_config(arch, config), host)
+            for entry in _spread(plan.pareto, spec.max_configs):
+                knobs = entry.knobs.model_dump(mode="json", exclude={"threads"})
+                options = ["--seq-len", str(seq_len), "--steps", str(spec.steps), "--dtype",
+                           spec.compute_dtype, "--seed", str(spec.seed),
+                           "--knobs", json.dumps(knobs)]
+                if spec.threads:
+                    options += ["--threads", str(spec.threads)]
+                print(f"{model} seq {seq_len}: {entry.id}", file=sys.stderr, flush=True)
+                measured = run_worker(worker_argv("mebp", packed, *options))
+                rows.append(_row(model, seq_len, entry, measured))
+            if spec.with_peft and model.startswith("preset:"):
+                hf = preset_hf_dir(model.removeprefix("preset:"),
+                                   default_cache_dir() / "hf-presets")
+                options = ["--seq-len", str(seq_len), "--steps", str(spec.steps)]
+                peft = run_worker(worker_argv("peft", hf, *options))
+                baselines.append({"model": model, "seq_len": seq_len,
+                                  "s_per_step": peft["s_per_step"],
+                                  "peak_anon_mb": peft["peak_anon_mb"]})
+    return {"rows": rows, "peft": baselines, "host": host.host, "threads": host.threads,
+            "compute_dtype": spec.compute_dtype, "quant": spec.quant,
+            "memory_within": _share(rows, "memory_error", MEMORY_TOLERANCE),
+            "time_within": _share(rows, "time_error", TIME_TOLERANCE)}
+
+
+def _spread(front: list, limit: int | None) -> list:
+    """At most ``limit`` entries of the front, always both ends, evenly between."""
+    if limit is None or len(front) <= limit:
+        return front
+    if limit == 1:
+        return front[-1:]
+    picks = {round(i * (len(front) - 1) / (limit - 1)) for i in range(limit)}
+    return [front[i] for i in sorted(picks)]
+
+
+def _row(model: str, seq_len: int, entry, measured: dict) -> dict:
+    predicted_mb = entry.prediction.peak_bytes / MB
+    predicted_s = entry.prediction.step_time_s
+    return {"model": model, "seq_len": seq_len, "config": entry.id,
+            "predicted_peak_mb": round(predicted_mb, 1),
+            "measured_peak_mb": round(measured["peak_anon_mb"], 1),
+            "memory_error": measured["peak_anon_mb"] and
+            predicted_mb / measured["peak_anon_mb"] - 1,
+            "predicted_s": round(predicted_s, 3), "measured_s": round(measured["s_per_step"], 3),
+            "time_error": predicted_s / measured["s_per_step"] - 1}
+
+
+def _share(rows: list[dict], key: str, tolerance: float) -> str:
+    inside = sum(abs(r[key]) <= tolerance for r in rows)
+    return f"{inside}/{len(rows)}"
+
+
+def format_plan_check(report: dict) -> str:
+    lines = [f"{'model':<22} {'seq':>5} {'configuration':<46} {'MB pred':>8} {'MB meas':>8} "
+             f"{'err':>6} {'s pred':>7} {'s meas':>7} {'err':>6}"]
+    for r in report["rows"]:
+        lines.append(f"{r['model']:<22} {r['seq_len']:>5} {r['config']:<46} "
+                     f"{r['predicted_peak_mb']:>8.0f} {r['measured_peak_mb']:>8.0f} "
+                     f"{r['memory_error']:>+6.0%} {r['predicted_s']:>7.2f} "
+                     f"{r['measured_s']:>7.2f} {r['time_error']:>+6.0%}")
+    lines.append(f"memory within {MEMORY_TOLERANCE:.0%}: {report['memory_within']}; "
+                 f"time within {TIME_TOLERANCE:.0%}: {report['time_within']}")
+    for base in report["peft"]:
+        fastest = min((r for r in report["rows"] if r["model"] == base["model"]
+                       and r["seq_len"] == base["seq_len"]), key=lambda r: r["measured_s"])
+        lines.append(f"{base['model']} seq {base['seq_len']}: transformers + PEFT (bf16) "
+                     f"{base['s_per_step']:.2f} s/step, {base['peak_anon_mb']:.0f} MB; fastest "
+                     f"front config {fastest['measured_s'] / base['s_per_step']:.2f}x its time")
+    return "\n".join(lines)

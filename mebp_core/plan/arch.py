@@ -1,0 +1,132 @@
+"""What the planner needs to know of an architecture, read from its Hugging Face config
+without torch or transformers (a test holds it to the engine's own model arguments)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mebp_core.errors import MebpError
+from mebp_core.store.preset_configs import PRESET_CONFIGS
+
+PRESET_PREFIX = "preset:"
+# transformers' config defaults where hub configs may omit a field
+_DEFAULT_TIED = {"llama": False, "qwen2": False, "qwen3": False, "gemma3_text": True}
+_GEMMA3_DEFAULTS = dict(hidden_size=2304, num_hidden_layers=26, intermediate_size=9216,
+                        num_attention_heads=8, num_key_value_heads=4, head_dim=256,
+                        vocab_size=262_208, sliding_window=4096)
+
+
+class PlanInputError(MebpError, ValueError):
+    """The planner cannot read the model or a setting it was given."""
+
+
+@dataclass(frozen=True)
+class Architecture:
+    model_type: str
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    tied_embeddings: bool
+    max_positions: int
+    sliding_layers: int = 0  # layers whose attention uses a sliding-window mask
+    sliding_window: int | None = None
+
+    def projections(self) -> dict[str, tuple[int, int]]:
+        """(out, in) of each frozen projection of one block, by module suffix."""
+        d, q, kv, i = (self.hidden_size, self.num_heads * self.head_dim,
+                       self.num_kv_heads * self.head_dim, self.intermediate_size)
+        return {"q_proj": (q, d), "k_proj": (kv, d), "v_proj": (kv, d), "o_proj": (d, q),
+                "gate_proj": (i, d), "up_proj": (i, d), "down_proj": (d, i)}
+
+    def block_params(self) -> int:
+        return sum(o * i for o, i in self.projections().values())
+
+    def head_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def head_weight_name(self) -> str:
+        return "model.embed_tokens.weight" if self.tied_embeddings else "lm_head.weight"
+
+    def frozen_weights(self) -> list[tuple[str, int]]:
+        """(HF name, parameter count) of every lazily decompressed matrix: projections, head."""
+        names = []
+        for layer in range(self.num_layers):
+            group = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
+                     "o_proj": "self_attn"}
+            for suffix, (out, inp) in self.projections().items():
+                names.append((f"model.layers.{layer}.{group.get(suffix, 'mlp')}.{suffix}.weight",
+                              out * inp))
+        names.append((self.head_weight_name(), self.head_params()))
+        return names
+
+    def parameter_count(self) -> int:
+        embed = self.vocab_size * self.hidden_size
+        return embed + self.num_layers * self.block_params() + \
+            (0 if self.tied_embeddings else self.head_params())
+
+
+def architecture_from_config(config: dict[str, Any]) -> Architecture:
+    """The planner's view of a config.json dict (multimodal Gemma 3: its text config)."""
+    if config.get("model_type") == "gemma3":
+        config = {**_GEMMA3_DEFAULTS, **config.get("text_config", {}),
+                  "model_type": "gemma3_text",
+                  "tie_word_embeddings": config.get("tie_word_embeddings", True)}
+    model_type = config.get("model_type")
+    if model_type not in _DEFAULT_TIED:
+        raise PlanInputError(f"config.json: model_type {model_type!r} is not supported "
+                             f"(known: {', '.join(sorted(_DEFAULT_TIED))}, gemma3)")
+    if model_type == "gemma3_text":
+        config = {**_GEMMA3_DEFAULTS, **config}
+    try:
+        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        layers = int(config["num_hidden_layers"])
+        sliding = _sliding_layers(config, model_type, layers)
+        return Architecture(
+            model_type=model_type, hidden_size=hidden,
+            intermediate_size=int(config["intermediate_size"]), num_layers=layers,
+            num_heads=heads, num_kv_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or hidden // heads),
+            vocab_size=int(config["vocab_size"]),
+            tied_embeddings=bool(config.get("tie_word_embeddings", _DEFAULT_TIED[model_type])),
+            max_positions=int(config.get("max_position_embeddings", 2048)),
+            sliding_layers=sliding,
+            sliding_window=config.get("sliding_window") if sliding else None)
+    except KeyError as exc:
+        raise PlanInputError(f"config.json: missing field {exc.args[0]!r}") from None
+
+
+def _sliding_layers(config: dict[str, Any], model_type: str, layers: int) -> int:
+    if model_type == "gemma3_text":
+        types = config.get("layer_types")
+        if types:
+            return sum(t == "sliding_attention" for t in types)
+        pattern = int(config.get("sliding_window_pattern", 6))
+        return sum((i + 1) % pattern != 0 for i in range(layers))
+    return 0
+
+
+def load_architecture(model: str | Path) -> Architecture:
+    """``preset:NAME``, or a directory (Hugging Face or packed) holding config.json."""
+    spec = str(model)
+    if spec.startswith(PRESET_PREFIX):
+        name = spec.removeprefix(PRESET_PREFIX)
+        if name not in PRESET_CONFIGS:
+            raise PlanInputError(f"unknown preset {name!r} "
+                                 f"(known: {', '.join(sorted(PRESET_CONFIGS))})")
+        return architecture_from_config(PRESET_CONFIGS[name])
+    path = Path(spec) / "config.json"
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PlanInputError(f"{model}: no config.json (expected preset:NAME or a model "
+                             "directory)") from None
+    except json.JSONDecodeError as exc:
+        raise PlanInputError(f"{path}: not valid JSON ({exc})") from None
+    return architecture_from_config(config)

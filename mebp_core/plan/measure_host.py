@@ -1,0 +1,115 @@
+"""Measure this host's throughputs for the planner; prints one JSON object.
+
+Run as ``python -m mebp_core.plan.measure_host [--threads N]`` (the planner starts it in a
+subprocess so its own process never imports torch). Every figure is the best of a few
+repeats: the planner predicts an unloaded machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+
+from mebp_core.engine.memory import read_anon_rss_bytes
+
+MATMUL_TOKENS = (64, 256, 1024, 4096)  # tokens per matmul, from short batches to long ones
+_D, _F = 1024, 2816  # a small model's hidden and MLP sizes
+
+
+def _best_time(fn, repeats: int = 5) -> float:
+    fn()  # warm up (first touch, kernel selection)
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def measure(threads: int | None) -> dict:
+    import torch  # noqa: F401 (imported here so the baseline below includes it)
+
+    import mebp_core.engine.train  # noqa: F401 (the imports of a training run)
+
+    runtime_anon = read_anon_rss_bytes()
+    if threads:
+        torch.set_num_threads(threads)
+    from mebp_core.store.quant import dequantize, quantize
+
+    result: dict = {"threads": torch.get_num_threads(), "runtime_anon_bytes": runtime_anon,
+                    "torch": torch.__version__}
+    gen = torch.Generator().manual_seed(0)
+    matmul: dict[str, dict[str, float]] = {}
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        w = (torch.randn(_F, _D, generator=gen) * 0.02).to(dtype)
+        rates = {}
+        for tokens in MATMUL_TOKENS:
+            x = torch.randn(tokens, _D, generator=gen).to(dtype)
+            seconds = _best_time(lambda x=x, w=w: x @ w.T)
+            rates[str(tokens)] = 2 * tokens * _D * _F / seconds
+        matmul[name] = rates
+    result["matmul_flops"] = matmul
+
+    weight = torch.randn(_F, _D, generator=gen) * 0.02
+    decompress: dict[str, dict[str, float]] = {}
+    for quant in ("int4", "int8", "none"):
+        rates = {}
+        for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+            out = torch.empty(_F, _D, dtype=dtype)
+            if quant == "none":
+                src = weight.to(torch.bfloat16)
+                seconds = _best_time(lambda src=src, out=out: out.copy_(src))
+            else:
+                bits = 4 if quant == "int4" else 8
+                q = quantize(weight, bits=bits, group_size=64)
+                seconds = _best_time(lambda q=q, out=out, dtype=dtype, bits=bits: dequantize(
+                    q.data, q.scales, q.biases, bits, 64, dtype, out=out))
+            rates[name] = _F * _D / seconds
+        decompress[quant] = rates
+    result["decompress_params_per_s"] = decompress
+    q = quantize(weight[:8], bits=4, group_size=64)
+    out = torch.empty(8, _D)
+    result["decompress_call_s"] = _best_time(lambda: dequantize(
+        q.data, q.scales, q.biases, 4, 64, torch.float32, out=out), repeats=50)
+
+    # activation-sized operands (64 MB each): main-memory bandwidth, not cache
+    a = torch.randn(16 << 20, generator=gen)
+    b = torch.randn(16 << 20, generator=gen)
+    seconds = _best_time(lambda: (a * b).add_(a))  # reads 2, writes 1, then reads 2 writes 1
+    result["elementwise_bytes_per_s"] = 6 * a.numel() * 4 / seconds
+    small = torch.randn(1, 64, requires_grad=True)
+    small_w = torch.randn(64, 64)
+    # an op recorded by autograd, then its backward: what a tiny op costs inside a step
+    seconds = _best_time(lambda: torch.stack([small @ small_w for _ in range(100)]).sum()
+                         .backward())
+    result["op_overhead_s"] = seconds / 200
+    result["disk_read_bytes_per_s"] = _disk_read_rate()
+    return result
+
+
+def _disk_read_rate(nbytes: int = 64 << 20) -> float:
+    """Cold sequential read of a fresh file: its pages are dropped from the page cache first."""
+    with tempfile.NamedTemporaryFile(dir=os.environ.get("MEBP_CACHE_DIR")) as handle:
+        handle.write(os.urandom(1 << 20) * (nbytes >> 20))
+        handle.flush()
+        os.fsync(handle.fileno())
+        os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        start = time.perf_counter()
+        with open(handle.name, "rb", buffering=0) as reader:
+            while reader.read(4 << 20):
+                pass
+        return nbytes / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--threads", type=int)
+    args = parser.parse_args()
+    print(json.dumps(measure(args.threads)))
+
+
+if __name__ == "__main__":
+    main()

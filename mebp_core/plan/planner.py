@@ -1,0 +1,176 @@
+"""Every knob combination for a workload: predicted, judged against a budget, Pareto-ranked.
+
+``make_plan`` is the Python API the CLI and the service call; it never imports torch.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from mebp_core.config import EngineKnobs
+from mebp_core.plan.calibration import HostCalibration
+from mebp_core.plan.devices import DeviceProfile
+from mebp_core.plan.predict import MB, Prediction, Workload, predict
+
+DEFAULT_MARGIN = 0.10  # a configuration fits when its predicted peak * 1.10 is within budget
+SMALL_TILE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True)
+class PlanEntry:
+    id: str
+    knobs: EngineKnobs
+    prediction: Prediction
+    feasible: bool | None  # None: no budget given
+    reason: str | None  # why it does not fit
+    pareto: bool
+    device_step_time_s: float | None  # an estimate from the device's compute figure
+
+    def to_json(self) -> dict:
+        p = self.prediction
+        return {
+            "id": self.id,
+            "knobs": self.knobs.model_dump(mode="json", exclude={"threads"}),
+            "peak_mb": round(p.peak_bytes / MB, 1),
+            "memory_mb": {name: round(value / MB, 1) for name, value in p.memory.items()},
+            "step_time_s": round(p.step_time_s, 4),
+            "time_s": {name: round(value, 4) for name, value in p.time.items()},
+            "feasible": self.feasible, "reason": self.reason, "pareto": self.pareto,
+            "device_step_time_s_estimate": None if self.device_step_time_s is None
+            else round(self.device_step_time_s, 3),
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    workload: Workload
+    budget_bytes: int | None
+    margin: float
+    device: DeviceProfile | None
+    entries: list[PlanEntry]
+
+    @property
+    def pareto(self) -> list[PlanEntry]:
+        return sorted((e for e in self.entries if e.pareto),
+                      key=lambda e: e.prediction.peak_bytes)
+
+    @property
+    def auto(self) -> PlanEntry | None:
+        """The fastest configuration that fits (the fastest overall without a budget)."""
+        fitting = [e for e in self.entries if e.feasible is not False]
+        if not fitting:
+            return None
+        return min(fitting, key=lambda e: (e.prediction.step_time_s, e.prediction.peak_bytes))
+
+    @property
+    def smallest(self) -> PlanEntry:
+        return min(self.entries, key=lambda e: (e.prediction.peak_bytes,
+                                                e.prediction.step_time_s))
+
+    def smallest_budget_bytes(self) -> int:
+        """The least budget under which some configuration fits, margin included."""
+        return int(self.smallest.prediction.peak_bytes * (1 + self.margin)) + 1
+
+    def to_json(self) -> dict:
+        auto = self.auto
+        smallest = self.smallest
+        arch = self.workload.arch
+        return {
+            "workload": {"model_type": arch.model_type, "parameters": arch.parameter_count(),
+                         "seq_len": self.workload.seq_len,
+                         "batch_size": self.workload.batch_size,
+                         "lora_rank": self.workload.lora.rank,
+                         "lora_targets": list(self.workload.lora.targets),
+                         "optimizer": self.workload.optimizer,
+                         "compute_dtype": self.workload.compute_dtype,
+                         "quant": self.workload.quant, "group_size": self.workload.group_size},
+            "budget_mb": None if self.budget_bytes is None else self.budget_bytes / MB,
+            "margin": self.margin,
+            "device": None if self.device is None else self.device.to_json(),
+            "auto": None if auto is None else auto.id,
+            "feasible": auto is not None,
+            "smallest_budget_mb": round(self.smallest_budget_bytes() / MB, 1),
+            "dominant_component": smallest.prediction.dominant_component(),
+            "pareto": [e.id for e in self.pareto],
+            "configurations": [e.to_json() for e in self.entries],
+        }
+
+
+def candidate_knobs(workload: Workload, threads: int | None = None) -> list[EngineKnobs]:
+    """The grid: weights lazy, resident to a quarter/half/three quarters, or all resident;
+    checkpoints every 1, 2, 4 blocks or none, in RAM or a file; LoRA h kept or not; one
+    decompression per block or two; default or small tiles."""
+    arch = workload.arch
+    e = 4 if workload.compute_dtype == "float32" else 2
+    total = sum(params for _, params in arch.frozen_weights()) * e
+    weights = [("lazy", None), *[("resident", int(total * f)) for f in (0.25, 0.5, 0.75)],
+               ("resident", None)]
+    checkpoint_blocks = [1, 2, 4, "none"]
+    out = []
+    for (frozen, budget), every, storage, hidden, shared, tile in itertools.product(
+            weights, checkpoint_blocks, ("ram", "mmap"), ("recompute", "store"),
+            (True, False), (8 << 20, SMALL_TILE_BYTES)):
+        if every == "none" and (storage == "mmap" or not shared):
+            continue  # neither applies without checkpoints
+        if frozen == "resident" and budget is None and (not shared or tile != 8 << 20):
+            continue  # nothing is decompressed per step
+        out.append(EngineKnobs(frozen_weights=frozen, resident_weight_bytes=budget,
+                               checkpoint_blocks=every, checkpoint_storage=storage,
+                               lora_hidden=hidden, share_decompression=shared,
+                               decompress_tile_bytes=tile, loss_vocab_tile_bytes=tile,
+                               threads=threads))
+    return out
+
+
+def knobs_id(knobs: EngineKnobs) -> str:
+    """A short readable name, e.g. ``lazy-ckpt1-ram-recompute-shared-tile8M``."""
+    if knobs.frozen_weights == "lazy":
+        weights = "lazy"
+    elif knobs.resident_weight_bytes is None:
+        weights = "resident"
+    else:
+        weights = f"resident{knobs.resident_weight_bytes // MB}M"
+    every = knobs.checkpoint_blocks
+    checkpoints = "nockpt" if every == "none" else f"ckpt{every}-{knobs.checkpoint_storage}"
+    return "-".join([weights, checkpoints, f"h-{knobs.lora_hidden}",
+                     "shared" if knobs.share_decompression else "unshared",
+                     f"tile{knobs.decompress_tile_bytes // MB}M"])
+
+
+def make_plan(workload: Workload, host: HostCalibration, *, budget_bytes: int | None = None,
+              device: DeviceProfile | None = None, margin: float = DEFAULT_MARGIN,
+              knobs: list[EngineKnobs] | None = None) -> Plan:
+    """Predict every candidate (or the given knobs) and mark feasibility and the front.
+
+    The budget is ``budget_bytes`` if given, else the device's."""
+    if budget_bytes is None and device is not None:
+        budget_bytes = device.budget_bytes
+    candidates = knobs if knobs is not None else candidate_knobs(workload, host.threads)
+    predictions = [(k, predict(workload, k, host)) for k in candidates]
+    front = _pareto_ids(predictions)
+    entries = []
+    for k, p in predictions:
+        feasible, reason = None, None
+        if budget_bytes is not None:
+            needed = p.peak_bytes * (1 + margin)
+            feasible = needed <= budget_bytes
+            if not feasible:
+                reason = (f"needs {needed / MB:.0f} MB with the {margin:.0%} margin, budget "
+                          f"{budget_bytes / MB:.0f} MB; largest part: "
+                          f"{p.dominant_component()} {max(p.memory.values()) / MB:.0f} MB")
+        device_time = None if device is None else device.estimate_step_time(p)
+        entries.append(PlanEntry(knobs_id(k), k, p, feasible, reason, id(p) in front,
+                                 device_time))
+    return Plan(workload, budget_bytes, margin, device, entries)
+
+
+def _pareto_ids(predictions: list[tuple[EngineKnobs, Prediction]]) -> set[int]:
+    """Configurations no other one beats on both peak memory and step time."""
+    ranked = sorted((p for _, p in predictions), key=lambda p: (p.peak_bytes, p.step_time_s))
+    front, best_time = set(), float("inf")
+    for p in ranked:
+        if p.step_time_s < best_time:
+            front.add(id(p))
+            best_time = p.step_time_s
+    return front

@@ -1,0 +1,19 @@
+"""A fixed host calibration: the planner's arithmetic is tested on known inputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from mebp_core.plan.calibration import HostCalibration
+
+
+@pytest.fixture
+def host() -> HostCalibration:
+    return HostCalibration(
+        threads=2, runtime_anon_bytes=150 << 20,
+        matmul_flops={"float32": {"64": 5e10, "256": 1e11, "4096": 1.2e11},
+                      "bfloat16": {"64": 1e11, "256": 2e11, "4096": 2.4e11}},
+        decompress_params_per_s={q: {"float32": 3e9, "bfloat16": 3e9}
+                                 for q in ("int4", "int8", "none")},
+        elementwise_bytes_per_s=5e10, op_overhead_s=2e-6, decompress_call_s=5e-5,
+        disk_read_bytes_per_s=1e9)

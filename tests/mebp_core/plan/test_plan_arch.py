@@ -1,0 +1,79 @@
+"""The planner's torch-free reading of configs agrees with the engine's own models."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+
+from mebp_core.models import build_model
+from mebp_core.plan.arch import PlanInputError, architecture_from_config, load_architecture
+from mebp_core.store.preset_configs import PRESET_CONFIGS
+from mebp_core.store.shapes import expected_shapes
+
+
+@pytest.mark.parametrize("preset", sorted(PRESET_CONFIGS))
+def test_architecture_matches_the_engine_model_and_checkpoint_shapes(preset):
+    config = PRESET_CONFIGS[preset]
+    arch = architecture_from_config(config)
+    args = build_model_args(config)
+    assert (arch.hidden_size, arch.intermediate_size, arch.num_layers, arch.num_heads,
+            arch.num_kv_heads, arch.head_dim, arch.vocab_size, arch.tied_embeddings) == (
+        args.hidden_size, args.intermediate_size, args.num_hidden_layers,
+        args.num_attention_heads, args.num_key_value_heads, args.head_dim, args.vocab_size,
+        args.tie_word_embeddings)
+    shapes = expected_shapes(config)
+    for name, params in arch.frozen_weights():
+        assert math.prod(shapes[name]) == params, name
+    matrices = sum(math.prod(s) for n, s in shapes.items() if len(s) == 2)
+    assert arch.parameter_count() == matrices
+
+
+def build_model_args(config):
+    import torch
+
+    with torch.device("meta"):
+        return build_model(config).args
+
+
+def test_multimodal_gemma3_reads_its_text_config():
+    config = {"model_type": "gemma3", "text_config": {"hidden_size": 640,
+              "intermediate_size": 2048, "num_hidden_layers": 6, "num_attention_heads": 4,
+              "num_key_value_heads": 1, "vocab_size": 1000}}
+    arch = architecture_from_config(config)
+    assert (arch.model_type, arch.hidden_size, arch.head_dim, arch.tied_embeddings) == (
+        "gemma3_text", 640, 256, True)
+    assert arch.sliding_layers == 5  # every sixth layer attends globally
+
+
+def test_bad_configs_name_the_problem(tmp_path):
+    with pytest.raises(PlanInputError, match="model_type 'gpt2'"):
+        architecture_from_config({"model_type": "gpt2"})
+    with pytest.raises(PlanInputError, match="missing field 'hidden_size'"):
+        architecture_from_config({"model_type": "llama"})
+    with pytest.raises(PlanInputError, match="unknown preset 'nope'"):
+        load_architecture("preset:nope")
+    with pytest.raises(PlanInputError, match="no config.json"):
+        load_architecture(tmp_path)
+    (tmp_path / "config.json").write_text("{oops")
+    with pytest.raises(PlanInputError, match="config.json: not valid JSON"):
+        load_architecture(tmp_path)
+
+
+def test_a_model_directory_is_read_from_its_config(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(PRESET_CONFIGS["qwen2.5-0.5b"]))
+    assert load_architecture(tmp_path) == load_architecture("preset:qwen2.5-0.5b")
+
+
+def test_the_planner_never_imports_torch():
+    code = ("import sys\n"
+            "from mebp_core.plan.command import build_plan\n"
+            "from mebp_core.plan.devices import load_devices\n"
+            "load_devices()\n"
+            "print('torch' in sys.modules, 'transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.split() == ["False", "False"]

@@ -1,0 +1,72 @@
+"""``mebp plan`` end to end, with the host calibration read from the cache."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from mebp_core.cli import main
+from mebp_core.plan.calibration import (
+    CalibrationError,
+    calibration_path,
+    load_calibration,
+    measure_host,
+)
+
+
+@pytest.fixture
+def cached_host(host, tmp_path, monkeypatch):
+    monkeypatch.setenv("MEBP_CACHE_DIR", str(tmp_path))
+    path = calibration_path(tmp_path, None)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(asdict(host)))
+    return tmp_path
+
+
+def test_plan_json_has_the_front_auto_and_feasibility(cached_host, capsys):
+    assert main(["plan", "--model", "preset:qwen2.5-0.5b", "--seq-len", "256",
+                 "--budget-mb", "600", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["budget_mb"] == 600 and plan["feasible"] is True
+    by_id = {c["id"]: c for c in plan["configurations"]}
+    assert plan["auto"] in by_id and by_id[plan["auto"]]["feasible"] is True
+    assert plan["pareto"] and all(by_id[i]["pareto"] for i in plan["pareto"])
+    for config in plan["configurations"]:
+        assert config["peak_mb"] == pytest.approx(sum(config["memory_mb"].values()), abs=0.5)
+
+
+def test_plan_table_names_auto_and_the_device_estimate(cached_host, capsys):
+    assert main(["plan", "--model", "preset:qwen2.5-0.5b", "--device", "iphone-15"]) == 0
+    out = capsys.readouterr().out
+    assert "auto (*):" in out and "budget: 768 MB" in out
+    assert "iPhone 15: about" in out and "estimate" in out
+
+
+def test_plan_errors_name_the_input(cached_host, capsys):
+    assert main(["plan", "--model", "preset:nope"]) == 2
+    assert "unknown preset 'nope'" in capsys.readouterr().err
+    assert main(["plan", "--model", "preset:tiny", "--device", "nokia-3310"]) == 2
+    assert "unknown device 'nokia-3310'" in capsys.readouterr().err
+    assert main(["plan", "--model", "preset:tiny", "--lora-rank", "0"]) == 2
+    assert "--lora-rank" in capsys.readouterr().err
+
+
+def test_corrupt_calibration_is_reported_not_used(tmp_path):
+    path = calibration_path(tmp_path, None)
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    with pytest.raises(CalibrationError, match="delete it to measure again"):
+        load_calibration(tmp_path)
+    assert load_calibration(tmp_path / "empty", measure=False) is None
+
+
+def test_the_host_measurement_runs_and_gives_positive_rates():
+    host = measure_host(threads=1)
+    assert host.threads == 1
+    assert 50 << 20 < host.runtime_anon_bytes < 1 << 30
+    assert all(rate > 0 for rates in host.matmul_flops.values() for rate in rates.values())
+    assert host.decompress_rate("int4", "float32") > 0
+    assert host.matmul_rate("float32", 128) > 0
+    assert host.elementwise_bytes_per_s > 0 and host.disk_read_bytes_per_s > 0

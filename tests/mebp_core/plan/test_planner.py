@@ -1,0 +1,131 @@
+"""The planner's arithmetic on a fixed host: components, knobs' effects, feasibility, the
+Pareto front, ``auto`` and the smallest budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from mebp_core.config import EngineKnobs
+from mebp_core.plan.arch import load_architecture
+from mebp_core.plan.devices import get_device, load_devices
+from mebp_core.plan.planner import candidate_knobs, make_plan
+from mebp_core.plan.predict import COMPONENTS, MB, Workload, predict
+from mebp_core.plan.resident import select_resident
+
+
+@pytest.fixture
+def workload() -> Workload:
+    return Workload(arch=load_architecture("preset:qwen2.5-0.5b"), seq_len=256)
+
+
+def test_components_add_up_to_the_peak(workload, host):
+    prediction = predict(workload, EngineKnobs(), host)
+    assert set(prediction.memory) == set(COMPONENTS)
+    assert prediction.peak_bytes == sum(prediction.memory.values())
+    assert prediction.memory["runtime"] >= host.runtime_anon_bytes
+    assert prediction.step_time_s == pytest.approx(sum(prediction.time.values()))
+
+
+def test_each_knob_moves_memory_and_time_the_way_it_should(workload, host):
+    base = predict(workload, EngineKnobs(), host)
+    resident = predict(workload, EngineKnobs(frozen_weights="resident"), host)
+    assert resident.memory["weights"] > base.memory["weights"] + 1000 * MB  # ~1.9 GB float32
+    assert resident.time["decompress"] == 0 < base.time["decompress"]
+
+    whole_graph = predict(workload, EngineKnobs(checkpoint_blocks="none"), host)
+    assert whole_graph.memory["checkpoints"] == 0
+    assert whole_graph.memory["activations"] > 10 * base.memory["activations"]
+    assert whole_graph.step_time_s < base.step_time_s  # no recompute
+
+    sparse = predict(workload, EngineKnobs(checkpoint_blocks=4), host)
+    assert sparse.memory["checkpoints"] == pytest.approx(base.memory["checkpoints"] / 4)
+    assert sparse.step_time_s > base.step_time_s  # segments are re-run
+
+    on_disk = predict(workload, EngineKnobs(checkpoint_storage="mmap"), host)
+    assert on_disk.memory["checkpoints"] < base.memory["checkpoints"]
+
+    stored = predict(workload, EngineKnobs(lora_hidden="store"), host)
+    assert stored.memory["activations"] > base.memory["activations"]
+
+    unshared = predict(workload, EngineKnobs(share_decompression=False), host)
+    assert unshared.memory["weights"] < base.memory["weights"]
+    assert unshared.time["decompress"] > base.time["decompress"]
+
+    adamw = predict(Workload(arch=workload.arch, seq_len=256, optimizer="adamw"),
+                    EngineKnobs(), host)
+    assert adamw.memory["lora"] > base.memory["lora"]
+
+
+def test_a_resident_budget_is_respected_and_matches_the_engine_rule(workload, host):
+    budget = 300 * MB
+    prediction = predict(workload, EngineKnobs(frozen_weights="resident",
+                                               resident_weight_bytes=budget), host)
+    lazy = predict(workload, EngineKnobs(), host)
+    assert 0 < prediction.memory["weights"] - lazy.memory["weights"] <= budget
+    chosen = select_resident([("model.layers.1.mlp.up_proj.weight", 10),
+                              ("lm_head.weight", 5),
+                              ("model.layers.0.mlp.up_proj.weight", 10)], 15)
+    assert chosen == ["model.layers.0.mlp.up_proj.weight", "lm_head.weight"]
+
+
+def test_the_front_is_exactly_the_non_dominated_set(workload, host):
+    plan = make_plan(workload, host)
+    points = [(e.prediction.peak_bytes, e.prediction.step_time_s, e) for e in plan.entries]
+    for peak, seconds, entry in points:
+        dominated = any(p <= peak and s <= seconds and (p, s) != (peak, seconds)
+                        for p, s, _ in points)
+        assert entry.pareto == (not dominated), entry.id
+    front = plan.pareto
+    assert len(front) >= 3
+    assert front[0].prediction.step_time_s > front[-1].prediction.step_time_s
+
+
+def test_auto_is_the_fastest_feasible_configuration(workload, host):
+    plan = make_plan(workload, host, budget_bytes=600 * MB)
+    feasible = [e for e in plan.entries if e.feasible]
+    assert feasible and any(e.feasible is False for e in plan.entries)
+    assert plan.auto in feasible
+    assert plan.auto.prediction.step_time_s == min(e.prediction.step_time_s for e in feasible)
+    for entry in plan.entries:
+        assert entry.feasible == (entry.prediction.peak_bytes * 1.1 <= 600 * MB)
+        assert (entry.reason is None) == entry.feasible
+
+
+def test_an_infeasible_budget_gives_the_smallest_budget_that_fits(workload, host):
+    plan = make_plan(workload, host, budget_bytes=100 * MB)
+    assert plan.auto is None
+    summary = plan.to_json()
+    assert summary["feasible"] is False
+    assert summary["dominant_component"] in COMPONENTS
+    smallest = plan.smallest_budget_bytes()
+    assert make_plan(workload, host, budget_bytes=smallest).auto is not None
+    assert make_plan(workload, host, budget_bytes=smallest - 2 * MB).auto is None
+    reasons = [e.reason for e in plan.entries]
+    assert all("budget 100 MB" in r for r in reasons)
+
+
+def test_the_grid_covers_every_knob(workload, host):
+    grid = candidate_knobs(workload)
+    for field in ("frozen_weights", "checkpoint_blocks", "checkpoint_storage", "lora_hidden",
+                  "share_decompression", "decompress_tile_bytes", "loss_vocab_tile_bytes"):
+        assert len({getattr(k, field) for k in grid}) >= 2, field
+    assert any(k.resident_weight_bytes for k in grid)
+
+
+def test_devices_cover_the_mission_profiles_and_estimate_time(workload, host):
+    devices = load_devices()
+    for required in ("iphone-15-pro-max", "iphone-15", "iphone-13", "iphone-se-3", "pixel-8-pro",
+                     "pixel-8", "galaxy-s24-ultra", "android-4gb", "custom"):
+        assert required in devices
+        assert devices[required].sources
+    reference = get_device("iphone-15-pro-max")
+    plan = make_plan(workload, host, device=reference)
+    assert plan.budget_bytes == 1024 * MB
+    default = next(e for e in plan.entries if e.knobs == EngineKnobs(threads=host.threads))
+    # the reference phone is calibrated on this very configuration: 3.85 s per step
+    assert default.device_step_time_s == pytest.approx(3.85, rel=1e-6)
+    slower = make_plan(workload, host, device=get_device("android-4gb"))
+    assert slower.budget_bytes == 512 * MB
+    assert slower.entries[0].device_step_time_s > plan.entries[0].device_step_time_s
+    assert make_plan(workload, host, device=get_device("custom")).entries[0] \
+        .device_step_time_s is None
