@@ -18,7 +18,7 @@ from mebp_core.config import TrainConfig
 from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.calibration import load_calibration
 from mebp_core.plan.planner import make_plan
-from mebp_core.plan.predict import MB, Workload
+from mebp_core.plan.workload import MB, Workload
 
 MEMORY_TOLERANCE = 0.15
 TIME_TOLERANCE = 0.25
@@ -60,10 +60,12 @@ def run_plan_check(spec: PlanCheckSpec) -> dict:
                 print(f"{model} seq {seq_len}: {entry.id}", file=sys.stderr, flush=True)
                 measured = run_worker(worker_argv("mebp", packed, *options))
                 rows.append(_row(model, seq_len, entry, measured))
+                print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
             if spec.with_peft and model.startswith("preset:"):
                 hf = preset_hf_dir(model.removeprefix("preset:"),
                                    default_cache_dir() / "hf-presets")
-                options = ["--seq-len", str(seq_len), "--steps", str(spec.steps)]
+                options = ["--seq-len", str(seq_len), "--steps", str(spec.steps), "--dtype",
+                           spec.compute_dtype]
                 peft = run_worker(worker_argv("peft", hf, *options))
                 baselines.append({"model": model, "seq_len": seq_len,
                                   "s_per_step": peft["s_per_step"],
@@ -114,7 +116,7 @@ def format_plan_check(report: dict) -> str:
     for base in report["peft"]:
         fastest = min((r for r in report["rows"] if r["model"] == base["model"]
                        and r["seq_len"] == base["seq_len"]), key=lambda r: r["measured_s"])
-        lines.append(f"{base['model']} seq {base['seq_len']}: transformers + PEFT (bf16) "
+        lines.append(f"{base['model']} seq {base['seq_len']}: transformers + PEFT "
                      f"{base['s_per_step']:.2f} s/step, {base['peak_anon_mb']:.0f} MB; fastest "
                      f"front config {fastest['measured_s'] / base['s_per_step']:.2f}x its time")
     return "\n".join(lines)

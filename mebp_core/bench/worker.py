@@ -109,7 +109,7 @@ def run_engine(args: argparse.Namespace) -> dict:
 
 
 def run_peft(args: argparse.Namespace) -> dict:
-    """transformers + PEFT in bf16: what a user would pick instead on a CPU box."""
+    """transformers + PEFT (bf16 unless ``--dtype``): what a user would pick on a CPU box."""
     import peft
     import torch
     import transformers
@@ -121,7 +121,7 @@ def run_peft(args: argparse.Namespace) -> dict:
     gc.collect()
     with MemorySampler() as sampler:  # baseline: torch, transformers and peft imported
         model = transformers.AutoModelForCausalLM.from_pretrained(args.model,
-                                                                  dtype=torch.bfloat16)
+                                                                  dtype=getattr(torch, args.dtype))
         lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS,
                                lora_dropout=0.0, task_type="CAUSAL_LM")
         model = peft.get_peft_model(model, lora)

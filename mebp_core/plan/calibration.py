@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import platform
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from mebp_core.errors import MebpError
 
-CALIBRATION_VERSION = 2
+CALIBRATION_VERSION = 3
 
 
 class CalibrationError(MebpError, RuntimeError):
@@ -28,7 +29,8 @@ class CalibrationError(MebpError, RuntimeError):
 class HostCalibration:
     threads: int
     runtime_anon_bytes: int  # anonymous memory after the imports of a training run
-    matmul_flops: dict[str, dict[str, float]]  # dtype -> tokens per matmul -> FLOP/s
+    # dtype -> form ("nt" forward, "nn" input gradient) -> output width -> tokens -> FLOP/s
+    matmul_flops: dict[str, dict[str, dict[str, dict[str, float]]]]
     decompress_params_per_s: dict[str, dict[str, float]]  # quant -> dtype -> params/s
     elementwise_bytes_per_s: float
     op_overhead_s: float
@@ -37,18 +39,37 @@ class HostCalibration:
     torch: str = ""
     host: str = ""
 
-    def matmul_rate(self, dtype: str, tokens: int) -> float:
-        """FLOP/s of an (tokens x d) @ (d x f) matmul, interpolated between measured sizes."""
-        points = sorted((int(k), v) for k, v in self.matmul_flops[dtype].items())
-        if tokens <= points[0][0]:
-            return points[0][1] * tokens / points[0][0]  # small matmuls are overhead-bound
-        for (t0, r0), (t1, r1) in zip(points, points[1:], strict=False):
-            if tokens <= t1:
-                return r0 + (r1 - r0) * (tokens - t0) / (t1 - t0)
-        return points[-1][1]
+    def matmul_rate(self, dtype: str, tokens: int, out: int = 4096, form: str = "nt") -> float:
+        """FLOP/s of a (tokens x in) by (in x out) matmul: interpolated in log tokens and log
+        width between the measured points, flat beyond them (below the fewest tokens
+        measured, the rate falls in proportion: small matmuls are overhead-bound)."""
+        table = self.matmul_flops[dtype][form]
+        widths = sorted(int(w) for w in table)
+        low, high, frac = _bracket(widths, out)
+        rate = _interpolate_tokens(table[str(low)], tokens) * (1 - frac) + \
+            _interpolate_tokens(table[str(high)], tokens) * frac
+        return rate
 
     def decompress_rate(self, quant: str, dtype: str) -> float:
         return self.decompress_params_per_s[quant][dtype]
+
+
+def _bracket(points: list[int], value: float) -> tuple[int, int, float]:
+    """The measured points around ``value`` and its position between them in log scale."""
+    if value <= points[0]:
+        return points[0], points[0], 0.0
+    for low, high in zip(points, points[1:], strict=False):
+        if value <= high:
+            return low, high, math.log(value / low) / math.log(high / low)
+    return points[-1], points[-1], 0.0
+
+
+def _interpolate_tokens(rates: dict[str, float], tokens: int) -> float:
+    points = sorted(int(t) for t in rates)
+    if tokens < points[0]:
+        return rates[str(points[0])] * tokens / points[0]
+    low, high, frac = _bracket(points, tokens)
+    return rates[str(low)] * (1 - frac) + rates[str(high)] * frac
 
 
 def cpu_model() -> str:

@@ -73,7 +73,8 @@ def _reference_flops(reference: dict) -> float:
     configuration (default MeBP knobs) over the published seconds per step."""
     from mebp_core.config import EngineKnobs
     from mebp_core.plan.arch import load_architecture
-    from mebp_core.plan.predict import Workload, count_step_flops
+    from mebp_core.plan.timing import count_step_flops
+    from mebp_core.plan.workload import Workload
 
     workload = Workload(arch=load_architecture(reference["model"]),
                         seq_len=reference["seq_len"])

@@ -15,13 +15,20 @@ import time
 
 from mebp_core.engine.memory import read_anon_rss_bytes
 
-MATMUL_TOKENS = (64, 256, 1024, 4096)  # tokens per matmul, from short batches to long ones
+MATMUL_TOKENS = (64, 256, 1024)  # tokens per matmul: short batches to long ones (flat beyond)
+MATMUL_OUTS = (256, 1024, 4096)  # output widths: small tiles to whole MLP projections
 _D, _F = 1024, 2816  # a small model's hidden and MLP sizes
 
 
-def _best_time(fn, repeats: int = 5) -> float:
+SLOW_S = 0.2  # a measurement this slow is not repeated, and larger sizes are not tried
+
+
+def _best_time(fn, repeats: int = 3) -> float:
+    start = time.perf_counter()
     fn()  # warm up (first touch, kernel selection)
-    best = float("inf")
+    best = time.perf_counter() - start
+    if best > SLOW_S:
+        return best
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
@@ -42,16 +49,9 @@ def measure(threads: int | None) -> dict:
     result: dict = {"threads": torch.get_num_threads(), "runtime_anon_bytes": runtime_anon,
                     "torch": torch.__version__}
     gen = torch.Generator().manual_seed(0)
-    matmul: dict[str, dict[str, float]] = {}
-    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        w = (torch.randn(_F, _D, generator=gen) * 0.02).to(dtype)
-        rates = {}
-        for tokens in MATMUL_TOKENS:
-            x = torch.randn(tokens, _D, generator=gen).to(dtype)
-            seconds = _best_time(lambda x=x, w=w: x @ w.T)
-            rates[str(tokens)] = 2 * tokens * _D * _F / seconds
-        matmul[name] = rates
-    result["matmul_flops"] = matmul
+    result["matmul_flops"] = {name: _matmul_rates(dtype, gen)
+                              for name, dtype in (("float32", torch.float32),
+                                                  ("bfloat16", torch.bfloat16))}
 
     weight = torch.randn(_F, _D, generator=gen) * 0.02
     decompress: dict[str, dict[str, float]] = {}
@@ -88,6 +88,30 @@ def measure(threads: int | None) -> dict:
     result["op_overhead_s"] = seconds / 200
     result["disk_read_bytes_per_s"] = _disk_read_rate()
     return result
+
+
+def _matmul_rates(dtype, gen) -> dict[str, dict[str, dict[str, float]]]:
+    """FLOP/s by form, output width and tokens. "nt" is a projection's forward (x @ W^T,
+    out = W's rows); "nn" its input gradient (g @ W, W's rows = out, the reduction)."""
+    import torch
+
+    rates: dict[str, dict[str, dict[str, float]]] = {"nt": {}, "nn": {}}
+    for out in MATMUL_OUTS:
+        w = (torch.randn(out, _D, generator=gen) * 0.02).to(dtype)
+        rates["nt"][str(out)], rates["nn"][str(out)] = {}, {}
+        for form in ("nt", "nn"):
+            for tokens in MATMUL_TOKENS:  # beyond the last size measured the rate is flat
+                flops = 2 * tokens * _D * out
+                if form == "nt":
+                    x = torch.randn(tokens, _D, generator=gen).to(dtype)
+                    seconds = _best_time(lambda x=x, w=w: x @ w.T)
+                else:
+                    g = torch.randn(tokens, out, generator=gen).to(dtype)
+                    seconds = _best_time(lambda g=g, w=w: g @ w)
+                rates[form][str(out)][str(tokens)] = flops / seconds
+                if seconds > SLOW_S:
+                    break
+    return rates
 
 
 def _disk_read_rate(nbytes: int = 64 << 20) -> float:

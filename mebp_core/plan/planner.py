@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.devices import DeviceProfile
-from mebp_core.plan.predict import MB, Prediction, Workload, predict
+from mebp_core.plan.predict import Prediction, predict
+from mebp_core.plan.workload import MB, Workload
 
 DEFAULT_MARGIN = 0.10  # a configuration fits when its predicted peak * 1.10 is within budget
 SMALL_TILE_BYTES = 1 << 20

@@ -11,8 +11,10 @@ from mebp_core.plan.calibration import HostCalibration
 def host() -> HostCalibration:
     return HostCalibration(
         threads=2, runtime_anon_bytes=150 << 20,
-        matmul_flops={"float32": {"64": 5e10, "256": 1e11, "4096": 1.2e11},
-                      "bfloat16": {"64": 1e11, "256": 2e11, "4096": 2.4e11}},
+        matmul_flops={dtype: {form: {"256": {"64": 3e10 * f, "2048": 8e10 * f},
+                                        "4096": {"64": 5e10 * f, "2048": 1.2e11 * f}}
+                              for form in ("nt", "nn")}
+                      for dtype, f in (("float32", 1.0), ("bfloat16", 2.0))},
         decompress_params_per_s={q: {"float32": 3e9, "bfloat16": 3e9}
                                  for q in ("int4", "int8", "none")},
         elementwise_bytes_per_s=5e10, op_overhead_s=2e-6, decompress_call_s=5e-5,

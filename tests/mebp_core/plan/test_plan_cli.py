@@ -66,7 +66,11 @@ def test_the_host_measurement_runs_and_gives_positive_rates():
     host = measure_host(threads=1)
     assert host.threads == 1
     assert 50 << 20 < host.runtime_anon_bytes < 1 << 30
-    assert all(rate > 0 for rates in host.matmul_flops.values() for rate in rates.values())
+    for dtype in ("float32", "bfloat16"):
+        for form in ("nt", "nn"):
+            table = host.matmul_flops[dtype][form]
+            assert table and all(rate > 0 for rates in table.values() for rate in rates.values())
+            assert host.matmul_rate(dtype, 4096, 8192, form) > 0
     assert host.decompress_rate("int4", "float32") > 0
     assert host.matmul_rate("float32", 128) > 0
     assert host.elementwise_bytes_per_s > 0 and host.disk_read_bytes_per_s > 0

@@ -9,8 +9,9 @@ from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.devices import get_device, load_devices
 from mebp_core.plan.planner import candidate_knobs, make_plan
-from mebp_core.plan.predict import COMPONENTS, MB, Workload, predict
+from mebp_core.plan.predict import COMPONENTS, predict
 from mebp_core.plan.resident import select_resident
+from mebp_core.plan.workload import MB, Workload
 
 
 @pytest.fixture
@@ -129,3 +130,11 @@ def test_devices_cover_the_mission_profiles_and_estimate_time(workload, host):
     assert slower.entries[0].device_step_time_s > plan.entries[0].device_step_time_s
     assert make_plan(workload, host, device=get_device("custom")).entries[0] \
         .device_step_time_s is None
+
+
+def test_matmul_rates_interpolate_between_measured_shapes(host):
+    assert host.matmul_rate("float32", 2048, 4096) == pytest.approx(1.2e11)
+    assert host.matmul_rate("float32", 2048, 1024) == pytest.approx((8e10 + 1.2e11) / 2)
+    assert host.matmul_rate("float32", 32, 4096) == pytest.approx(5e10 / 2)  # overhead-bound
+    assert host.matmul_rate("float32", 1 << 20, 1 << 20) == pytest.approx(1.2e11)  # flat
+    assert host.matmul_rate("bfloat16", 2048, 4096, "nn") == pytest.approx(2.4e11)

@@ -1,0 +1,175 @@
+"""Step time of one configuration: matmuls projection by projection at the host's measured
+rate for their shape, decompressions, elementwise traffic and per-op overhead.
+
+The engine's passes: a forward without autograd (lazy weights tiled), then per block a
+recompute under autograd and its backward (whole decompressed weights when shared, tiles
+otherwise); with checkpoints every k blocks each segment's forward is re-run first; without
+checkpoints one forward under autograd and one backward, both tiled.
+"""
+
+from __future__ import annotations
+
+import math
+
+from mebp_core.config import EngineKnobs
+from mebp_core.plan.calibration import HostCalibration
+from mebp_core.plan.workload import (
+    DTYPE_BYTES,
+    Workload,
+    adapted_projections,
+    saved_bytes_per_token,
+)
+
+# Elementwise passes over a block's activations per forward, in units of its saved bytes.
+ELEMENTWISE_PASSES = 3.0
+OPS_PER_BLOCK_FORWARD = 100  # torch ops dispatched by one block's forward (backward ~2x)
+
+
+def pass_counts(workload: Workload, knobs: EngineKnobs) -> dict[str, int]:
+    """Block passes per step by kind: tiled or whole-weight forwards and backwards."""
+    layers, every = workload.arch.num_layers, knobs.checkpoint_blocks
+    if every == "none":
+        return {"tiled_forward": layers, "whole_forward": 0, "tiled_backward": layers,
+                "whole_backward": 0, "rerun": 0}
+    rerun = sum(min(every, layers - first) - 1 for first in range(0, layers, every))
+    shared = knobs.share_decompression
+    return {"tiled_forward": layers + rerun + (0 if shared else layers),
+            "whole_forward": layers if shared else 0,
+            "tiled_backward": 0 if shared else layers,
+            "whole_backward": layers if shared else 0, "rerun": rerun}
+
+
+def count_step_flops(workload: Workload, knobs: EngineKnobs) -> float:
+    """Matmul FLOPs of one step: frozen projections, LoRA branches, attention, the head."""
+    arch, n = workload.arch, workload.tokens
+    passes = pass_counts(workload, knobs)
+    forwards = passes["tiled_forward"] + passes["whole_forward"]
+    backwards = passes["tiled_backward"] + passes["whole_backward"]
+    frozen = 2 * n * arch.block_params()
+    lora = sum(2 * n * workload.lora.rank * (inp + out)
+               for out, inp in adapted_projections(workload).values())
+    attention = _attention_flops(workload)
+    per_forward = frozen + lora + attention
+    per_backward = frozen + 2.5 * lora + 2.5 * attention  # input grads; LoRA A/B grads
+    head = 4 * n * arch.vocab_size * arch.hidden_size  # logits, then the gradient accumulator
+    return forwards * per_forward + backwards * per_backward + head
+
+
+def step_time(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
+              resident: set[str]) -> tuple[dict[str, float], float]:
+    """Seconds per step by part, and the step's matmul FLOPs."""
+    time = {"matmul": _matmul_s(workload, knobs, host, resident),
+            "decompress": _decompress_s(workload, knobs, host, resident),
+            "elementwise": _elementwise_s(workload, knobs, host, resident),
+            "overhead": _overhead_s(workload, knobs, host)}
+    return time, count_step_flops(workload, knobs)
+
+
+def _attention_flops(workload: Workload) -> float:
+    arch = workload.arch
+    return 2 * workload.tokens * workload.seq_len * arch.num_heads * arch.head_dim  # causal
+
+
+def _resident_blocks(workload: Workload, resident: set[str]) -> dict[str, int]:
+    """Per projection suffix, how many blocks hold it resident."""
+    counts = dict.fromkeys(workload.arch.projections(), 0)
+    for name in resident:
+        if "layers" in name:
+            counts[name.split(".")[-2]] += 1
+    return counts
+
+
+def _tile_rows(rows: int, cols: int, tile_bytes: int, e: int) -> int:
+    return max(1, min(rows, tile_bytes // (cols * e)))
+
+
+def _matmul_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
+              resident: set[str]) -> float:
+    arch, n, dtype = workload.arch, workload.tokens, workload.compute_dtype
+    e = DTYPE_BYTES[dtype]
+    passes = pass_counts(workload, knobs)
+    layers = arch.num_layers
+    resident_blocks = _resident_blocks(workload, resident)
+    seconds = 0.0
+    for suffix, (out, inp) in arch.projections().items():
+        flops = 2 * n * out * inp
+        tile = _tile_rows(out, inp, knobs.decompress_tile_bytes, e)
+        whole_fwd = host.matmul_rate(dtype, n, out, "nt")
+        whole_bwd = host.matmul_rate(dtype, n, out, "nn")
+        tiled_fwd = host.matmul_rate(dtype, n, tile, "nt")
+        tiled_bwd = host.matmul_rate(dtype, n, tile, "nn")
+        share = resident_blocks[suffix] / layers  # resident blocks never tile
+        for kind, tiled_rate, whole_rate in (("forward", tiled_fwd, whole_fwd),
+                                             ("backward", tiled_bwd, whole_bwd)):
+            tiled, whole = passes[f"tiled_{kind}"], passes[f"whole_{kind}"]
+            seconds += flops * (tiled * (1 - share) / tiled_rate +
+                                (tiled * share + whole) / whole_rate)
+    forwards = passes["tiled_forward"] + passes["whole_forward"]
+    backwards = passes["tiled_backward"] + passes["whole_backward"]
+    attention = _attention_flops(workload) * (forwards + 2.5 * backwards)
+    seconds += attention / host.matmul_rate(dtype, n, workload.seq_len, "nt")
+    head_rows = arch.vocab_size if arch.head_weight_name() in resident else \
+        _tile_rows(arch.vocab_size, arch.hidden_size, knobs.loss_vocab_tile_bytes, e)
+    head_flops = 2 * n * arch.vocab_size * arch.hidden_size
+    head_tile = _tile_rows(head_rows, arch.hidden_size, knobs.loss_vocab_tile_bytes, e)
+    seconds += head_flops / host.matmul_rate(dtype, n, head_tile, "nt")
+    seconds += head_flops / host.matmul_rate(dtype, n, head_tile, "nn")
+    return seconds
+
+
+def _decompress_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
+                  resident: set[str]) -> float:
+    """Parameters decompressed per step over the measured rate, plus a fixed cost per call
+    (one per tile, or one per projection when a block is decompressed whole)."""
+    arch, e, dtype = workload.arch, DTYPE_BYTES[workload.compute_dtype], workload.compute_dtype
+    passes = pass_counts(workload, knobs)
+    layers = arch.num_layers
+    # per block weight: its share of the step's block passes (a shared block is decompressed
+    # once for its recompute and its backward)
+    tiled_uses = (passes["tiled_forward"] + passes["tiled_backward"]) / layers
+    whole_uses = passes["whole_backward"] / layers
+    params = calls = 0.0
+    for name, count in arch.frozen_weights():
+        if name in resident:
+            continue
+        if "layers" not in name:  # the head: once per step, in vocabulary tiles
+            rows, cols = arch.vocab_size, arch.hidden_size
+            params += count
+            calls += math.ceil(rows / _tile_rows(rows, cols, knobs.loss_vocab_tile_bytes, e))
+            continue
+        rows, cols = arch.projections()[name.split(".")[-2]]
+        tiles = math.ceil(rows / _tile_rows(rows, cols, knobs.decompress_tile_bytes, e))
+        params += count * (tiled_uses + whole_uses)
+        calls += tiles * tiled_uses + whole_uses
+    rate = host.decompress_rate(workload.quant, dtype)
+    return params / rate + calls * (host.decompress_call_s + 3 * host.op_overhead_s)
+
+
+def _elementwise_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
+                   resident: set[str]) -> float:
+    """Activation traffic of the blocks, the logits' softmax passes, the LoRA branches
+    (rank-r matmuls are bandwidth-bound) and the tiled projections' copies."""
+    arch, n, e = workload.arch, workload.tokens, DTYPE_BYTES[workload.compute_dtype]
+    passes = pass_counts(workload, knobs)
+    forwards = passes["tiled_forward"] + passes["whole_forward"]
+    backwards = passes["tiled_backward"] + passes["whole_backward"]
+    block = n * saved_bytes_per_token(workload, knobs) * ELEMENTWISE_PASSES
+    logits = n * arch.vocab_size * (4 * 6 + e)
+    lora = sum(n * (inp + out) * e for out, inp in adapted_projections(workload).values())
+    traffic = (forwards + 2 * backwards) * block + logits + (forwards + 3 * backwards) * lora
+    resident_blocks = _resident_blocks(workload, resident)
+    for suffix, (out, inp) in arch.projections().items():
+        lazy = 1 - resident_blocks[suffix] / arch.num_layers
+        tiles = math.ceil(out / _tile_rows(out, inp, knobs.decompress_tile_bytes, e))
+        # a forward tile's output is copied into its columns; a backward tile's partial
+        # input gradient is added into the whole
+        traffic += lazy * passes["tiled_forward"] * n * out * e * 2
+        traffic += lazy * passes["tiled_backward"] * tiles * n * inp * e * 3
+    return traffic / host.elementwise_bytes_per_s
+
+
+def _overhead_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> float:
+    passes = pass_counts(workload, knobs)
+    forwards = passes["tiled_forward"] + passes["whole_forward"]
+    backwards = passes["tiled_backward"] + passes["whole_backward"]
+    return (forwards + 2 * backwards) * OPS_PER_BLOCK_FORWARD * host.op_overhead_s
