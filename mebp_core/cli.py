@@ -142,6 +142,8 @@ def _run_train(args: argparse.Namespace) -> int:
     from mebp_core.store.resolve import resolve_model
 
     config = _train_config(args)
+    if args.plan_budget_mb is not None:
+        config = _planned(config, args)
     checkpoint_dir = args.checkpoint_dir or args.out.with_name(args.out.name + ".checkpoint")
     # A first use packs the model in a child process: not part of the training footprint.
     model_dir = resolve_model(args.model, quant=config.quant, group_size=config.group_size,
@@ -162,6 +164,21 @@ def _run_train(args: argparse.Namespace) -> int:
               f"{result.checkpoint_dir}; continue with --resume", file=sys.stderr)
         return 128 + stop.signal_number
     return 0
+
+
+def _planned(config, args: argparse.Namespace):
+    """The config with the knobs the planner picks for ``--plan-budget-mb``."""
+    from mebp_core.cache import default_cache_dir
+    from mebp_core.plan.arch import load_architecture
+    from mebp_core.plan.calibration import load_calibration
+    from mebp_core.plan.planner import auto_knobs, knobs_id
+
+    host = load_calibration(default_cache_dir(), config.knobs.threads)
+    knobs = auto_knobs(load_architecture(args.model), config, host,
+                       int(args.plan_budget_mb * (1 << 20)))
+    print(f"planner: {knobs_id(knobs)} (the fastest predicted to fit "
+          f"{args.plan_budget_mb:.0f} MB)", file=sys.stderr)
+    return config.model_copy(update={"knobs": knobs})
 
 
 def _train_config(args: argparse.Namespace):
@@ -206,6 +223,9 @@ def _add_knob_arguments(knobs) -> None:
     knobs.add_argument("--loss-tile-bytes", type=parse_size, default=8 << 20, metavar="SIZE",
                        help="output-head rows per loss chunk")
     knobs.add_argument("--threads", type=int, help="torch intra-op threads")
+    knobs.add_argument("--plan-budget-mb", type=float, metavar="MB",
+                       help="let the planner pick the knobs: the fastest configuration "
+                       "predicted to fit MB (overrides the knob options above)")
 
 
 def parse_size(text: str) -> int:

@@ -8,7 +8,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 
-from mebp_core.config import EngineKnobs
+from mebp_core.config import EngineKnobs, TrainConfig
+from mebp_core.errors import MebpError
+from mebp_core.plan.arch import Architecture
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.devices import DeviceProfile
 from mebp_core.plan.predict import Prediction, predict
@@ -164,6 +166,29 @@ def make_plan(workload: Workload, host: HostCalibration, *, budget_bytes: int | 
         entries.append(PlanEntry(knobs_id(k), k, p, feasible, reason, id(p) in front,
                                  device_time))
     return Plan(workload, budget_bytes, margin, device, entries)
+
+
+class InfeasibleBudgetError(MebpError, ValueError):
+    """No configuration is predicted to fit the budget; says the smallest budget that would."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.smallest_budget_mb = plan.smallest_budget_bytes() / MB
+        self.dominant_component = plan.smallest.prediction.dominant_component()
+        super().__init__(
+            f"no configuration fits {plan.budget_bytes / MB:.0f} MB (with the "
+            f"{plan.margin:.0%} margin); the smallest budget that fits is "
+            f"{self.smallest_budget_mb:.0f} MB, where {self.dominant_component} dominates")
+
+
+def auto_knobs(arch: Architecture, config: TrainConfig, host: HostCalibration,
+               budget_bytes: int, margin: float = DEFAULT_MARGIN) -> EngineKnobs:
+    """The knobs of the fastest configuration predicted to fit ``budget_bytes`` (the
+    configuration's own thread count is kept)."""
+    plan = make_plan(Workload.from_config(arch, config), host, budget_bytes=budget_bytes,
+                     margin=margin)
+    if plan.auto is None:
+        raise InfeasibleBudgetError(plan)
+    return plan.auto.knobs.model_copy(update={"threads": config.knobs.threads})
 
 
 def _pareto_ids(predictions: list[tuple[EngineKnobs, Prediction]]) -> set[int]:

@@ -108,10 +108,9 @@ def _matmul_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
     backwards = passes["tiled_backward"] + passes["whole_backward"]
     attention = _attention_flops(workload) * (forwards + 2.5 * backwards)
     seconds += attention / host.matmul_rate(dtype, n, workload.seq_len, "nt")
-    head_rows = arch.vocab_size if arch.head_weight_name() in resident else \
-        _tile_rows(arch.vocab_size, arch.hidden_size, knobs.loss_vocab_tile_bytes, e)
+    # the head runs in vocabulary tiles, resident or not: logits, then the gradient sum
     head_flops = 2 * n * arch.vocab_size * arch.hidden_size
-    head_tile = _tile_rows(head_rows, arch.hidden_size, knobs.loss_vocab_tile_bytes, e)
+    head_tile = _tile_rows(arch.vocab_size, arch.hidden_size, knobs.loss_vocab_tile_bytes, e)
     seconds += head_flops / host.matmul_rate(dtype, n, head_tile, "nt")
     seconds += head_flops / host.matmul_rate(dtype, n, head_tile, "nn")
     return seconds
