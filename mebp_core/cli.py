@@ -169,10 +169,13 @@ def _run_train(args: argparse.Namespace) -> int:
 def _planned(config, args: argparse.Namespace):
     """The config with the knobs the planner picks for ``--plan-budget-mb``."""
     from mebp_core.cache import default_cache_dir
-    from mebp_core.plan.arch import load_architecture
+    from mebp_core.plan.arch import PlanInputError, load_architecture
     from mebp_core.plan.calibration import load_calibration
     from mebp_core.plan.planner import auto_knobs, knobs_id
 
+    if config.method != "mebp":
+        raise PlanInputError(f"--plan-budget-mb plans the mebp method's knobs; --method "
+                             f"{config.method} does not use them")
     host = load_calibration(default_cache_dir(), config.knobs.threads)
     knobs = auto_knobs(load_architecture(args.model), config, host,
                        int(args.plan_budget_mb * (1 << 20)))
@@ -199,10 +202,12 @@ def _train_config(args: argparse.Namespace):
             checkpoint_blocks=args.checkpoint_blocks, checkpoint_storage=args.checkpoint_storage,
             lora_hidden=args.lora_hidden, share_decompression=args.share_decompression,
             decompress_tile_bytes=args.decompress_tile_bytes,
-            loss_vocab_tile_bytes=args.loss_tile_bytes, threads=args.threads))
+            loss_vocab_tile_bytes=args.loss_vocab_tile_bytes, threads=args.threads))
 
 
 def _add_knob_arguments(knobs) -> None:
+    from mebp_core.plan.command import positive_float
+
     knobs.add_argument("--frozen-weights", choices=["lazy", "resident"], default="lazy",
                        help="decompress frozen weights on every use, or once and keep them")
     knobs.add_argument("--resident-weight-bytes", type=parse_size, metavar="SIZE",
@@ -220,10 +225,10 @@ def _add_knob_arguments(knobs) -> None:
                        "(faster) instead of twice, tile by tile (less memory)")
     knobs.add_argument("--decompress-tile-bytes", type=parse_size, default=8 << 20,
                        metavar="SIZE", help="rows decompressed at once by a lazy projection")
-    knobs.add_argument("--loss-tile-bytes", type=parse_size, default=8 << 20, metavar="SIZE",
-                       help="output-head rows per loss chunk")
+    knobs.add_argument("--loss-vocab-tile-bytes", type=parse_size, default=8 << 20,
+                       metavar="SIZE", help="output-head rows per loss chunk")
     knobs.add_argument("--threads", type=int, help="torch intra-op threads")
-    knobs.add_argument("--plan-budget-mb", type=float, metavar="MB",
+    knobs.add_argument("--plan-budget-mb", type=positive_float, metavar="MB",
                        help="let the planner pick the knobs: the fastest configuration "
                        "predicted to fit MB (overrides the knob options above)")
 
@@ -235,22 +240,26 @@ def parse_size(text: str) -> int:
     number = text[:-1] if scale != 1 else text
     try:
         value = float(number)
-    except ValueError:
+        nbytes = int(value * scale)
+    except (ValueError, OverflowError):
         raise argparse.ArgumentTypeError(
             f"not a size: {text!r} (e.g. 4096, 64K, 300M, 1G)") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"size must not be negative: {text!r}")
-    return int(value * scale)
+    return nbytes
 
 
 def _checkpoint_blocks(text: str) -> int | str:
     if text == "none":
         return text
     try:
-        return int(text)
+        blocks = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a block count or 'none', got {text!r}") from None
+        blocks = 0
+    if blocks < 1:
+        raise argparse.ArgumentTypeError(f"expected a block count of at least 1 or 'none', "
+                                         f"got {text!r}")
+    return blocks
 
 
 class _StopOnSignals:

@@ -27,8 +27,8 @@ class EngineKnobs(BaseModel):
 
     # Frozen weights decompressed from the store on every use ("lazy"), or decompressed once
     # and kept in RAM ("resident"), up to resident_weight_bytes if set (block projections
-    # first, from block 0, then the output head: each resident byte saves two decompressions
-    # per step in a block and one in the head).
+    # first, from block 0, then the output head: with the other knobs at their defaults a
+    # resident byte saves two decompressions per step in a block and one in the head).
     frozen_weights: FrozenWeights = "lazy"
     resident_weight_bytes: int | None = Field(default=None, ge=0)
     # Block inputs saved by the forward: every block (1), every k blocks (the backward

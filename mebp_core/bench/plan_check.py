@@ -61,7 +61,10 @@ def run_plan_check(spec: PlanCheckSpec) -> dict:
                 measured = run_worker(worker_argv("mebp", packed, *options))
                 rows.append(_row(model, seq_len, entry, measured))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-            if spec.with_peft and model.startswith("preset:"):
+            if spec.with_peft and not model.startswith("preset:"):
+                print(f"{model}: --with-peft needs a preset (a Hugging Face copy is generated "
+                      "from it); skipped", file=sys.stderr)
+            elif spec.with_peft:
                 hf = preset_hf_dir(model.removeprefix("preset:"),
                                    default_cache_dir() / "hf-presets")
                 options = ["--seq-len", str(seq_len), "--steps", str(spec.steps), "--dtype",
@@ -114,8 +117,11 @@ def format_plan_check(report: dict) -> str:
     lines.append(f"memory within {MEMORY_TOLERANCE:.0%}: {report['memory_within']}; "
                  f"time within {TIME_TOLERANCE:.0%}: {report['time_within']}")
     for base in report["peft"]:
-        fastest = min((r for r in report["rows"] if r["model"] == base["model"]
-                       and r["seq_len"] == base["seq_len"]), key=lambda r: r["measured_s"])
+        same = [r for r in report["rows"]
+                if r["model"] == base["model"] and r["seq_len"] == base["seq_len"]]
+        if not same:
+            continue
+        fastest = min(same, key=lambda r: r["measured_s"])
         lines.append(f"{base['model']} seq {base['seq_len']}: transformers + PEFT "
                      f"{base['s_per_step']:.2f} s/step, {base['peak_anon_mb']:.0f} MB; fastest "
                      f"front config {fastest['measured_s'] / base['s_per_step']:.2f}x its time")

@@ -119,6 +119,9 @@ def _head_weight(engine: EngineModel) -> torch.Tensor:
 
 def _decompress_once(engine: EngineModel, name: str, block: int,
                      dense: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The dense weight, reusing one the ``frozen_weights`` knob already made resident."""
+    if name not in dense and name in engine.working_set.resident:
+        dense[name] = engine.working_set.resident[name]
     if name not in dense:
         dense[name] = engine.store.dequantize(name, engine.dtype)
         engine.working_set.acquire(block, _nbytes(dense[name]))

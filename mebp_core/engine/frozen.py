@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from mebp_core.plan.resident import block_index
+
 
 class _Arena:
     """One reused flat buffer for decompressed weights. Filling warm memory runs ~5x faster
@@ -159,13 +161,8 @@ class WeightWorkingSet:
             leftover, self.shared = self.shared, None
             # Weights whose backward never ran (e.g. an exception) still count as released.
             for name, weight in leftover.items():
-                self.release(_block_of(name), weight.numel() * weight.element_size())
+                self.release(block_index(name), weight.numel() * weight.element_size())
             self._shared.reset()
-
-
-def _block_of(weight_name: str) -> int:
-    parts = weight_name.split(".")
-    return int(parts[parts.index("layers") + 1]) if "layers" in parts else -1
 
 
 class FrozenLinear(nn.Module):
@@ -180,7 +177,7 @@ class FrozenLinear(nn.Module):
         self.register_buffer("bias", bias, persistent=False)
         self.working_set = working_set
         self.dtype = dtype
-        self.block = _block_of(weight_name)
+        self.block = block_index(weight_name)
         row_bytes = self.in_features * dtype.itemsize
         self.tile_rows = max(1, min(self.out_features, tile_bytes // row_bytes))
 

@@ -1,7 +1,8 @@
 """The MeBP step: forward keeping only block inputs, backward block by block in reverse.
 
-Memory at any moment: the checkpoints (one (B, T, D) tensor per block), one block's
-recomputed activations, at most one block's decompressed weights, and the LoRA parameters.
+With the default knobs, memory at any moment is the checkpoints (one (B, T, D) tensor per
+block), one block's recomputed activations, at most one block's decompressed weights, and
+the LoRA parameters.
 The gradients are exactly those of plain autograd over the same model.
 
 The ``checkpoint_blocks`` knob trades this: with k > 1 only every k-th block input is saved
@@ -133,6 +134,8 @@ def _segment_inputs(engine: EngineModel, first_input: torch.Tensor, first: int, 
     with torch.no_grad():
         for index in range(first, stop - 1):
             inputs.append(engine.layers[index](inputs[-1], ctx))
+    if len(inputs) > 1 and engine.knobs.share_decompression:
+        engine.working_set.release_buffers(shared=False)  # the backward needs no tiles
     return inputs
 
 

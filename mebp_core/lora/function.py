@@ -1,4 +1,4 @@
-"""MeSP's LoRA branch: ``(x A^T) B^T * scaling`` that saves only x, A and B.
+"""MeSP's LoRA branch: ``(x A^T) B^T * scaling`` that saves x, A and B (and h if asked).
 
 By default the rank-r intermediate ``h = x A^T`` is recomputed in backward instead of stored:
 it costs one (N, in) x (in, r) matmul and saves N * r activations per adapted projection.

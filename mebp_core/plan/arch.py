@@ -14,6 +14,7 @@ from mebp_core.store.preset_configs import PRESET_CONFIGS
 PRESET_PREFIX = "preset:"
 # transformers' config defaults where hub configs may omit a field
 _DEFAULT_TIED = {"llama": False, "qwen2": False, "qwen3": False, "gemma3_text": True}
+_DEFAULT_MAX_POSITIONS = {"llama": 2048, "qwen2": 32768, "qwen3": 32768, "gemma3_text": 131072}
 _GEMMA3_DEFAULTS = dict(hidden_size=2304, num_hidden_layers=26, intermediate_size=9216,
                         num_attention_heads=8, num_key_value_heads=4, head_dim=256,
                         vocab_size=262_208, sliding_window=4096)
@@ -95,7 +96,8 @@ def architecture_from_config(config: dict[str, Any]) -> Architecture:
             head_dim=int(config.get("head_dim") or hidden // heads),
             vocab_size=int(config["vocab_size"]),
             tied_embeddings=bool(config.get("tie_word_embeddings", _DEFAULT_TIED[model_type])),
-            max_positions=int(config.get("max_position_embeddings", 2048)),
+            max_positions=int(config.get("max_position_embeddings",
+                                         _DEFAULT_MAX_POSITIONS[model_type])),
             sliding_layers=sliding,
             sliding_window=config.get("sliding_window") if sliding else None)
     except KeyError as exc:

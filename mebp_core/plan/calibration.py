@@ -7,12 +7,14 @@ different machine, or a different setting, is measured afresh.
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import json
 import math
 import os
 import platform
 import subprocess
 import sys
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -83,9 +85,13 @@ def cpu_model() -> str:
 
 
 def host_key(threads: int | None) -> str:
-    """Names what the figures depend on: CPU, cores, threads, Python, torch's pinned version."""
+    """Names what the figures depend on: CPU, cores, threads, Python and torch's version."""
+    try:
+        torch_version = importlib.metadata.version("torch")  # read without importing torch
+    except importlib.metadata.PackageNotFoundError:
+        torch_version = None
     text = json.dumps([CALIBRATION_VERSION, cpu_model(), os.cpu_count(), threads,
-                       platform.python_version()])
+                       platform.python_version(), torch_version])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -107,9 +113,10 @@ def load_calibration(cache_dir: Path, threads: int | None = None, *,
         return None
     calibration = measure_host(threads)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(calibration), indent=1))
-    tmp.replace(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:  # concurrent measurers each write their own file
+        handle.write(json.dumps(asdict(calibration), indent=1))
+    os.replace(tmp, path)
     return calibration
 
 
@@ -121,5 +128,9 @@ def measure_host(threads: int | None = None) -> HostCalibration:
     done = subprocess.run(command, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise CalibrationError(f"host measurement failed: {done.stderr.strip()[-2000:]}")
-    figures = json.loads(done.stdout)
-    return HostCalibration(host=cpu_model(), **figures)
+    try:
+        figures = json.loads(done.stdout)
+        return HostCalibration(host=cpu_model(), **figures)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise CalibrationError(f"host measurement printed no usable figures ({exc}): "
+                               f"{done.stdout[-500:]!r}") from None

@@ -26,14 +26,34 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compute-dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--quant", choices=["none", "int8", "int4"], default="int4")
     parser.add_argument("--group-size", type=int, default=64)
-    parser.add_argument("--budget-mb", type=float, help="memory budget (default: the device's)")
+    parser.add_argument("--budget-mb", type=positive_float,
+                        help="memory budget (default: the device's)")
     parser.add_argument("--device", help="a device profile id (see --list-devices)")
-    parser.add_argument("--margin", type=float, default=DEFAULT_MARGIN,
+    parser.add_argument("--margin", type=non_negative_float, default=DEFAULT_MARGIN,
                         help="safety margin on predicted peaks (default 0.10)")
     parser.add_argument("--threads", type=int, help="torch threads the runs will use")
     parser.add_argument("--all", action="store_true",
                         help="list every configuration, not only the Pareto front")
     parser.add_argument("--json", action="store_true", help="print the whole plan as JSON")
+
+
+def positive_float(text: str) -> float:
+    return _bounded_float(text, allow_zero=False)
+
+
+def non_negative_float(text: str) -> float:
+    return _bounded_float(text, allow_zero=True)
+
+
+def _bounded_float(text: str, *, allow_zero: bool) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (value >= 0 if allow_zero else value > 0) or value == float("inf"):
+        kind = "non-negative" if allow_zero else "positive"
+        raise argparse.ArgumentTypeError(f"must be a {kind} number, got {text!r}")
+    return value
 
 
 def build_plan(args: argparse.Namespace) -> Plan:
@@ -72,10 +92,10 @@ def format_plan(plan: Plan, show_all: bool = False) -> str:
     lines.append("")
     lines.append(f"budget: {'none' if budget is None else f'{budget:.0f} MB'} "
                  f"(margin {plan.margin:.0%}); smallest budget that fits: "
-                 f"{summary['smallest_budget_mb']:.0f} MB, dominated by "
+                 f"{summary['smallest_budget_mb']} MB, dominated by "
                  f"{summary['dominant_component']}")
     lines.append(f"auto (*): {summary['auto'] or 'nothing fits'}")
-    if plan.device is not None and plan.auto is not None:
+    if plan.auto is not None and plan.auto.device_step_time_s is not None:
         lines.append(f"{plan.device.name}: about {plan.auto.device_step_time_s:.2f} s/step "
                      "(an estimate from its compute figure)")
     return "\n".join(lines)

@@ -13,6 +13,7 @@ import os
 import tempfile
 import time
 
+from mebp_core.cache import default_cache_dir
 from mebp_core.engine.memory import read_anon_rss_bytes
 
 MATMUL_TOKENS = (64, 256, 1024)  # tokens per matmul: short batches to long ones (flat beyond)
@@ -116,7 +117,9 @@ def _matmul_rates(dtype, gen) -> dict[str, dict[str, dict[str, float]]]:
 
 def _disk_read_rate(nbytes: int = 64 << 20) -> float:
     """Cold sequential read of a fresh file: its pages are dropped from the page cache first."""
-    with tempfile.NamedTemporaryFile(dir=os.environ.get("MEBP_CACHE_DIR")) as handle:
+    cache = default_cache_dir()  # where packed stores live: the disk that matters
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=cache) as handle:
         handle.write(os.urandom(1 << 20) * (nbytes >> 20))
         handle.flush()
         os.fsync(handle.fileno())

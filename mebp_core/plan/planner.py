@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 from mebp_core.config import EngineKnobs, TrainConfig
@@ -13,8 +14,8 @@ from mebp_core.errors import MebpError
 from mebp_core.plan.arch import Architecture
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.devices import DeviceProfile
-from mebp_core.plan.predict import Prediction, predict
-from mebp_core.plan.workload import MB, Workload
+from mebp_core.plan.predict import Prediction, predict, under_budget
+from mebp_core.plan.workload import DTYPE_BYTES, MB, Workload
 
 DEFAULT_MARGIN = 0.10  # a configuration fits when its predicted peak * 1.10 is within budget
 SMALL_TILE_BYTES = 1 << 20
@@ -73,7 +74,11 @@ class Plan:
 
     def smallest_budget_bytes(self) -> int:
         """The least budget under which some configuration fits, margin included."""
-        return int(self.smallest.prediction.peak_bytes * (1 + self.margin)) + 1
+        return math.ceil(self.smallest.prediction.peak_bytes * (1 + self.margin))
+
+    def smallest_budget_mb(self) -> int:
+        """That budget in whole MB, rounded up: asking for it always fits."""
+        return math.ceil(self.smallest_budget_bytes() / MB)
 
     def to_json(self) -> dict:
         auto = self.auto
@@ -88,12 +93,12 @@ class Plan:
                          "optimizer": self.workload.optimizer,
                          "compute_dtype": self.workload.compute_dtype,
                          "quant": self.workload.quant, "group_size": self.workload.group_size},
-            "budget_mb": None if self.budget_bytes is None else self.budget_bytes / MB,
+            "budget_mb": None if self.budget_bytes is None else round(self.budget_bytes / MB, 1),
             "margin": self.margin,
             "device": None if self.device is None else self.device.to_json(),
             "auto": None if auto is None else auto.id,
-            "feasible": auto is not None,
-            "smallest_budget_mb": round(self.smallest_budget_bytes() / MB, 1),
+            "feasible": None if self.budget_bytes is None else auto is not None,
+            "smallest_budget_mb": self.smallest_budget_mb(),
             "dominant_component": smallest.prediction.dominant_component(),
             "pareto": [e.id for e in self.pareto],
             "configurations": [e.to_json() for e in self.entries],
@@ -105,9 +110,11 @@ def candidate_knobs(workload: Workload, threads: int | None = None) -> list[Engi
     checkpoints every 1, 2, 4 blocks or none, in RAM or a file; LoRA h kept or not; one
     decompression per block or two; default or small tiles."""
     arch = workload.arch
-    e = 4 if workload.compute_dtype == "float32" else 2
+    e = DTYPE_BYTES[workload.compute_dtype]
     total = sum(params for _, params in arch.frozen_weights()) * e
-    weights = [("lazy", None), *[("resident", int(total * f)) for f in (0.25, 0.5, 0.75)],
+    # budgets rounded to whole KB keep the configuration ids short and exact
+    weights = [("lazy", None),
+               *[("resident", int(total * f) >> 10 << 10) for f in (0.25, 0.5, 0.75)],
                ("resident", None)]
     checkpoint_blocks = [1, 2, 4, "none"]
     out = []
@@ -133,12 +140,22 @@ def knobs_id(knobs: EngineKnobs) -> str:
     elif knobs.resident_weight_bytes is None:
         weights = "resident"
     else:
-        weights = f"resident{knobs.resident_weight_bytes // MB}M"
+        weights = f"resident{_size(knobs.resident_weight_bytes)}"
     every = knobs.checkpoint_blocks
     checkpoints = "nockpt" if every == "none" else f"ckpt{every}-{knobs.checkpoint_storage}"
+    tiles = f"tile{_size(knobs.decompress_tile_bytes)}"
+    if knobs.loss_vocab_tile_bytes != knobs.decompress_tile_bytes:
+        tiles += f"-loss{_size(knobs.loss_vocab_tile_bytes)}"
     return "-".join([weights, checkpoints, f"h-{knobs.lora_hidden}",
-                     "shared" if knobs.share_decompression else "unshared",
-                     f"tile{knobs.decompress_tile_bytes // MB}M"])
+                     "shared" if knobs.share_decompression else "unshared", tiles])
+
+
+def _size(nbytes: int) -> str:
+    """Exact and short: ``8M`` for 8 MiB, ``1536K``, ``1000B``."""
+    for unit, scale in (("M", MB), ("K", 1 << 10)):
+        if nbytes % scale == 0:
+            return f"{nbytes // scale}{unit}"
+    return f"{nbytes}B"
 
 
 def make_plan(workload: Workload, host: HostCalibration, *, budget_bytes: int | None = None,
@@ -151,6 +168,8 @@ def make_plan(workload: Workload, host: HostCalibration, *, budget_bytes: int | 
         budget_bytes = device.budget_bytes
     candidates = knobs if knobs is not None else candidate_knobs(workload, host.threads)
     predictions = [(k, predict(workload, k, host)) for k in candidates]
+    if budget_bytes is not None:
+        predictions = [(k, under_budget(p, budget_bytes, host)) for k, p in predictions]
     front = _pareto_ids(predictions)
     entries = []
     for k, p in predictions:
@@ -159,7 +178,7 @@ def make_plan(workload: Workload, host: HostCalibration, *, budget_bytes: int | 
             needed = p.peak_bytes * (1 + margin)
             feasible = needed <= budget_bytes
             if not feasible:
-                reason = (f"needs {needed / MB:.0f} MB with the {margin:.0%} margin, budget "
+                reason = (f"needs {math.ceil(needed / MB)} MB with the {margin:.0%} margin, budget "
                           f"{budget_bytes / MB:.0f} MB; largest part: "
                           f"{p.dominant_component()} {max(p.memory.values()) / MB:.0f} MB")
         device_time = None if device is None else device.estimate_step_time(p)
@@ -172,12 +191,12 @@ class InfeasibleBudgetError(MebpError, ValueError):
     """No configuration is predicted to fit the budget; says the smallest budget that would."""
 
     def __init__(self, plan: Plan) -> None:
-        self.smallest_budget_mb = plan.smallest_budget_bytes() / MB
+        self.smallest_budget_mb = plan.smallest_budget_mb()
         self.dominant_component = plan.smallest.prediction.dominant_component()
         super().__init__(
             f"no configuration fits {plan.budget_bytes / MB:.0f} MB (with the "
             f"{plan.margin:.0%} margin); the smallest budget that fits is "
-            f"{self.smallest_budget_mb:.0f} MB, where {self.dominant_component} dominates")
+            f"{self.smallest_budget_mb} MB, where {self.dominant_component} dominates")
 
 
 def auto_knobs(arch: Architecture, config: TrainConfig, host: HostCalibration,

@@ -2,10 +2,10 @@
 (the time model is in ``timing``).
 
 Memory follows the engine's phases: the forward and the loss (checkpoints, the head's vocab
-tiles and the online-softmax state), then the backward (checkpoints still to be consumed, one
-block's activations and gradients, one block's decompressed weights). The peak is the larger
-phase on top of what lives throughout: the runtime, resident weights and the LoRA state. Each
-component is reported at the peak, so the components add up to it.
+tiles and the online-softmax state), then the backward (the checkpoints, counted whole as at
+its start, one block's activations and gradients, one block's decompressed weights). The
+peak is the larger phase on top of what lives throughout: the runtime, resident weights and
+the LoRA state. Each component is reported at the peak, so the components add up to it.
 
 The structural constants below are the engine's, not the host's; ``mebp bench --plan-check``
 holds them to measurement.
@@ -13,30 +13,31 @@ holds them to measurement.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import Architecture
 from mebp_core.plan.calibration import HostCalibration
-from mebp_core.plan.resident import select_resident
+from mebp_core.plan.resident import block_index, select_resident
 from mebp_core.plan.timing import step_time
 from mebp_core.plan.workload import (
     DTYPE_BYTES,
     MB,
     Workload,
     adapted_projections,
-    block_of,
     saved_bytes_per_token,
     shape_of,
+    tile_rows,
 )
 
 # Allocator slack, the store's index, rotary tables and small tensors, above the imports.
 RUNTIME_OVERHEAD_BYTES = 12 * MB
 # Anonymous memory an autograd graph costs per byte of the tensors it saves: the temporaries
-# freed between saved tensors leave heap holes the allocator cannot return (measured 1.6-1.7x
-# on smollm2-135m and qwen2.5-0.5b, seq 128-512, float32).
-GRAPH_RETENTION = 1.65
+# freed between saved tensors leave heap holes the allocator cannot return (fitted: 1.7-1.8x
+# on smollm2-135m and qwen2.5-0.5b, seq 128-512, float32, without checkpoints).
+GRAPH_RETENTION = 1.75
 COMPONENTS = ("runtime", "weights", "checkpoints", "activations", "lora", "loss_chunk")
 
 
@@ -44,7 +45,8 @@ COMPONENTS = ("runtime", "weights", "checkpoints", "activations", "lora", "loss_
 class Prediction:
     memory: dict[str, int]  # component -> bytes at the peak
     time: dict[str, float]  # matmul, decompress, elementwise, overhead, disk -> seconds
-    store_bytes: int  # the packed file: page cache, not anonymous memory
+    store_bytes: int  # packed bytes read per step: page cache, not anonymous memory
+    checkpoint_file_bytes: int  # checkpoints in a memory-mapped file: dirty page cache
     flops: float  # matmul work of one step, for on-device estimates
 
     @property
@@ -86,9 +88,9 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
         saved = slots * hidden_bytes if knobs.checkpoint_storage == "ram" else hidden_bytes
         activations_fwd = 0
         # one block recomputed under autograd, its gradients, the segment's re-run inputs
-        activations_bwd = block_saved + block_grads + (every - 1) * hidden_bytes
-        weights_bwd = weights["block"] + (weights["tile"] if every > 1 or
-                                          not knobs.share_decompression else 0)
+        segment = min(every, arch.num_layers)
+        activations_bwd = block_saved + block_grads + (segment - 1) * hidden_bytes
+        weights_bwd = weights["block"] + (0 if knobs.share_decompression else weights["tile"])
     forward_phase = {"weights": weights["tile"], "activations": activations_fwd,
                      "loss_chunk": loss_chunk}
     backward_phase = {"weights": weights_bwd, "activations": activations_bwd, "loss_chunk": 0}
@@ -97,9 +99,13 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
               "weights": resident_bytes + phase["weights"], "checkpoints": saved,
               "activations": phase["activations"], "lora": lora,
               "loss_chunk": phase["loss_chunk"]}
-    store_bytes = _store_bytes(arch, workload)
+    store_bytes = _lazy_store_bytes(workload, set(resident))
     time, flops = step_time(workload, knobs, host, set(resident))
-    return Prediction(memory=memory, time=time, store_bytes=store_bytes, flops=flops)
+    checkpoint_file = 0
+    if every != "none" and knobs.checkpoint_storage == "mmap":
+        checkpoint_file = math.ceil(arch.num_layers / every) * hidden_bytes
+    return Prediction(memory=memory, time=time, store_bytes=store_bytes,
+                      checkpoint_file_bytes=checkpoint_file, flops=flops)
 
 
 def _resident_weights(arch: Architecture, knobs: EngineKnobs, e: int) -> dict[str, int]:
@@ -122,10 +128,9 @@ def _transient_weights(arch: Architecture, knobs: EngineKnobs, e: int,
         rows, cols = shape_of(arch, name)
         tile_bytes = knobs.loss_vocab_tile_bytes if "layers" not in name \
             else knobs.decompress_tile_bytes
-        tile_rows = max(1, min(rows, tile_bytes // (cols * e)))
-        tile = max(tile, tile_rows * cols * e)
+        tile = max(tile, tile_rows(rows, cols, tile_bytes, e) * cols * e)
         if knobs.share_decompression and "layers" in name:
-            block = block_of(name)
+            block = block_index(name)
             blocks[block] = blocks.get(block, 0) + params * e
     return {"tile": tile, "block": max(blocks.values(), default=0)}
 
@@ -151,12 +156,28 @@ def _loss_chunk_bytes(workload: Workload, knobs: EngineKnobs) -> int:
     """One vocabulary tile's float32 logits, probabilities and their cast, plus the per-token
     running state and the (N, D) float32 gradient accumulator."""
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
-    tile_rows = max(1, min(arch.vocab_size, knobs.loss_vocab_tile_bytes // (arch.hidden_size * e)))
+    rows = tile_rows(arch.vocab_size, arch.hidden_size, knobs.loss_vocab_tile_bytes, e)
     n = workload.tokens
-    return n * tile_rows * (4 + 4 + e) + 3 * n * arch.hidden_size * 4
+    return n * rows * (4 + 4 + e) + 3 * n * arch.hidden_size * 4
 
 
-def _store_bytes(arch: Architecture, workload: Workload) -> int:
+def _lazy_store_bytes(workload: Workload, resident: set[str]) -> int:
+    """Packed bytes a step reads from the memory-mapped store: every weight not resident,
+    plus the embedding rows (a sliver, ignored)."""
     bits = {"int4": 4, "int8": 8, "none": 16}[workload.quant]
     overhead = 0 if workload.quant == "none" else 2 * 2 / workload.group_size  # fp16 scale+bias
-    return int(arch.parameter_count() * (bits / 8 + overhead))
+    lazy = sum(params for name, params in workload.arch.frozen_weights() if name not in resident)
+    return int(lazy * (bits / 8 + overhead))
+
+
+def under_budget(prediction: Prediction, budget_bytes: int, host: HostCalibration
+                 ) -> Prediction:
+    """The prediction with the disk traffic a cap forces. File pages share the budget with
+    anonymous memory: checkpoints in a mapped file first (what does not fit is written back
+    and read again), then the store (what does not fit is read again every step)."""
+    room = max(0, budget_bytes - prediction.peak_bytes)
+    checkpoints = prediction.checkpoint_file_bytes
+    missing_checkpoints = max(0, checkpoints - room)
+    missing_store = max(0, prediction.store_bytes - max(0, room - checkpoints))
+    disk_s = (missing_store + 2 * missing_checkpoints) / host.disk_read_bytes_per_s
+    return dataclasses.replace(prediction, time={**prediction.time, "disk": disk_s})

@@ -6,13 +6,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 
-def residency_order(name: str) -> tuple[int, str]:
-    """Block projections first, from block 0 (a resident block byte saves two decompressions
-    per step, a head byte one), then everything outside the blocks (the output head)."""
+def block_index(name: str) -> int:
+    """The block a Hugging Face tensor name belongs to (``model.layers.<i>...``), else -1."""
     parts = name.split(".")
-    if "layers" in parts:
-        return int(parts[parts.index("layers") + 1]), name
-    return 1 << 30, name
+    return int(parts[parts.index("layers") + 1]) if "layers" in parts else -1
+
+
+def residency_order(name: str) -> tuple[int, str]:
+    """Block projections first, from block 0 (with the default knobs a resident block byte
+    saves two decompressions per step, a head byte one), then the output head."""
+    block = block_index(name)
+    return (block if block >= 0 else 1 << 30), name
 
 
 def select_resident(weights: Iterable[tuple[str, int]], budget_bytes: int | None) -> list[str]:

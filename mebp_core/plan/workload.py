@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.lora.spec import LoraSpec
-from mebp_core.plan.arch import Architecture
+from mebp_core.plan.arch import Architecture, PlanInputError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 MB = 1 << 20
@@ -36,14 +36,19 @@ class Workload:
                    quant=config.quant, group_size=config.group_size,
                    fused_update=config.grad_accum_steps == 1 and config.max_grad_norm is None)
 
+    def __post_init__(self) -> None:
+        if self.seq_len > self.arch.max_positions:
+            raise PlanInputError(f"seq_len {self.seq_len} exceeds the model's context of "
+                                 f"{self.arch.max_positions} tokens (max_position_embeddings)")
+
     @property
     def tokens(self) -> int:
         return self.batch_size * self.seq_len
 
 
-def block_of(name: str) -> int:
-    parts = name.split(".")
-    return int(parts[parts.index("layers") + 1])
+def tile_rows(rows: int, cols: int, tile_bytes: int, e: int) -> int:
+    """Rows of a (rows, cols) weight per decompressed tile, as the engine sizes them."""
+    return max(1, min(rows, tile_bytes // (cols * e)))
 
 
 def shape_of(arch: Architecture, name: str) -> tuple[int, int]:
@@ -58,21 +63,18 @@ def adapted_projections(workload: Workload) -> dict[str, tuple[int, int]]:
 
 
 def saved_bytes_per_token(workload: Workload, knobs: EngineKnobs) -> float:
-    """Bytes one block's autograd graph keeps per token (attention scores included)."""
+    """Bytes one block's autograd graph keeps per token, as counted with
+    ``torch.autograd.graph.saved_tensors_hooks`` on the engine's blocks (qwen2.5, qwen3,
+    gemma3, llama/smollm2; within 2-10%): gate, up, activation and product; q, k, v in the
+    attention layout, their rotated copies and the attention output; the block's residual
+    inputs; each RMSNorm's float32 statistics-sized copies."""
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
     d, i = arch.hidden_size, arch.intermediate_size
     q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
-    norms = 2 * (d * e + 2 * d * 4)  # input, float32 copy and normalized float32 copy
-    attention = e * (3 * q + 2 * kv)  # rotated q, k, v, the attention output, its copy
-    mlp = e * 4 * i  # gate, up, activation, product
-    if arch.model_type in ("qwen3", "gemma3_text"):
-        attention += 4 * (q + kv) + e * (q + kv)  # q/k norms
-    if arch.model_type == "gemma3_text":
-        norms += 2 * (d * e + 2 * d * 4)
-    per_token = norms + attention + mlp
-    if arch.sliding_layers:  # a masked layer takes SDPA's math path: scores are materialized
-        share = arch.sliding_layers / arch.num_layers
-        per_token += share * 2 * arch.num_heads * workload.seq_len * e
+    gemma = arch.model_type == "gemma3_text"
+    norms = 4 if gemma else 2  # Gemma 3 normalizes before and after attention and MLP
+    kv_copies = 5 if gemma else 3
+    per_token = e * (4 * i + 3 * q + kv_copies * kv + 2 * d) + 4 * 1.2 * d * norms
     if knobs.lora_hidden == "store":
         per_token += e * workload.lora.rank * len(adapted_projections(workload))
     return per_token

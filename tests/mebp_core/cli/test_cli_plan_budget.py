@@ -50,3 +50,20 @@ def test_a_budget_nothing_fits_is_refused_with_the_smallest_that_would(tiny_hf, 
     assert "the smallest budget that fits is" in done.stderr and "runtime dominates" in \
         done.stderr
     assert not (tmp_path / "b").exists()
+
+
+def test_knob_flags_are_checked_before_anything_runs(tiny_hf, tmp_path):  # noqa: F811
+    cache = cache_with_calibration(tmp_path)
+    data = write_jsonl(tmp_path / "train.jsonl", token_rows(seed=5))
+    common = ("train", "--model", tiny_hf, "--data", data, "--out", tmp_path / "c")
+    for flags, message in [
+        (("--method", "mezo", "--plan-budget-mb", "900"), "does not use them"),
+        (("--checkpoint-blocks", "0"), "block count of at least 1 or 'none'"),
+        (("--loss-vocab-tile-bytes", "lots"), "not a size: 'lots'"),
+        (("--plan-budget-mb", "-3"), "must be a positive number"),
+        (("--resident-weight-bytes", "10M"), "needs frozen_weights 'resident'"),
+    ]:
+        done = run_mebp(*common, *flags, cache=cache)
+        assert done.returncode == 2, flags
+        assert message in done.stderr, (flags, done.stderr)
+    assert not (tmp_path / "c").exists()
