@@ -17,7 +17,7 @@ _DEFAULT_TIED = {"llama": False, "qwen2": False, "qwen3": False, "gemma3_text": 
 _DEFAULT_MAX_POSITIONS = {"llama": 2048, "qwen2": 32768, "qwen3": 32768, "gemma3_text": 131072}
 _GEMMA3_DEFAULTS = dict(hidden_size=2304, num_hidden_layers=26, intermediate_size=9216,
                         num_attention_heads=8, num_key_value_heads=4, head_dim=256,
-                        vocab_size=262_208, sliding_window=4096)
+                        vocab_size=262_208)
 
 
 class PlanInputError(MebpError, ValueError):
@@ -36,8 +36,6 @@ class Architecture:
     vocab_size: int
     tied_embeddings: bool
     max_positions: int
-    sliding_layers: int = 0  # layers whose attention uses a sliding-window mask
-    sliding_window: int | None = None
 
     def projections(self) -> dict[str, tuple[int, int]]:
         """(out, in) of each frozen projection of one block, by module suffix."""
@@ -88,7 +86,6 @@ def architecture_from_config(config: dict[str, Any]) -> Architecture:
     try:
         hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
         layers = int(config["num_hidden_layers"])
-        sliding = _sliding_layers(config, model_type, layers)
         return Architecture(
             model_type=model_type, hidden_size=hidden,
             intermediate_size=int(config["intermediate_size"]), num_layers=layers,
@@ -97,21 +94,9 @@ def architecture_from_config(config: dict[str, Any]) -> Architecture:
             vocab_size=int(config["vocab_size"]),
             tied_embeddings=bool(config.get("tie_word_embeddings", _DEFAULT_TIED[model_type])),
             max_positions=int(config.get("max_position_embeddings",
-                                         _DEFAULT_MAX_POSITIONS[model_type])),
-            sliding_layers=sliding,
-            sliding_window=config.get("sliding_window") if sliding else None)
+                                         _DEFAULT_MAX_POSITIONS[model_type])))
     except KeyError as exc:
         raise PlanInputError(f"config.json: missing field {exc.args[0]!r}") from None
-
-
-def _sliding_layers(config: dict[str, Any], model_type: str, layers: int) -> int:
-    if model_type == "gemma3_text":
-        types = config.get("layer_types")
-        if types:
-            return sum(t == "sliding_attention" for t in types)
-        pattern = int(config.get("sliding_window_pattern", 6))
-        return sum((i + 1) % pattern != 0 for i in range(layers))
-    return 0
 
 
 def load_architecture(model: str | Path) -> Architecture:

@@ -44,9 +44,8 @@ def test_multimodal_gemma3_reads_its_text_config():
               "intermediate_size": 2048, "num_hidden_layers": 6, "num_attention_heads": 4,
               "num_key_value_heads": 1, "vocab_size": 1000}}
     arch = architecture_from_config(config)
-    assert (arch.model_type, arch.hidden_size, arch.head_dim, arch.tied_embeddings) == (
-        "gemma3_text", 640, 256, True)
-    assert arch.sliding_layers == 5  # every sixth layer attends globally
+    assert (arch.model_type, arch.hidden_size, arch.head_dim, arch.tied_embeddings,
+            arch.max_positions) == ("gemma3_text", 640, 256, True, 131072)
 
 
 def test_bad_configs_name_the_problem(tmp_path):
