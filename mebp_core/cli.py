@@ -1,5 +1,4 @@
-"""The ``mebp`` command: pack, train, eval, export, plan and bench (serve arrives with the
-service)."""
+"""The ``mebp`` command: pack, train, eval, export, plan, bench and serve."""
 
 from __future__ import annotations
 
@@ -92,10 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_plan_arguments(sub.add_parser(
         "plan", help="predict memory and time of every trade-off configuration"))
-    serve = sub.add_parser("serve", help="run the service (not built yet)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--data-dir", type=Path)
+    serve = sub.add_parser("serve", help="run the service (the API key comes from "
+                           "MEBP_API_KEY, or one is made and printed)")
+    serve.add_argument("--host", help="default 127.0.0.1 (MEBP_HOST)")
+    serve.add_argument("--port", type=int, help="default 8000 (MEBP_PORT)")
+    serve.add_argument("--data-dir", type=Path, help="default ~/.local/share/mebp")
     return parser
 
 
@@ -343,8 +343,10 @@ def _run_plan(args: argparse.Namespace) -> int:
 
 
 def _run_serve(args: argparse.Namespace) -> int:
-    return _fail("the service is not built yet (see the open service issue); "
-                 "use `mebp pack`, `mebp train` and `mebp eval`", code=1)
+    # mebp_core never imports the app at module level: the engine knows nothing of HTTP
+    from app.serve import serve
+
+    return serve(host=args.host, port=args.port, data_dir=args.data_dir)
 
 
 def _run_bench(args: argparse.Namespace) -> int:

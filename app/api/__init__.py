@@ -1,0 +1,1 @@
+"""The HTTP surface: dependencies and one route module per resource."""

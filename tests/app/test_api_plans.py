@@ -1,0 +1,68 @@
+"""Devices and the planner over real HTTP, against `mebp serve` running as a subprocess."""
+
+from __future__ import annotations
+
+
+def test_serve_prints_its_url_and_key(service):
+    log = service.output.read_text()
+    assert service.url in log and service.api_key in log
+
+
+def test_every_v1_route_wants_the_key(service):
+    assert service.request("GET", "/v1/devices", key=None)[0] == 401
+    status, body = service.request("GET", "/v1/devices", key="wrong-key-456")
+    assert status == 401 and "API key" in body["detail"]
+
+
+def test_devices_are_served_with_their_sources(service):
+    status, body = service.request("GET", "/v1/devices")
+    assert status == 200 and body["count"] == len(body["data"]) >= 9
+    by_id = {d["id"]: d for d in body["data"]}
+    assert by_id["iphone-15-pro-max"]["budget_mb"] == 1024 and by_id["iphone-15-pro-max"]["sources"]
+    status, one = service.request("GET", "/v1/devices/pixel-8")
+    assert status == 200 and one == by_id["pixel-8"]
+    assert service.request("GET", "/v1/devices/nokia-3310")[0] == 404
+
+
+def test_a_plan_on_a_device_has_the_front_auto_and_estimates(service):
+    status, plan = service.request("POST", "/v1/plans", {
+        "model": "preset:qwen2.5-0.5b", "seq_len": 256, "device": "iphone-15-pro-max"})
+    assert status == 200, plan
+    assert plan["budget_mb"] == 1024 and plan["feasible"] is True
+    by_id = {c["id"]: c for c in plan["configurations"]}
+    auto = by_id[plan["auto"]]
+    assert auto["feasible"] and auto["device_step_time_s_estimate"] > 0
+    assert all(by_id[i]["pareto"] for i in plan["pareto"])
+
+
+def test_an_infeasible_budget_names_the_smallest_that_fits(service):
+    status, plan = service.request("POST", "/v1/plans", {
+        "model": "preset:qwen2.5-0.5b", "seq_len": 256, "memory_budget_mb": 100})
+    assert status == 200
+    assert plan["feasible"] is False and plan["auto"] is None
+    smallest = plan["smallest_budget_mb"]
+    status, retry = service.request("POST", "/v1/plans", {
+        "model": "preset:qwen2.5-0.5b", "seq_len": 256, "memory_budget_mb": smallest})
+    assert retry["feasible"] is True
+
+
+def test_bad_fields_get_422_naming_the_field(service):
+    cases = [({"model": "preset:nope"}, "model"),
+             ({"model": "gpt2"}, "model"),
+             ({"model": "preset:tiny", "seq_len": 1}, "seq_len"),
+             ({"model": "preset:tiny", "seq_len": 100000}, "seq_len"),
+             ({"model": "preset:tiny", "device": "nokia-3310"}, "device"),
+             ({"model": "preset:tiny", "lora_targets": "q,zz"}, "lora_targets"),
+             ({"model": "preset:tiny", "memory_budget_mb": -1}, "memory_budget_mb"),
+             ({"model": "preset:tiny", "surprise": 1}, "surprise")]
+    for body, field in cases:
+        status, answer = service.request("POST", "/v1/plans", body)
+        assert status == 422, (body, answer)
+        assert any(field in map(str, error["loc"]) for error in answer["detail"]), answer
+
+
+def test_the_openapi_document_describes_the_routes(service):
+    status, spec = service.request("GET", "/openapi.json", key=None)
+    assert status == 200
+    assert {"/v1/devices", "/v1/devices/{device_id}", "/v1/plans"} <= set(spec["paths"])
+    assert "PlanPublic" in spec["components"]["schemas"]
