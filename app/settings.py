@@ -25,4 +25,6 @@ class Settings(BaseSettings):
     api_key: str = Field(default_factory=lambda: "mebp-" + secrets.token_urlsafe(24),
                          min_length=8)
     cache_dir: Path | None = None  # packed models and the host calibration
+    # PostgreSQL for a shared deployment; SQLite inside data_dir when unset
+    database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
     threads: int | None = Field(default=None, ge=1)

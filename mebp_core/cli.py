@@ -89,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from mebp_core.plan.command import add_plan_arguments
 
+    database = sub.add_parser("db", help="the service's database")
+    database.add_argument("action", choices=["upgrade"], help="apply pending migrations")
+    database.add_argument("--data-dir", type=Path, help="where the SQLite database lives "
+                          "when DATABASE_URL is unset (default ~/.local/share/mebp)")
+
     add_plan_arguments(sub.add_parser(
         "plan", help="predict memory and time of every trade-off configuration"))
     serve = sub.add_parser("serve", help="run the service (the API key comes from "
@@ -342,6 +347,12 @@ def _run_plan(args: argparse.Namespace) -> int:
     return run_plan(args)
 
 
+def _run_db(args: argparse.Namespace) -> int:
+    from app.serve import upgrade
+
+    return upgrade(data_dir=args.data_dir)
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     # mebp_core never imports the app at module level: the engine knows nothing of HTTP
     from app.serve import serve
@@ -356,7 +367,8 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"pack": _run_pack, "train": _run_train, "eval": _run_eval,
-             "export": _run_export, "bench": _run_bench, "plan": _run_plan, "serve": _run_serve}
+             "export": _run_export, "bench": _run_bench, "plan": _run_plan, "db": _run_db,
+             "serve": _run_serve}
 
 if __name__ == "__main__":
     sys.exit(main())

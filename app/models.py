@@ -1,0 +1,122 @@
+"""The service's tables. The database is the source of truth: Redis only carries job ids."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from sqlalchemy import JSON, BigInteger, Column
+from sqlmodel import Field, SQLModel
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+class ApiKey(SQLModel, table=True):
+    __tablename__ = "api_keys"
+
+    id: int | None = Field(default=None, primary_key=True)
+    tenant: str = Field(index=True, max_length=64)
+    key_hash: str = Field(unique=True, max_length=128)  # sha256 hex of the key, never the key
+    scopes: str = Field(default="user", max_length=64)  # "user" or "admin"
+    created_at: datetime = Field(default_factory=utc_now)
+
+
+class Device(SQLModel, table=True):
+    __tablename__ = "devices"
+
+    id: str = Field(primary_key=True, max_length=64)
+    name: str = Field(max_length=128)
+    ram_mb: int | None = None
+    budget_mb: int | None = None
+    chip: str | None = Field(default=None, max_length=128)
+    relative_compute: float | None = None
+    sources: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    builtin: bool = True  # from devices.json; an admin may add others
+
+
+class Dataset(SQLModel, table=True):
+    __tablename__ = "datasets"
+
+    id: str = Field(primary_key=True, max_length=40)
+    tenant: str = Field(index=True, max_length=64)
+    filename: str = Field(max_length=255)  # as uploaded, for display only
+    path: str = Field(max_length=1024)  # generated, inside the storage root
+    bytes: int = Field(sa_column=Column(BigInteger, nullable=False))
+    rows: int
+    sha256: str = Field(max_length=64)
+    created_at: datetime = Field(default_factory=utc_now)
+
+
+class Fleet(SQLModel, table=True):
+    __tablename__ = "fleets"
+
+    id: str = Field(primary_key=True, max_length=40)
+    tenant: str = Field(index=True, max_length=64)
+    model: str = Field(max_length=255)
+    spec: dict = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(default_factory=utc_now)
+
+
+class Job(SQLModel, table=True):
+    __tablename__ = "jobs"
+
+    id: str = Field(primary_key=True, max_length=40)
+    tenant: str = Field(index=True, max_length=64)
+    status: str = Field(index=True, max_length=16)  # queued running succeeded failed cancelled
+    model: str = Field(max_length=255)
+    device_id: str | None = Field(default=None, foreign_key="devices.id", max_length=64)
+    memory_budget_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))
+    config: dict = Field(sa_column=Column(JSON, nullable=False))  # TrainConfig, dumped
+    plan: dict | None = Field(default=None, sa_column=Column(JSON))
+    training_file: str = Field(foreign_key="datasets.id", max_length=40)
+    validation_file: str | None = Field(default=None, foreign_key="datasets.id", max_length=40)
+    fleet_id: str | None = Field(default=None, foreign_key="fleets.id", index=True,
+                                 max_length=40)
+    idempotency_key: str | None = Field(default=None, index=True, max_length=128)
+    enforcement: str | None = Field(default=None, max_length=32)  # cgroup-v2, cgroup-v1, rlimit
+    error_code: str | None = Field(default=None, max_length=64)
+    error_message: str | None = None
+    step: int = 0
+    total_steps: int = 0
+    last_loss: float | None = None
+    peak_anon_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))
+    attempts: int = 0
+    metadata_: dict = Field(default_factory=dict, sa_column=Column("metadata", JSON,
+                                                                   nullable=False))
+    created_at: datetime = Field(default_factory=utc_now)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+class Event(SQLModel, table=True):
+    __tablename__ = "events"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="jobs.id", index=True, max_length=40)
+    at: datetime = Field(default_factory=utc_now)
+    kind: str = Field(max_length=32)
+    message: str
+    data: dict = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+
+
+class Metric(SQLModel, table=True):
+    __tablename__ = "metrics"
+
+    id: int | None = Field(default=None, primary_key=True)
+    job_id: str = Field(foreign_key="jobs.id", index=True, max_length=40)
+    step: int
+    loss: float | None = None
+    data: dict = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    at: datetime = Field(default_factory=utc_now)
+
+
+class Adapter(SQLModel, table=True):
+    __tablename__ = "adapters"
+
+    id: str = Field(primary_key=True, max_length=40)
+    job_id: str = Field(foreign_key="jobs.id", index=True, max_length=40)
+    path: str = Field(max_length=1024)
+    sha256: str = Field(max_length=64)
+    bytes: int = Field(sa_column=Column(BigInteger, nullable=False))
+    created_at: datetime = Field(default_factory=utc_now)

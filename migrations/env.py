@@ -1,0 +1,19 @@
+"""Alembic environment: the engine comes from ``app.db.upgrade_database`` (or the URL given
+with ``-x url=...`` on the alembic command line); the target is the SQLModel metadata."""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlmodel import SQLModel
+
+import app.models  # noqa: F401 (registers the tables on SQLModel.metadata)
+from app.db import make_engine
+
+config = context.config
+engine = config.attributes.get("engine") or make_engine(context.get_x_argument(True)["url"])
+
+with engine.connect() as connection:
+    context.configure(connection=connection, target_metadata=SQLModel.metadata,
+                      render_as_batch=connection.dialect.name == "sqlite")
+    with context.begin_transaction():
+        context.run_migrations()
