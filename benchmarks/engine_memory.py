@@ -40,6 +40,7 @@ if str(REPO) not in sys.path:
 from benchmarks._cgroup import MemoryCgroup, create_cgroup  # noqa: E402
 from benchmarks._report import check_targets, markdown_tables  # noqa: E402
 from benchmarks._workers import RESULT_PREFIX  # noqa: E402
+from mebp_core.bench.side_by_side import preset_hf_dir  # noqa: E402
 
 HF_CACHE = Path("/tmp/mebp-bench-hf")
 CGROUP_POLL_S = 0.02
@@ -133,19 +134,6 @@ def packed_dir(preset: str, quant: str, group_size: int) -> Path:
     return resolve_model(f"preset:{preset}", quant=quant, group_size=group_size)
 
 
-def hf_dir(preset: str, cache: Path) -> Path:
-    """The preset as a Hugging Face dir (its config's dtype), written once and reused."""
-    from mebp_core.store.presets import save_preset_as_hf
-
-    out = cache / preset
-    if (out / "config.json").is_file():
-        return out
-    tmp = cache / f".{preset}.tmp{os.getpid()}"
-    save_preset_as_hf(preset, tmp)
-    tmp.rename(out)
-    return out
-
-
 def private_cold_copy(directory: Path, dest: Path) -> Path:
     """A copy of the packed dir whose pages are out of the page cache, so a capped child
     faults (and is charged for) the weights itself instead of reusing cached pages that
@@ -212,7 +200,7 @@ def measure_all(args: argparse.Namespace, bare_torch_mb: float) -> list[dict]:
     """Every (preset, length): each config then the baseline, the whole set ``repeats``
     times over; then the capped runs; then the per-row medians."""
     models = {preset: packed_dir(preset, args.quant, args.group_size) for preset in args.presets}
-    hfs = {preset: hf_dir(preset, args.hf_cache) if args.baseline else None
+    hfs = {preset: preset_hf_dir(preset, args.hf_cache) if args.baseline else None
            for preset in args.presets}
     rows = [row for preset in args.presets for row in new_rows(preset, args)]
     for rep in range(args.repeats):

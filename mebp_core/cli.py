@@ -1,4 +1,5 @@
-"""The ``mebp`` command: pack, train, eval, export, plan, bench and serve."""
+"""The ``mebp`` command: pack, train, eval, export, plan and bench. The service adds its own
+commands (``serve``, ``db``) from ``app.cli``: the engine knows nothing of HTTP or SQL."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import json
 import signal
 import sys
 import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from types import MappingProxyType
 
 from pydantic import ValidationError
 
@@ -24,9 +28,20 @@ def _add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=1)
 
 
-def build_parser() -> argparse.ArgumentParser:
+@dataclass(frozen=True)
+class Command:
+    """A subcommand another package adds: its help, its arguments and what runs it."""
+
+    help: str
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    run: Callable[[argparse.Namespace], int]
+
+
+def build_parser(extra: Mapping[str, Command] = MappingProxyType({})) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mebp", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+    for name, command in extra.items():
+        command.add_arguments(sub.add_parser(name, help=command.help))
 
     pack = sub.add_parser("pack", help="pack a model into the memory-mapped quantized format")
     pack.add_argument("src", help="a Hugging Face model directory or preset:NAME")
@@ -89,25 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     from mebp_core.plan.command import add_plan_arguments
 
-    database = sub.add_parser("db", help="the service's database")
-    database.add_argument("action", choices=["upgrade"], help="apply pending migrations")
-    database.add_argument("--data-dir", type=Path, help="where the SQLite database lives "
-                          "when DATABASE_URL is unset (default ~/.local/share/mebp)")
-
     add_plan_arguments(sub.add_parser(
         "plan", help="predict memory and time of every trade-off configuration"))
-    serve = sub.add_parser("serve", help="run the service (the API key comes from "
-                           "MEBP_API_KEY, or one is made and printed)")
-    serve.add_argument("--host", help="default 127.0.0.1 (MEBP_HOST)")
-    serve.add_argument("--port", type=int, help="default 8000 (MEBP_PORT)")
-    serve.add_argument("--data-dir", type=Path, help="default ~/.local/share/mebp")
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None,
+         extra: Mapping[str, Command] = MappingProxyType({})) -> int:
+    args = build_parser(extra).parse_args(argv)
+    run = extra[args.command].run if args.command in extra else _COMMANDS[args.command]
     try:
-        return _COMMANDS[args.command](args)
+        return run(args)
     except ValidationError as exc:
         return _fail("; ".join(_describe_validation(err) for err in exc.errors()))
     except (MebpError, OSError) as exc:
@@ -347,19 +354,6 @@ def _run_plan(args: argparse.Namespace) -> int:
     return run_plan(args)
 
 
-def _run_db(args: argparse.Namespace) -> int:
-    from app.serve import upgrade
-
-    return upgrade(data_dir=args.data_dir)
-
-
-def _run_serve(args: argparse.Namespace) -> int:
-    # mebp_core never imports the app at module level: the engine knows nothing of HTTP
-    from app.serve import serve
-
-    return serve(host=args.host, port=args.port, data_dir=args.data_dir)
-
-
 def _run_bench(args: argparse.Namespace) -> int:
     from mebp_core.bench import run_bench
 
@@ -367,8 +361,7 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"pack": _run_pack, "train": _run_train, "eval": _run_eval,
-             "export": _run_export, "bench": _run_bench, "plan": _run_plan, "db": _run_db,
-             "serve": _run_serve}
+             "export": _run_export, "bench": _run_bench, "plan": _run_plan}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,8 +1,43 @@
-"""Suite-wide settings: nothing may reach a hub, and threads stay within the shared machine."""
+"""Suite-wide settings (nothing may reach a hub) and the planner's fixed host calibration."""
 
 from __future__ import annotations
 
+import json
 import os
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+from mebp_core.plan.calibration import HostCalibration, calibration_path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def host() -> HostCalibration:
+    """A fixed host calibration: the planner's arithmetic is tested on known inputs."""
+    return HostCalibration(
+        threads=2, runtime_anon_bytes=150 << 20,
+        matmul_flops={dtype: {form: {"256": {"64": 3e10 * f, "2048": 8e10 * f},
+                                     "4096": {"64": 5e10 * f, "2048": 1.2e11 * f}}
+                              for form in ("nt", "nn")}
+                      for dtype, f in (("float32", 1.0), ("bfloat16", 2.0))},
+        decompress_params_per_s={q: {"float32": 3e9, "bfloat16": 3e9}
+                                 for q in ("int4", "int8", "none")},
+        elementwise_bytes_per_s=5e10, op_overhead_s=2e-6, decompress_call_s=5e-5,
+        disk_read_bytes_per_s=1e9)
+
+
+@pytest.fixture(scope="session")
+def seed_calibration(host) -> Callable[[Path], Path]:
+    """Writes ``host`` as this machine's cached calibration in a cache dir (no test waits
+    for a real measurement); returns the cache dir."""
+    def seed(cache_dir: Path) -> Path:
+        path = calibration_path(cache_dir, None)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(host)))
+        return cache_dir
+    return seed

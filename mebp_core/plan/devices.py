@@ -13,9 +13,9 @@ from functools import cache
 from pathlib import Path
 
 from mebp_core.plan.arch import PlanInputError
+from mebp_core.plan.workload import MB
 
 DEVICES_FILE = Path(__file__).with_name("devices.json")
-MB = 1 << 20
 
 
 @dataclass(frozen=True)

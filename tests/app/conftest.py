@@ -11,25 +11,12 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from mebp_core.plan.calibration import HostCalibration, calibration_path
-
 API_KEY = "test-key-0123456789"
-HOST = HostCalibration(
-    threads=2, runtime_anon_bytes=150 << 20,
-    matmul_flops={dtype: {form: {"256": {"64": 3e10, "1024": 8e10},
-                                 "4096": {"64": 5e10, "1024": 1.2e11}}
-                          for form in ("nt", "nn")} for dtype in ("float32", "bfloat16")},
-    decompress_params_per_s={q: {"float32": 3e9, "bfloat16": 3e9}
-                             for q in ("int4", "int8", "none")},
-    elementwise_bytes_per_s=1e10, op_overhead_s=7e-6, decompress_call_s=1e-5,
-    disk_read_bytes_per_s=1e9)
-
-
 @dataclass
 class Service:
     url: str
@@ -58,19 +45,16 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="session")
-def service(tmp_path_factory) -> Service:
+def service(tmp_path_factory, seed_calibration) -> Service:
     root = tmp_path_factory.mktemp("service")
-    cache = root / "cache"
-    path = calibration_path(cache, None)
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(asdict(HOST)))
+    cache = seed_calibration(root / "cache")
     port = free_port()
     env = {**os.environ, "MEBP_API_KEY": API_KEY, "MEBP_CACHE_DIR": str(cache),
            "HF_HUB_OFFLINE": "1"}
     output = root / "serve.log"
     with open(output, "w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "mebp_core.cli", "serve", "--port", str(port),
+            [sys.executable, "-m", "app.cli", "serve", "--port", str(port),
              "--data-dir", str(root / "data")], stdout=log, stderr=subprocess.STDOUT, env=env)
     service = Service(f"http://127.0.0.1:{port}", process, output)
     deadline = time.monotonic() + 60

@@ -62,12 +62,12 @@ def test_postgresql_through_database_url(postgres_url):
 
 def test_mebp_db_upgrade_command(tmp_path, postgres_url):
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    done = subprocess.run([sys.executable, "-m", "mebp_core.cli", "db", "upgrade",
+    done = subprocess.run([sys.executable, "-m", "app.cli", "db", "upgrade",
                            "--data-dir", str(tmp_path)], capture_output=True, text=True,
                           env=env, timeout=120)
     assert done.returncode == 0, done.stderr
     assert_schema(database_url(None, tmp_path))
-    done = subprocess.run([sys.executable, "-m", "mebp_core.cli", "db", "upgrade"],
+    done = subprocess.run([sys.executable, "-m", "app.cli", "db", "upgrade"],
                           capture_output=True, text=True, timeout=120,
                           env={**env, "DATABASE_URL": postgres_url})
     assert done.returncode == 0, done.stderr

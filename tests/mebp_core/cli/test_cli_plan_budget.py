@@ -3,34 +3,12 @@ smallest budget that would fit."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict
-
 from test_cli_train_eval import run_mebp, tiny_hf, token_rows, write_jsonl  # noqa: F401
 
-from mebp_core.plan.calibration import HostCalibration, calibration_path
 
-HOST = HostCalibration(
-    threads=2, runtime_anon_bytes=150 << 20,
-    matmul_flops={dtype: {form: {"256": {"64": 3e10, "1024": 8e10},
-                                 "4096": {"64": 5e10, "1024": 1.2e11}}
-                          for form in ("nt", "nn")} for dtype in ("float32", "bfloat16")},
-    decompress_params_per_s={q: {"float32": 3e9, "bfloat16": 3e9}
-                             for q in ("int4", "int8", "none")},
-    elementwise_bytes_per_s=1e10, op_overhead_s=7e-6, decompress_call_s=1e-5,
-    disk_read_bytes_per_s=1e9)
-
-
-def cache_with_calibration(tmp_path):
-    cache = tmp_path / "cache"
-    path = calibration_path(cache, None)
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(asdict(HOST)))
-    return cache
-
-
-def test_a_roomy_budget_trains_with_the_fastest_configuration(tiny_hf, tmp_path):  # noqa: F811
-    cache = cache_with_calibration(tmp_path)
+def test_a_roomy_budget_trains_with_the_fastest_configuration(tiny_hf, tmp_path,  # noqa: F811
+                                                              seed_calibration):
+    cache = seed_calibration(tmp_path / "cache")
     data = write_jsonl(tmp_path / "train.jsonl", token_rows(seed=3))
     done = run_mebp("train", "--model", tiny_hf, "--data", data, "--out", tmp_path / "a",
                     "--steps", "2", "--seq-len", "16", "--plan-budget-mb", "4000", cache=cache)
@@ -40,8 +18,9 @@ def test_a_roomy_budget_trains_with_the_fastest_configuration(tiny_hf, tmp_path)
 
 
 def test_a_budget_nothing_fits_is_refused_with_the_smallest_that_would(tiny_hf,  # noqa: F811
-                                                                     tmp_path):
-    cache = cache_with_calibration(tmp_path)
+                                                                     tmp_path,
+                                                                     seed_calibration):
+    cache = seed_calibration(tmp_path / "cache")
     data = write_jsonl(tmp_path / "train.jsonl", token_rows(seed=4))
     done = run_mebp("train", "--model", tiny_hf, "--data", data, "--out", tmp_path / "b",
                     "--steps", "2", "--seq-len", "16", "--plan-budget-mb", "100", cache=cache)
@@ -52,8 +31,9 @@ def test_a_budget_nothing_fits_is_refused_with_the_smallest_that_would(tiny_hf, 
     assert not (tmp_path / "b").exists()
 
 
-def test_knob_flags_are_checked_before_anything_runs(tiny_hf, tmp_path):  # noqa: F811
-    cache = cache_with_calibration(tmp_path)
+def test_knob_flags_are_checked_before_anything_runs(tiny_hf, tmp_path,  # noqa: F811
+                                                     seed_calibration):
+    cache = seed_calibration(tmp_path / "cache")
     data = write_jsonl(tmp_path / "train.jsonl", token_rows(seed=5))
     common = ("train", "--model", tiny_hf, "--data", data, "--out", tmp_path / "c")
     for flags, message in [

@@ -47,6 +47,20 @@ def save_tiny_model(family: str, directory: Path, seed: int = 0) -> Path:
 LORA = LoraSpec(rank=4, alpha=8.0, targets="all")
 
 
+def load_with_random_lora(packed_dir, *, seed: int = 1, compute_dtype: str = "float32"):
+    """An engine whose LoRA B is non-zero too, so every LoRA gradient is non-trivial."""
+    from mebp_core.engine.model import load_engine_model
+
+    engine = load_engine_model(packed_dir, lora_spec=LORA, seed=seed,
+                               compute_dtype=compute_dtype)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in engine.lora.values():
+            module.lora_B.weight.copy_(torch.randn(module.lora_B.weight.shape, generator=gen))
+            module.lora_B.weight.mul_(0.1)
+    return engine
+
+
 def random_batch(vocab_size: int, seed: int, batch: int = 2, seq_len: int = 20):
     gen = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(0, vocab_size, (batch, seq_len), generator=gen)

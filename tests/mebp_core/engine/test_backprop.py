@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from engine_fixtures import FAMILIES, LORA, random_batch
+from engine_fixtures import FAMILIES, load_with_random_lora, random_batch
 
 from mebp_core.engine.backprop import (
     ResidentEmbedding,
@@ -18,19 +18,6 @@ from mebp_core.engine.backprop import (
 from mebp_core.engine.checkpoints import make_checkpoints
 from mebp_core.engine.frozen import FrozenEmbedding, FrozenLinear
 from mebp_core.engine.mebp import count_valid_targets, evaluate_batch, run_mebp_step
-from mebp_core.engine.model import load_engine_model
-
-
-def load_with_random_lora(packed_dir, *, seed: int = 1, compute_dtype: str = "float32"):
-    """An engine whose LoRA B is non-zero too, so every LoRA gradient is non-trivial."""
-    engine = load_engine_model(packed_dir, lora_spec=LORA, seed=seed,
-                               compute_dtype=compute_dtype)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in engine.lora.values():
-            module.lora_B.weight.copy_(torch.randn(module.lora_B.weight.shape, generator=gen))
-            module.lora_B.weight.mul_(0.1)
-    return engine
 
 
 def lora_grads(engine) -> dict[str, torch.Tensor]:

@@ -7,23 +7,12 @@ import weakref
 
 import pytest
 import torch
-from engine_fixtures import FAMILIES, LORA, random_batch
+from engine_fixtures import FAMILIES, LORA, load_with_random_lora, random_batch
 
 from mebp_core.engine import mezo
 from mebp_core.engine.model import load_engine_model
 
 F32_EPS = torch.finfo(torch.float32).eps
-
-
-def load_with_random_lora(packed_dir, seed: int = 1):
-    """An engine whose LoRA B is non-zero too, so every LoRA gradient is non-trivial."""
-    engine = load_engine_model(packed_dir, lora_spec=LORA, seed=seed)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in engine.lora.values():
-            module.lora_B.weight.copy_(torch.randn(module.lora_B.weight.shape, generator=gen))
-            module.lora_B.weight.mul_(0.1)
-    return engine
 
 
 def lora_params(engine) -> list[torch.Tensor]:

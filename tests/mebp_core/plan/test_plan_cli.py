@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 
 import pytest
 
@@ -17,12 +16,9 @@ from mebp_core.plan.calibration import (
 
 
 @pytest.fixture
-def cached_host(host, tmp_path, monkeypatch):
+def cached_host(seed_calibration, tmp_path, monkeypatch):
     monkeypatch.setenv("MEBP_CACHE_DIR", str(tmp_path))
-    path = calibration_path(tmp_path, None)
-    path.parent.mkdir(parents=True)
-    path.write_text(json.dumps(asdict(host)))
-    return tmp_path
+    return seed_calibration(tmp_path)
 
 
 def test_plan_json_has_the_front_auto_and_feasibility(cached_host, capsys):

@@ -1,0 +1,49 @@
+"""The ``mebp`` entry point: the engine's commands plus the service's ``serve`` and ``db``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mebp_core.cli import Command
+from mebp_core.cli import main as core_main
+
+
+def _serve_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--host", help="default 127.0.0.1 (MEBP_HOST)")
+    parser.add_argument("--port", type=int, help="default 8000 (MEBP_PORT)")
+    parser.add_argument("--data-dir", type=Path, help="default ~/.local/share/mebp")
+
+
+def _db_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["upgrade"], help="apply pending migrations")
+    parser.add_argument("--data-dir", type=Path, help="where the SQLite database lives when "
+                        "DATABASE_URL is unset (default ~/.local/share/mebp)")
+
+
+def _run_serve(args: argparse.Namespace) -> int:
+    from app.serve import serve
+
+    return serve(host=args.host, port=args.port, data_dir=args.data_dir)
+
+
+def _run_db(args: argparse.Namespace) -> int:
+    from app.serve import upgrade
+
+    return upgrade(data_dir=args.data_dir)
+
+
+SERVICE_COMMANDS = {
+    "serve": Command("run the service (the API key comes from MEBP_API_KEY, or one is made "
+                     "and printed)", _serve_arguments, _run_serve),
+    "db": Command("the service's database", _db_arguments, _run_db),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    return core_main(argv, extra=SERVICE_COMMANDS)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
