@@ -14,6 +14,14 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="default 127.0.0.1 (MEBP_HOST)")
     parser.add_argument("--port", type=int, help="default 8000 (MEBP_PORT)")
     parser.add_argument("--data-dir", type=Path, help="default ~/.local/share/mebp")
+    parser.add_argument("--workers", type=int, help="workers to start (default 1, "
+                        "MEBP_WORKERS)")
+
+
+def _worker_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--data-dir", type=Path, help="default ~/.local/share/mebp")
+    parser.add_argument("--burst", action="store_true",
+                        help="exit once the queue is empty")
 
 
 def _db_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,7 +33,14 @@ def _db_arguments(parser: argparse.ArgumentParser) -> None:
 def _run_serve(args: argparse.Namespace) -> int:
     from app.serve import serve
 
-    return serve(host=args.host, port=args.port, data_dir=args.data_dir)
+    return serve(host=args.host, port=args.port, data_dir=args.data_dir,
+                 workers=args.workers)
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    from app.serve import worker
+
+    return worker(data_dir=args.data_dir, burst=args.burst)
 
 
 def _run_db(args: argparse.Namespace) -> int:
@@ -37,6 +52,8 @@ def _run_db(args: argparse.Namespace) -> int:
 SERVICE_COMMANDS = {
     "serve": Command("run the service (the API key comes from MEBP_API_KEY, or one is made "
                      "and printed)", _serve_arguments, _run_serve),
+    "worker": Command("run a worker for a shared Redis (REDIS_URL), database (DATABASE_URL) "
+                      "and storage (MEBP_STORAGE_DIR)", _worker_arguments, _run_worker),
     "db": Command("the service's database", _db_arguments, _run_db),
 }
 

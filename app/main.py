@@ -3,24 +3,48 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, FastAPI
+from rq import Worker
+from sqlalchemy import text
+from sqlmodel import Session
 
 from app.api.deps import require_api_key
-from app.api.routes import devices, plans
+from app.api.routes import adapters, datasets, devices, jobs, plans
+from app.crud import sync_builtin_devices
+from app.db import database_url, make_engine
+from app.queue import connect, enqueue_job, job_queue
 from app.settings import Settings
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(settings: Settings) -> FastAPI:
+    """The app for ``settings``; its ``redis_url`` must be set (``mebp serve`` starts an
+    embedded Redis when the environment has none)."""
+    if settings.redis_url is None:
+        raise ValueError("create_app needs settings.redis_url")
     app = FastAPI(title="mebp", version="0.1.0",
                   description="Exact, memory-efficient LoRA fine-tuning under phone-sized "
-                  "memory budgets: device profiles and the memory/time planner.")
-    app.state.settings = settings or Settings()
+                  "memory budgets: datasets, jobs run under kernel-enforced memory caps, "
+                  "adapters, device profiles and the memory/time planner.")
+    app.state.settings = settings
+    app.state.engine = make_engine(database_url(settings.database_url, settings.data_dir))
+    with Session(app.state.engine) as session:
+        sync_builtin_devices(session)
+    redis = connect(settings.redis_url)
+    queue = job_queue(redis, settings.queue_name)
+    app.state.enqueue = lambda job_id: enqueue_job(queue, job_id)
+
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
-    v1.include_router(devices.router)
-    v1.include_router(plans.router)
+    for module in (devices, plans, datasets, jobs, adapters):
+        v1.include_router(module.router)
     app.include_router(v1)
 
-    @app.get("/healthz", tags=["health"])
+    @app.get("/v1/health", tags=["health"])
+    @app.get("/healthz", include_in_schema=False)
     def health() -> dict:
-        return {"status": "ok"}
+        """Unauthenticated: the database, Redis and how many workers are listening."""
+        with app.state.engine.connect() as connection:
+            connection.execute(text("select 1"))
+        redis.ping()
+        return {"status": "ok", "database": "ok", "redis": "ok",
+                "workers": Worker.count(queue=queue)}
 
     return app

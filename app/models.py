@@ -63,7 +63,8 @@ class Job(SQLModel, table=True):
 
     id: str = Field(primary_key=True, max_length=40)
     tenant: str = Field(index=True, max_length=64)
-    status: str = Field(index=True, max_length=16)  # queued running succeeded failed cancelled
+    # validating, queued, running, succeeded, failed, cancelled
+    status: str = Field(index=True, max_length=16)
     model: str = Field(max_length=255)
     device_id: str | None = Field(default=None, foreign_key="devices.id", max_length=64)
     memory_budget_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))
@@ -77,10 +78,13 @@ class Job(SQLModel, table=True):
     enforcement: str | None = Field(default=None, max_length=32)  # cgroup-v2, cgroup-v1, rlimit
     error_code: str | None = Field(default=None, max_length=64)
     error_message: str | None = None
+    error_detail: dict | None = Field(default=None, sa_column=Column(JSON))
+    cancel_requested: bool = False
     step: int = 0
     total_steps: int = 0
     last_loss: float | None = None
     peak_anon_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))
+    peak_memory_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))
     attempts: int = 0
     metadata_: dict = Field(default_factory=dict, sa_column=Column("metadata", JSON,
                                                                    nullable=False))

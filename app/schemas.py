@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from mebp_core.config import EngineKnobs
 
 
 class DevicePublic(BaseModel):
@@ -69,3 +72,130 @@ class PlanPublic(BaseModel):
     dominant_component: str
     pareto: list[str]
     configurations: list[ConfigurationPublic]
+
+
+class DatasetPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: str
+    filename: str
+    bytes: int
+    rows: int
+    sha256: str
+    created_at: datetime
+
+
+class DatasetsPublic(BaseModel):
+    data: list[DatasetPublic]
+    count: int
+
+
+class Hyperparameters(BaseModel):
+    """Training settings; names as in ``mebp train`` (``learning_rate`` is ``--lr``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    steps: int = Field(default=10, ge=1, le=1_000_000)
+    seq_len: int = Field(default=256, ge=2, le=131_072)
+    batch_size: int = Field(default=1, ge=1, le=1024)
+    lora_rank: int = Field(default=8, ge=1, le=1024)
+    lora_alpha: float = Field(default=16.0, gt=0)
+    lora_targets: str | list[str] = "all"
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    learning_rate: float = Field(default=1e-4, gt=0, le=10.0)
+    weight_decay: float = Field(default=0.0, ge=0)
+    quant: Literal["none", "int8", "int4"] = "int4"
+    group_size: int = Field(default=64, ge=8, le=4096)
+    compute_dtype: Literal["float32", "bfloat16"] = "float32"
+    schedule: Literal["constant", "cosine"] = "constant"
+    warmup_steps: int = Field(default=0, ge=0)
+    grad_accum_steps: int = Field(default=1, ge=1, le=1024)
+    max_grad_norm: float | None = Field(default=None, gt=0)
+    mezo_eps: float = Field(default=1e-3, gt=0, le=1.0)
+    eval_every: int | None = Field(default=None, ge=1)
+
+
+class JobCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(description="preset:NAME", examples=["preset:qwen2.5-0.5b"])
+    training_file: str = Field(description="a dataset id from POST /v1/datasets")
+    validation_file: str | None = None
+    device: str | None = Field(default=None, description="a device profile id",
+                               examples=["iphone-15-pro-max"])
+    memory_budget_mb: float | None = Field(default=None, gt=0, le=1 << 20,
+                                           description="overrides the device's budget")
+    method: Literal["mebp", "mezo", "backprop"] = "mebp"
+    hyperparameters: Hyperparameters = Hyperparameters()
+    config: Literal["auto"] | EngineKnobs = Field(
+        default="auto", description='"auto" (the fastest configuration predicted to fit) or '
+        "explicit trade-off knobs")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+    allow_infeasible: bool = Field(default=False, description="run even when the planner "
+                                   "predicts the budget is too small: the kernel cap decides")
+
+
+class JobError(BaseModel):
+    code: str
+    message: str
+    detail: dict | None = None
+
+
+class JobProgress(BaseModel):
+    step: int
+    total_steps: int
+    loss: float | None
+    peak_memory_mb: float | None = Field(description="the job's peak as the kernel counted it")
+    peak_anon_mb: float | None = Field(description="the engine process's peak anonymous memory")
+
+
+class JobPublic(BaseModel):
+    id: str
+    object: Literal["job"] = "job"
+    status: Literal["validating", "queued", "running", "succeeded", "failed", "cancelled"]
+    model: str
+    device: str | None
+    memory_budget_mb: float | None
+    method: str
+    config: dict = Field(description="the full training configuration, knobs included")
+    plan: dict | None
+    training_file: str
+    validation_file: str | None
+    fleet_id: str | None
+    enforcement: str | None = Field(description="how the budget was enforced: cgroup-v2, "
+                                    "cgroup-v1 or rlimit")
+    progress: JobProgress
+    error: JobError | None
+    adapter: dict | None
+    metadata: dict
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+
+class JobsPublic(BaseModel):
+    data: list[JobPublic]
+    count: int
+
+
+class EventPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: int
+    at: datetime
+    kind: str
+    message: str
+    data: dict
+
+
+class MetricPublic(BaseModel):
+    step: int
+    loss: float | None
+    data: dict
+    at: datetime
+
+
+class MetricsPublic(BaseModel):
+    data: list[MetricPublic]
+    count: int

@@ -1,12 +1,15 @@
-"""``Settings``: the only reader of the environment for the service."""
+"""``Settings``: the only reader of the environment for the service and its workers."""
 
 from __future__ import annotations
 
 import secrets
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+Enforcement = Literal["auto", "cgroup-v2", "cgroup-v1", "rlimit"]
 
 
 def default_data_dir() -> Path:
@@ -14,7 +17,8 @@ def default_data_dir() -> Path:
 
 
 class Settings(BaseSettings):
-    """Service settings from ``MEBP_*`` variables (``MEBP_API_KEY``, ``MEBP_DATA_DIR``...)."""
+    """Service settings from ``MEBP_*`` variables (``MEBP_API_KEY``, ``MEBP_DATA_DIR``...),
+    plus ``DATABASE_URL`` and ``REDIS_URL``."""
 
     model_config = SettingsConfigDict(env_prefix="MEBP_", extra="ignore")
 
@@ -25,6 +29,18 @@ class Settings(BaseSettings):
     api_key: str = Field(default_factory=lambda: "mebp-" + secrets.token_urlsafe(24),
                          min_length=8)
     cache_dir: Path | None = None  # packed models and the host calibration
+    # datasets and adapters; shared by every worker of a deployment (data_dir/storage if unset)
+    storage_dir: Path | None = None
     # PostgreSQL for a shared deployment; SQLite inside data_dir when unset
     database_url: str | None = Field(default=None, validation_alias="DATABASE_URL")
+    # a shared Redis; `mebp serve` starts an embedded one inside data_dir when unset
+    redis_url: str | None = Field(default=None, validation_alias="REDIS_URL")
+    queue_name: str = Field(default="mebp", min_length=1, max_length=64)
+    workers: int = Field(default=1, ge=0, le=64, description="workers `mebp serve` starts")
+    enforcement: Enforcement = "auto"  # how a job's memory budget is enforced
+    max_upload_bytes: int = Field(default=256 << 20, ge=1)
     threads: int | None = Field(default=None, ge=1)
+
+    @property
+    def storage_root(self) -> Path:
+        return self.storage_dir or self.data_dir / "storage"

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,6 +148,7 @@ def _run_pack(args: argparse.Namespace) -> int:
 
 def _run_train(args: argparse.Namespace) -> int:
     from mebp_core.engine.memory import MemorySampler
+    from mebp_core.engine.stop import StopOnSignals
     from mebp_core.engine.train import train
     from mebp_core.store.resolve import resolve_model
 
@@ -160,7 +159,7 @@ def _run_train(args: argparse.Namespace) -> int:
     # A first use packs the model in a child process: not part of the training footprint.
     model_dir = resolve_model(args.model, quant=config.quant, group_size=config.group_size,
                               isolated=True)
-    with MemorySampler() as sampler, _StopOnSignals() as stop:
+    with MemorySampler() as sampler, StopOnSignals() as stop:
         result = train(config, model_dir=model_dir, data=args.data, out=args.out,
                        sampler=sampler, init_adapter=args.init_adapter,
                        validation_data=args.validation_data, metrics_path=args.metrics,
@@ -272,35 +271,6 @@ def _checkpoint_blocks(text: str) -> int | str:
         raise argparse.ArgumentTypeError(f"expected a block count of at least 1 or 'none', "
                                          f"got {text!r}")
     return blocks
-
-
-class _StopOnSignals:
-    """SIGINT and SIGTERM ask the run to stop after the current step (it then checkpoints)."""
-
-    def __init__(self) -> None:
-        self._event = threading.Event()
-        self.signal_number = 0
-        self._previous: dict[int, object] = {}
-
-    def __enter__(self) -> _StopOnSignals:
-        for number in (signal.SIGINT, signal.SIGTERM):
-            self._previous[number] = signal.signal(number, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for number, handler in self._previous.items():
-            signal.signal(number, handler)
-
-    def _handle(self, number: int, frame: object) -> None:
-        if self._event.is_set():  # a second signal: stop now, the usual way
-            self.__exit__()
-            signal.raise_signal(number)
-            return
-        self.signal_number = number
-        self._event.set()
-
-    def is_set(self) -> bool:
-        return self._event.is_set()
 
 
 def _print_step(metrics) -> None:

@@ -1,12 +1,14 @@
-"""Request dependencies: the API key check and the settings of the running app."""
+"""Request dependencies: the API key check, the settings and a database session."""
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterator
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlmodel import Session
 
 from app.settings import Settings
 
@@ -15,6 +17,11 @@ _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <API k
 
 def get_settings(request: Request) -> Settings:
     return request.app.state.settings
+
+
+def get_session(request: Request) -> Iterator[Session]:
+    with Session(request.app.state.engine) as session:
+        yield session
 
 
 def require_api_key(
@@ -29,3 +36,7 @@ def require_api_key(
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionDep = Annotated[Session, Depends(get_session)]
+
+# Until issue 7 brings tenants and their keys, everything belongs to the bootstrap key's.
+DEFAULT_TENANT = "default"

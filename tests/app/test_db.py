@@ -6,17 +6,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import uuid
 
-import psycopg
-import pytest
+from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
-from app.db import database_url, make_engine, upgrade_database
+from app.db import MIGRATIONS, database_url, make_engine, upgrade_database
 
 TABLES = {"api_keys", "devices", "datasets", "fleets", "jobs", "events", "metrics", "adapters",
           "alembic_version"}
-POSTGRES_ADMIN = os.environ.get("MEBP_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+HEAD = ScriptDirectory(str(MIGRATIONS)).get_current_head()
 
 
 def assert_schema(url: str) -> None:
@@ -26,10 +24,11 @@ def assert_schema(url: str) -> None:
         assert TABLES <= names, TABLES - names
         columns = {c["name"] for c in inspect(engine).get_columns("jobs")}
         assert {"status", "config", "plan", "enforcement", "error_code", "memory_budget_bytes",
-                "peak_anon_bytes", "idempotency_key", "metadata"} <= columns
+                "peak_anon_bytes", "idempotency_key", "metadata", "cancel_requested",
+                "peak_memory_bytes", "error_detail"} <= columns
         with engine.connect() as connection:
             version = connection.execute(text("select version_num from alembic_version"))
-            assert version.scalar_one() == "0001"
+            assert version.scalar_one() == HEAD
     finally:
         engine.dispose()
 
@@ -40,17 +39,6 @@ def test_sqlite_in_the_data_dir_by_default(tmp_path):
     upgrade_database(url)
     upgrade_database(url)  # idempotent
     assert_schema(url)
-
-
-@pytest.fixture
-def postgres_url():
-    """A fresh database on the machine's PostgreSQL, dropped afterwards."""
-    name = f"mebp_test_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as admin:
-        admin.execute(f'create database "{name}"')
-    yield POSTGRES_ADMIN.rsplit("/", 1)[0] + "/" + name
-    with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as admin:
-        admin.execute(f'drop database "{name}" with (force)')
 
 
 def test_postgresql_through_database_url(postgres_url):

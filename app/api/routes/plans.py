@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from app.api.deps import SettingsDep
+from app.api.errors import invalid, invalid_from
 from app.schemas import PlanCreate, PlanPublic
 from mebp_core.cache import default_cache_dir
 from mebp_core.config import TrainConfig
@@ -24,18 +24,18 @@ def create_plan(body: PlanCreate, settings: SettingsDep) -> PlanPublic:
     """Sync on purpose: the first call on a host measures its calibration (~10 s) in a
     subprocess, which must not block the event loop."""
     if not body.model.startswith("preset:"):
-        raise _invalid("model", "must be preset:NAME (registered models come with jobs)",
+        raise invalid("model", "must be preset:NAME (registered models come with jobs)",
                        body.model)
     device = None
     if body.device is not None:
         device = load_devices().get(body.device)
         if device is None:
-            raise _invalid("device", f"unknown device profile (known: "
+            raise invalid("device", f"unknown device profile (known: "
                            f"{', '.join(load_devices())})", body.device)
     try:
         arch = load_architecture(body.model)
     except PlanInputError as exc:
-        raise _invalid("model", str(exc), body.model) from None
+        raise invalid("model", str(exc), body.model) from None
     try:
         config = TrainConfig(seq_len=body.seq_len, batch_size=body.batch_size,
                              lora_rank=body.lora_rank, lora_alpha=body.lora_alpha,
@@ -44,17 +44,11 @@ def create_plan(body: PlanCreate, settings: SettingsDep) -> PlanPublic:
                              group_size=body.group_size)
         workload = Workload.from_config(arch, config)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        raise _invalid(str(error["loc"][-1]), error["msg"], error.get("input")) from None
+        raise invalid_from(exc) from None
     except PlanInputError as exc:
-        raise _invalid("seq_len", str(exc), body.seq_len) from None
+        raise invalid("seq_len", str(exc), body.seq_len) from None
     host = load_calibration(settings.cache_dir or default_cache_dir(), settings.threads)
     budget = None if body.memory_budget_mb is None else int(body.memory_budget_mb * MB)
     plan = make_plan(workload, host, budget_bytes=budget, device=device, margin=body.margin)
     return PlanPublic(**plan.to_json())
 
-
-def _invalid(field: str, message: str, value) -> RequestValidationError:
-    """A 422 shaped like FastAPI's own, naming the body field."""
-    return RequestValidationError([{"type": "value_error", "loc": ("body", field),
-                                    "msg": message, "input": value}])

@@ -1,0 +1,128 @@
+"""``/v1/jobs``: submit a fine-tuning job for a device profile, follow it, cancel it."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi.responses import StreamingResponse
+from sqlmodel import select
+
+from app.api.deps import DEFAULT_TENANT, SessionDep, SettingsDep
+from app.api.errors import invalid
+from app.api.events import stream_events
+from app.crud import (
+    TERMINAL,
+    add_event,
+    events_after,
+    job_public,
+    latest_adapter,
+    metrics_after,
+    set_status,
+)
+from app.models import Dataset, Job
+from app.planning import plan_job
+from app.schemas import (
+    EventPublic,
+    JobCreate,
+    JobPublic,
+    JobsPublic,
+    MetricPublic,
+    MetricsPublic,
+)
+from app.storage import new_id
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+
+@router.post("", response_model=JobPublic, status_code=status.HTTP_201_CREATED,
+             responses={422: {"description": "invalid field, or a budget too small "
+                                             "(the error carries smallest_budget_mb)"}})
+def create_job(body: JobCreate, request: Request, session: SessionDep,
+               settings: SettingsDep) -> JobPublic:
+    for field in ("training_file", "validation_file"):
+        dataset_id = getattr(body, field)
+        if dataset_id is not None and session.get(Dataset, dataset_id) is None:
+            raise invalid(field, "no such dataset (upload it with POST /v1/datasets)",
+                          dataset_id)
+    if not body.model.startswith("preset:"):
+        raise invalid("model", "must be preset:NAME (see GET /v1/devices and the README "
+                      "for the presets)", body.model)
+    planned = plan_job(body, settings)
+    job = Job(id=new_id("job"), tenant=DEFAULT_TENANT, status="validating", model=body.model,
+              device_id=None if planned.device is None else planned.device.id,
+              memory_budget_bytes=planned.budget_bytes,
+              config=planned.config.model_dump(mode="json"), plan=planned.plan,
+              training_file=body.training_file, validation_file=body.validation_file,
+              total_steps=planned.config.steps, metadata_=body.metadata)
+    session.add(job)
+    session.flush()  # the row its events refer to goes first
+    add_event(session, job_id=job.id, kind="status", message="validated and planned",
+              data={"status": "validating", "plan": planned.plan})
+    set_status(session, job, "queued", "queued")
+    session.commit()
+    request.app.state.enqueue(job.id)
+    session.refresh(job)
+    return job_public(job, None)
+
+
+@router.get("", response_model=JobsPublic)
+def list_jobs(session: SessionDep, status_: str | None = Query(None, alias="status"),
+              limit: int = Query(100, ge=1, le=1000)) -> JobsPublic:
+    query = select(Job).order_by(Job.created_at.desc()).limit(limit)
+    if status_ is not None:
+        query = query.where(Job.status == status_)
+    jobs = session.exec(query).all()
+    return JobsPublic(data=[job_public(job, latest_adapter(session, job.id)) for job in jobs],
+                      count=len(jobs))
+
+
+@router.get("/{job_id}", response_model=JobPublic)
+def read_job(job_id: str, session: SessionDep) -> JobPublic:
+    job = get_job_or_404(session, job_id)
+    return job_public(job, latest_adapter(session, job.id))
+
+
+@router.post("/{job_id}/cancel", response_model=JobPublic)
+def cancel_job(job_id: str, session: SessionDep) -> JobPublic:
+    """A queued job is cancelled at once; a running one stops after its current step and
+    keeps the adapter trained so far."""
+    job = get_job_or_404(session, job_id)
+    if job.status in TERMINAL:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is already {job.status}")
+    if job.status == "running":
+        job.cancel_requested = True
+        session.add(job)
+        add_event(session, job_id=job.id, kind="cancel", message="cancel requested")
+    else:
+        set_status(session, job, "cancelled", "cancelled before it ran")
+    session.commit()
+    session.refresh(job)
+    return job_public(job, latest_adapter(session, job.id))
+
+
+@router.get("/{job_id}/events", response_model=list[EventPublic],
+            responses={200: {"content": {"text/event-stream": {}}}})
+def read_events(job_id: str, request: Request, session: SessionDep):
+    """The job's events; with ``Accept: text/event-stream``, a live stream of events and
+    per-step metrics that ends when the job does."""
+    get_job_or_404(session, job_id)
+    if "text/event-stream" in request.headers.get("accept", ""):
+        return StreamingResponse(
+            stream_events(request.app.state.engine, job_id,
+                          request.headers.get("last-event-id")),
+            media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return [EventPublic.model_validate(event) for event in events_after(session, job_id, 0)]
+
+
+@router.get("/{job_id}/metrics", response_model=MetricsPublic)
+def read_metrics(job_id: str, session: SessionDep) -> MetricsPublic:
+    get_job_or_404(session, job_id)
+    rows = metrics_after(session, job_id, 0)
+    return MetricsPublic(data=[MetricPublic(step=m.step, loss=m.loss, data=m.data, at=m.at)
+                               for m in rows], count=len(rows))
+
+
+def get_job_or_404(session, job_id: str) -> Job:
+    job = session.get(Job, job_id)
+    if job is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id!r}")
+    return job

@@ -1,0 +1,111 @@
+"""Turning a job request into its training config and plan, or a 422 naming the field.
+
+A budget the planner judges too small is refused with the smallest budget that would fit,
+unless the request allows it: then the job runs and the kernel cap decides.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from app.api.errors import invalid, invalid_from
+from app.schemas import JobCreate
+from app.settings import Settings
+from mebp_core.cache import default_cache_dir
+from mebp_core.config import EngineKnobs, TrainConfig
+from mebp_core.plan.arch import PlanInputError, load_architecture
+from mebp_core.plan.calibration import load_calibration
+from mebp_core.plan.devices import DeviceProfile, load_devices
+from mebp_core.plan.planner import Plan, PlanEntry, make_plan
+from mebp_core.plan.workload import MB, Workload
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    config: TrainConfig
+    device: DeviceProfile | None
+    budget_bytes: int
+    plan: dict  # what the planner predicted for the chosen configuration
+
+
+def plan_job(body: JobCreate, settings: Settings) -> PlannedJob:
+    device = _device(body.device)
+    budget_bytes = _budget_bytes(body, device)
+    try:
+        arch = load_architecture(body.model)
+    except PlanInputError as exc:
+        raise invalid("model", str(exc), body.model) from None
+    hyper = body.hyperparameters.model_dump(exclude={"learning_rate"})
+    knobs = EngineKnobs() if body.config == "auto" else body.config
+    try:
+        config = TrainConfig(method=body.method, seed=body.seed, lr=body.hyperparameters
+                             .learning_rate, knobs=knobs, **hyper)
+        workload = Workload.from_config(arch, config)
+    except ValidationError as exc:
+        raise invalid_from(exc, ("hyperparameters",)) from None
+    except PlanInputError as exc:
+        raise invalid(("hyperparameters", "seq_len"), str(exc), config.seq_len) from None
+    if config.method != "mebp":
+        # the planner models the mebp engine's knobs; other methods meet the cap as they are
+        return PlannedJob(config, device, budget_bytes,
+                          {"planned": False, "budget_mb": budget_bytes / MB,
+                           "reason": f"the planner models method mebp, not {config.method}"})
+    host = load_calibration(settings.cache_dir or default_cache_dir(), settings.threads)
+    plan = make_plan(workload, host, budget_bytes=budget_bytes, device=device,
+                     knobs=None if body.config == "auto" else [knobs])
+    chosen = plan.auto if plan.auto is not None else plan.smallest
+    if plan.auto is None and not body.allow_infeasible:
+        raise _infeasible(body, plan, budget_bytes)
+    config = config.model_copy(update={"knobs": chosen.knobs.model_copy(
+        update={"threads": settings.threads})})
+    return PlannedJob(config, device, budget_bytes, _plan_summary(plan, chosen))
+
+
+def _device(device_id: str | None) -> DeviceProfile | None:
+    if device_id is None:
+        return None
+    devices = load_devices()
+    if device_id not in devices:
+        raise invalid("device", f"unknown device profile (known: {', '.join(devices)})",
+                      device_id)
+    return devices[device_id]
+
+
+def _budget_bytes(body: JobCreate, device: DeviceProfile | None) -> int:
+    if body.memory_budget_mb is not None:
+        return int(body.memory_budget_mb * MB)
+    if device is not None and device.budget_bytes is not None:
+        return device.budget_bytes
+    field = "memory_budget_mb"
+    why = "required" if device is None else f"required: device {device.id!r} sets no budget"
+    raise invalid(field, f"{why} (or pick a device profile that has one)", None)
+
+
+def _infeasible(body: JobCreate, plan: Plan, budget_bytes: int):
+    smallest = plan.smallest_budget_mb()
+    what = "the configuration given" if body.config != "auto" else "no configuration"
+    return invalid(
+        "memory_budget_mb",
+        f"{what} is predicted to fit {budget_bytes / MB:.0f} MB (with the "
+        f"{plan.margin:.0%} margin); the smallest budget that fits is {smallest} MB "
+        f"({plan.smallest.prediction.dominant_component()} dominates). Raise the budget, "
+        f"or set allow_infeasible to run it under the kernel cap anyway",
+        round(budget_bytes / MB, 1), smallest_budget_mb=smallest)
+
+
+def _plan_summary(plan: Plan, chosen: PlanEntry) -> dict:
+    prediction = chosen.prediction
+    return {
+        "planned": True, "configuration": chosen.id, "feasible": chosen.feasible,
+        "budget_mb": round(plan.budget_bytes / MB, 1), "margin": plan.margin,
+        "predicted_peak_mb": round(prediction.peak_bytes / MB, 1),
+        "predicted_memory_mb": {k: round(v / MB, 1) for k, v in prediction.memory.items()},
+        "predicted_step_time_s": round(prediction.step_time_s, 4),
+        "device_step_time_s_estimate": None if chosen.device_step_time_s is None
+        else round(chosen.device_step_time_s, 3),
+        "smallest_budget_mb": plan.smallest_budget_mb(),
+        "smallest_configuration": plan.smallest.id,
+        "dominant_component": plan.smallest.prediction.dominant_component(),
+    }

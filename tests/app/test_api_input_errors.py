@@ -1,0 +1,78 @@
+"""Bad input to the service: each refusal is a 4xx naming the file, line or field, and
+leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+GOOD = b'{"text": "hello there"}\n'
+
+
+def test_a_malformed_dataset_is_refused_naming_its_line(service):
+    status, body = service.upload("chat.jsonl", GOOD + b'{"text": "ok"}\n{"text": 3}\n')
+    assert status == 422
+    assert body["detail"] == 'chat.jsonl:3: "text" must be a string, got an integer'
+    status, body = service.upload("broken.jsonl", GOOD + b'{"text": "unterminated\n')
+    assert status == 422 and body["detail"].startswith("broken.jsonl:2: invalid JSON")
+    assert service.upload("empty.jsonl", b"\n\n")[0] == 422
+
+
+def test_an_oversized_upload_is_refused_and_not_kept(service):
+    before = service.request("GET", "/v1/datasets")[1]["count"]
+    status, body = service.upload("big.jsonl", GOOD * (service.max_upload_bytes // len(GOOD) + 10))
+    assert status == 413 and "upload limit" in body["detail"]
+    assert service.request("GET", "/v1/datasets")[1]["count"] == before
+    datasets = service.output.parent / "data" / "storage" / "datasets"
+    assert all(not path.name.startswith(".") for path in datasets.iterdir())
+
+
+@pytest.fixture(scope="module")
+def dataset_id(service) -> str:
+    return service.upload("train.jsonl", GOOD * 4)[1]["id"]
+
+
+@pytest.mark.parametrize("change, loc", [
+    ({"device": "nokia-3310"}, ["body", "device"]),
+    ({"model": "preset:gpt-17"}, ["body", "model"]),
+    ({"model": "/etc"}, ["body", "model"]),
+    ({"training_file": "ds-missing"}, ["body", "training_file"]),
+    ({"validation_file": "ds-missing"}, ["body", "validation_file"]),
+    ({"hyperparameters": {"lora_rank": 0}}, ["body", "hyperparameters", "lora_rank"]),
+    ({"hyperparameters": {"lorarank": 4}}, ["body", "hyperparameters", "lorarank"]),
+    ({"hyperparameters": {"seq_len": 1 << 17}}, ["body", "hyperparameters", "seq_len"]),
+    ({"method": "mezo", "hyperparameters": {"optimizer": "adamw"}}, ["body", "hyperparameters"]),
+    ({"config": {"checkpoint_blocks": 0}}, ["body", "config"]),
+    ({"device": None, "memory_budget_mb": None}, ["body", "memory_budget_mb"]),
+    ({"memory_budget_mb": -5}, ["body", "memory_budget_mb"]),
+])
+def test_an_invalid_job_field_is_named_in_a_422(service, dataset_id, change, loc):
+    body = {"model": "preset:tiny", "training_file": dataset_id, "device": "pixel-8", **change}
+    before = service.request("GET", "/v1/jobs")[1]["count"]
+    status, error = service.request("POST", "/v1/jobs", body)
+    assert status == 422, error
+    assert error["detail"][0]["loc"][:len(loc)] == loc, error
+    assert service.request("GET", "/v1/jobs")[1]["count"] == before
+
+
+def test_unknown_ids_are_404s(service):
+    for path in ("/v1/jobs/job-nope", "/v1/jobs/job-nope/events", "/v1/jobs/job-nope/metrics",
+                 "/v1/jobs/job-nope/adapter", "/v1/datasets/ds-nope"):
+        status, body = service.request("GET", path)
+        assert status == 404 and "nope" in body["detail"], path
+    assert service.request("POST", "/v1/jobs/job-nope/cancel")[0] == 404
+
+
+def test_tokens_outside_the_vocabulary_fail_the_job_naming_dataset_and_line(service):
+    rows = GOOD + json.dumps({"input_ids": [1, 2, 10_000_000]}).encode() + b"\n"
+    status, dataset = service.upload("tokens.jsonl", rows)
+    assert status == 201  # its shape is fine; the vocabulary is the model's
+    status, job = service.request("POST", "/v1/jobs", {
+        "model": "preset:tiny", "training_file": dataset["id"], "device": "pixel-8",
+        "hyperparameters": {"steps": 1, "seq_len": 32}})
+    assert status == 201, job
+    job = service.finished(job["id"])
+    assert job["status"] == "failed" and job["error"]["code"] == "invalid_input"
+    assert f"dataset {dataset['id']}:2:" in job["error"]["message"]
+    assert "outside the vocabulary" in job["error"]["message"]

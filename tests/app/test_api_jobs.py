@@ -1,0 +1,137 @@
+"""The service end to end over real HTTP, on the embedded defaults and on the machine's real
+Redis and PostgreSQL: upload, submit on a device profile, follow the events, download the
+adapter and load it with PEFT; the planner's 422; the kernel cap killing a job over its
+budget while the worker keeps serving; cancel."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import zipfile
+
+import pytest
+import torch
+from peft import PeftModel
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from mebp_core.store.presets import save_preset_as_hf
+
+ROWS = b"".join(json.dumps({"text": f"the quick brown fox {i} jumps over the lazy dog"})
+                .encode() + b"\n" for i in range(32))
+SMALL_JOB = {"model": "preset:tiny", "device": "iphone-15-pro-max",
+             "hyperparameters": {"steps": 4, "seq_len": 64, "learning_rate": 0.05}}
+# activations of seq 1024 x batch 4 need ~450 MB even at the smallest configuration
+OVER_BUDGET_JOB = {"model": "preset:tiny", "memory_budget_mb": 300,
+                   "hyperparameters": {"steps": 3, "seq_len": 1024, "batch_size": 4}}
+
+
+@pytest.fixture(scope="module")
+def tiny_hf_dir(tmp_path_factory):
+    return save_preset_as_hf("tiny", tmp_path_factory.mktemp("tiny-hf") / "tiny")
+
+
+def upload_rows(service, rows: bytes = ROWS) -> str:
+    status, dataset = service.upload("train.jsonl", rows)
+    assert status == 201, dataset
+    assert dataset["rows"] == rows.count(b"\n")
+    assert dataset["sha256"] == hashlib.sha256(rows).hexdigest()
+    return dataset["id"]
+
+
+def submit(service, body: dict, dataset_id: str) -> dict:
+    status, job = service.request("POST", "/v1/jobs", {**body, "training_file": dataset_id})
+    assert status == 201, job
+    return job
+
+
+def test_a_job_runs_under_its_device_budget_and_its_adapter_loads_in_peft(any_service,
+                                                                          tiny_hf_dir):
+    service = any_service
+    job = submit(service, SMALL_JOB, upload_rows(service))
+    assert job["status"] == "queued" and job["device"] == "iphone-15-pro-max"
+    assert job["memory_budget_mb"] == 1024 and job["plan"]["feasible"] is True
+
+    events = list(service.events(job["id"]))
+    steps = [data["step"] for kind, data in events if kind == "metric"]
+    statuses = [data["status"] for kind, data in events if kind == "status"]
+    assert steps == [1, 2, 3, 4]
+    assert statuses == ["validating", "queued", "running", "succeeded"]
+    assert events[-1] == ("end", {"status": "succeeded"})
+
+    job = service.request("GET", f"/v1/jobs/{job['id']}")[1]
+    assert job["status"] == "succeeded" and job["error"] is None
+    assert job["enforcement"] in ("cgroup-v2", "cgroup-v1")
+    progress = job["progress"]
+    assert progress["step"] == progress["total_steps"] == 4 and progress["loss"] > 0
+    assert 0 < progress["peak_memory_mb"] <= 1024
+    assert job["started_at"] <= job["finished_at"]
+    metrics = service.request("GET", f"/v1/jobs/{job['id']}/metrics")[1]
+    assert [m["step"] for m in metrics["data"]] == [1, 2, 3, 4]
+    assert all(m["data"]["peak_anon_mb"] > 0 for m in metrics["data"])
+
+    response = service.client.get(f"/v1/jobs/{job['id']}/adapter")
+    assert response.status_code == 200 and response.headers["content-type"] == "application/zip"
+    assert response.headers["x-adapter-sha256"] == job["adapter"]["sha256"]
+    adapter_dir = tiny_hf_dir.parent / f"adapter-{job['id']}"
+    zipfile.ZipFile(io.BytesIO(response.content)).extractall(adapter_dir)
+    saved = load_file(adapter_dir / "adapter_model.safetensors")
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_hf_dir),
+                                      adapter_dir)
+    loaded = {name: param for name, param in model.named_parameters() if "lora_" in name}
+    assert len(loaded) == len(saved)
+    for name, tensor in saved.items():
+        peft_name = name.replace(".weight", ".default.weight")
+        assert torch.equal(loaded[peft_name].detach(), tensor), name
+    assert any(tensor.abs().sum() > 0 for name, tensor in saved.items() if "lora_B" in name)
+
+    for fmt, media in (("gguf", "application/octet-stream"), ("mlx", "application/zip")):
+        response = service.client.get(f"/v1/jobs/{job['id']}/adapter", params={"format": fmt})
+        assert response.status_code == 200 and response.headers["content-type"] == media
+        assert len(response.content) > 1000
+
+
+def test_a_budget_too_small_is_refused_then_killed_by_the_kernel_cap(any_service):
+    service = any_service
+    dataset_id = upload_rows(service)
+    status, refused = service.request("POST", "/v1/jobs",
+                                      {**OVER_BUDGET_JOB, "training_file": dataset_id})
+    assert status == 422
+    error = refused["detail"][0]
+    assert error["loc"] == ["body", "memory_budget_mb"]
+    assert error["smallest_budget_mb"] > 300 and str(error["smallest_budget_mb"]) in error["msg"]
+
+    job = submit(service, {**OVER_BUDGET_JOB, "allow_infeasible": True}, dataset_id)
+    job = service.finished(job["id"])
+    assert job["status"] == "failed", job
+    assert job["error"]["code"] == "memory_budget_exceeded"
+    detail = job["error"]["detail"]
+    assert detail["cap_mb"] == 300 and detail["peak_mb"] >= 0.9 * 300
+    assert detail["suggested_budget_mb"] == error["smallest_budget_mb"]
+    assert "300 MB" in job["error"]["message"] and job["adapter"] is None
+
+    # the worker keeps serving
+    after = service.finished(submit(service, SMALL_JOB, dataset_id)["id"])
+    assert after["status"] == "succeeded", after
+
+
+def test_cancel_stops_a_running_job_keeping_its_adapter_and_drops_a_queued_one(any_service):
+    service = any_service
+    dataset_id = upload_rows(service)
+    long_job = {**SMALL_JOB, "hyperparameters": {"steps": 100_000, "seq_len": 64}}
+    running = submit(service, long_job, dataset_id)
+    queued = submit(service, long_job, dataset_id)  # behind it: one worker
+    service.wait_for(running["id"], lambda job: job["progress"]["step"] >= 2)
+
+    status, cancelled = service.request("POST", f"/v1/jobs/{queued['id']}/cancel")
+    assert status == 200 and cancelled["status"] == "cancelled"
+    status, _ = service.request("POST", f"/v1/jobs/{running['id']}/cancel")
+    assert status == 200
+    job = service.finished(running["id"], timeout_s=20)
+    assert job["status"] == "cancelled" and job["error"] is None
+    assert 2 <= job["progress"]["step"] < 100_000 and job["adapter"] is not None
+    assert service.client.get(f"/v1/jobs/{running['id']}/adapter").status_code == 200
+    assert service.request("POST", f"/v1/jobs/{running['id']}/cancel")[0] == 409
+    never_ran = service.request("GET", f"/v1/jobs/{queued['id']}")[1]
+    assert never_ran["status"] == "cancelled" and never_ran["started_at"] is None

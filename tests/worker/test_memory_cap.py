@@ -1,0 +1,76 @@
+"""The memory cap on this machine's real kernel: a cgroup (v2 where its memory controller is
+usable, else v1) kills a process past its limit and reports it, and is always removed; the
+rlimit fallback makes the allocation fail instead."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from worker.memory_cap import (
+    MemoryCapError,
+    RlimitCap,
+    open_memory_cap,
+    v1_hierarchy,
+    v2_hierarchy,
+)
+
+MB = 1 << 20
+ALLOCATE = "import sys; block = b'x' * (int(sys.argv[1]) << 20)"  # every page written
+
+
+def run_capped(cap, allocate_mb: int) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", ALLOCATE, str(allocate_mb)],
+                          preexec_fn=cap.enter, capture_output=True, text=True, timeout=60)
+
+
+def test_auto_takes_a_cgroup_here_preferring_v2():
+    cap, warning = open_memory_cap("auto", f"test-{uuid.uuid4().hex[:8]}", 256 * MB)
+    try:
+        expected = "cgroup-v2" if v2_hierarchy() else "cgroup-v1" if v1_hierarchy() else "rlimit"
+        assert cap.mode == expected and (warning is None) == (expected != "rlimit")
+    finally:
+        cap.close()
+
+
+def test_a_cgroup_kills_past_its_limit_reports_the_peak_and_is_removed():
+    cap, _ = open_memory_cap("auto", f"test-{uuid.uuid4().hex[:8]}", 96 * MB)
+    if cap.mode == "rlimit":
+        cap.close()
+        pytest.fail("this machine can make a memory cgroup; open_memory_cap did not")
+    try:
+        done = run_capped(cap, 400)
+        assert done.returncode == -9  # SIGKILL from the kernel's OOM killer
+        assert cap.oom_killed()
+        assert 0.9 * 96 * MB <= cap.peak_bytes() <= 96 * MB
+    finally:
+        cap.close()
+    assert not cap.path.exists()
+
+
+def test_a_cgroup_lets_a_process_within_its_limit_finish():
+    cap, _ = open_memory_cap("auto", f"test-{uuid.uuid4().hex[:8]}", 256 * MB)
+    try:
+        done = run_capped(cap, 64)
+        assert done.returncode == 0, done.stderr
+        assert not cap.oom_killed() and cap.peak_bytes() >= 64 * MB
+    finally:
+        cap.close()
+
+
+def test_the_rlimit_fallback_fails_the_allocation():
+    cap, warning = open_memory_cap("rlimit", "unused", 200 * MB)
+    assert isinstance(cap, RlimitCap) and warning is None
+    done = run_capped(cap, 400)
+    assert done.returncode == 1 and "MemoryError" in done.stderr
+    assert run_capped(cap, 32).returncode == 0
+
+
+def test_asking_for_a_hierarchy_the_machine_lacks_is_an_error(tmp_path):
+    with pytest.raises(MemoryCapError, match="cgroup-v2: no hierarchy"):
+        open_memory_cap("cgroup-v2", "x", 64 * MB, root=tmp_path)
+    cap, warning = open_memory_cap("auto", "x", 64 * MB, root=tmp_path)
+    assert cap.mode == "rlimit" and "falling back to RLIMIT_DATA" in warning

@@ -1,0 +1,184 @@
+"""A kernel-enforced memory cap for one job's engine process.
+
+In order of preference: a fresh cgroup v2 (``memory.max``, ``memory.swap.max`` 0,
+``memory.oom.group``), a fresh cgroup v1 (``memory.limit_in_bytes`` and, where swap is
+accounted, ``memory.memsw.limit_in_bytes``) when no v2 hierarchy has the memory controller,
+and an ``RLIMIT_DATA`` when no cgroup can be made. ``mode`` says which one a job got.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import time
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+GROUP_PARENT = "mebp"  # every job's cgroup lives under <hierarchy>/mebp/
+
+
+class MemoryCapError(RuntimeError):
+    """The requested enforcement cannot be set up on this machine."""
+
+
+class RlimitCap:
+    """``RLIMIT_DATA`` on the child: an allocation past the budget fails in the engine,
+    which reports it; not a kernel kill, and only the process's own data segment counts."""
+
+    mode = "rlimit"
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.limit_bytes = limit_bytes
+
+    def enter(self) -> None:  # in the child, before exec
+        resource.setrlimit(resource.RLIMIT_DATA, (self.limit_bytes, self.limit_bytes))
+
+    def peak_bytes(self) -> int | None:
+        return None
+
+    def oom_killed(self) -> bool:
+        return False
+
+    def close(self) -> None:
+        pass
+
+
+class _CgroupCap:
+    mode = ""
+    _procs = "cgroup.procs"
+
+    def __init__(self, path: Path, limit_bytes: int) -> None:
+        self.path, self.limit_bytes = path, limit_bytes
+
+    def enter(self) -> None:  # in the child, before exec: every byte it maps is charged
+        (self.path / self._procs).write_text(str(os.getpid()))
+
+    def close(self) -> None:
+        """Kill whatever is left in the group and remove it (retrying while it drains)."""
+        for _ in range(50):
+            try:
+                for pid in (self.path / self._procs).read_text().split():
+                    os.kill(int(pid), signal.SIGKILL)
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except (OSError, ProcessLookupError):
+                time.sleep(0.1)
+        raise MemoryCapError(f"could not remove cgroup {self.path}")
+
+    def _read_int(self, name: str) -> int | None:
+        try:
+            return int((self.path / name).read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def _read_keyed(self, name: str) -> dict[str, int]:
+        try:
+            lines = (self.path / name).read_text().splitlines()
+        except OSError:
+            return {}
+        return {k: int(v) for k, v in (line.split() for line in lines if line.strip())}
+
+
+class CgroupV2Cap(_CgroupCap):
+    mode = "cgroup-v2"
+
+    @classmethod
+    def create(cls, hierarchy: Path, name: str, limit_bytes: int) -> CgroupV2Cap:
+        parent = hierarchy / GROUP_PARENT
+        parent.mkdir(exist_ok=True)
+        for node in (hierarchy, parent):  # the memory controller must reach the leaf
+            enabled = (node / "cgroup.subtree_control").read_text().split()
+            if "memory" not in enabled:
+                (node / "cgroup.subtree_control").write_text("+memory")
+        path = parent / name
+        path.mkdir()
+        cap = cls(path, limit_bytes)
+        try:
+            (path / "memory.max").write_text(str(limit_bytes))
+            if (path / "memory.swap.max").exists():
+                (path / "memory.swap.max").write_text("0")
+            (path / "memory.oom.group").write_text("1")
+        except OSError:
+            cap.close()
+            raise
+        return cap
+
+    def peak_bytes(self) -> int | None:
+        return self._read_int("memory.peak")
+
+    def oom_killed(self) -> bool:
+        return self._read_keyed("memory.events").get("oom_kill", 0) > 0
+
+
+class CgroupV1Cap(_CgroupCap):
+    mode = "cgroup-v1"
+
+    @classmethod
+    def create(cls, hierarchy: Path, name: str, limit_bytes: int) -> CgroupV1Cap:
+        path = hierarchy / GROUP_PARENT / name
+        path.mkdir(parents=True)
+        cap = cls(path, limit_bytes)
+        try:
+            (path / "memory.limit_in_bytes").write_text(str(limit_bytes))
+            # memory+swap at the same limit: a capped job cannot spill into swap
+            if (path / "memory.memsw.limit_in_bytes").exists():
+                (path / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
+        except OSError:
+            cap.close()
+            raise
+        return cap
+
+    def peak_bytes(self) -> int | None:
+        return self._read_int("memory.max_usage_in_bytes")
+
+    def oom_killed(self) -> bool:
+        control = self._read_keyed("memory.oom_control")
+        if "oom_kill" in control:
+            return control["oom_kill"] > 0
+        return (self._read_int("memory.failcnt") or 0) > 0  # kernels before 4.13
+
+
+MemoryCap = RlimitCap | CgroupV2Cap | CgroupV1Cap
+
+
+def v2_hierarchy(root: Path = CGROUP_ROOT) -> Path | None:
+    """The cgroup v2 mount whose root offers the memory controller, if any."""
+    for candidate in (root, root / "unified"):
+        controllers = candidate / "cgroup.controllers"
+        if controllers.is_file() and "memory" in controllers.read_text().split():
+            return candidate
+    return None
+
+
+def v1_hierarchy(root: Path = CGROUP_ROOT) -> Path | None:
+    path = root / "memory"
+    return path if (path / "memory.limit_in_bytes").is_file() else None
+
+
+def open_memory_cap(enforcement: str, name: str, limit_bytes: int,
+                    root: Path = CGROUP_ROOT) -> tuple[MemoryCap, str | None]:
+    """A cap of ``limit_bytes`` by ``enforcement`` (auto, cgroup-v2, cgroup-v1, rlimit);
+    with auto, the best this machine allows and, when that is not a cgroup, why."""
+    attempts = {"cgroup-v2": (v2_hierarchy, CgroupV2Cap),
+                "cgroup-v1": (v1_hierarchy, CgroupV1Cap)}
+    wanted = list(attempts) if enforcement == "auto" else [enforcement]
+    reasons = []
+    for mode in wanted:
+        if mode == "rlimit":
+            return RlimitCap(limit_bytes), None
+        find, cap_class = attempts[mode]
+        hierarchy = find(root)
+        if hierarchy is None:
+            reasons.append(f"{mode}: no hierarchy with the memory controller")
+            continue
+        try:
+            return cap_class.create(hierarchy, name, limit_bytes), None
+        except OSError as exc:
+            reasons.append(f"{mode}: {exc.strerror or exc} ({hierarchy})")
+    if enforcement != "auto":
+        raise MemoryCapError("; ".join(reasons))
+    return RlimitCap(limit_bytes), "no cgroup could be made (" + "; ".join(reasons) + \
+        "): falling back to RLIMIT_DATA"

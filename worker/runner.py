@@ -1,0 +1,187 @@
+"""``run_job``: what a worker does with a job id taken from the queue.
+
+The worker packs the model (outside the cap), starts the engine in a child process inside a
+fresh memory cap at the job's budget, copies each step's metrics into the database as the
+child writes them, passes a cancel on as SIGTERM, and records how the child ended, reading
+the kernel's peak and OOM count before removing the cap.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+from sqlalchemy import Engine
+from sqlmodel import Session
+
+from app.crud import add_event, fail_job, set_status
+from app.db import database_url, make_engine
+from app.models import Adapter, Dataset, Job, Metric
+from app.settings import Settings
+from app.storage import job_dir, new_id, sha256_files
+from mebp_core.cache import default_cache_dir
+from mebp_core.lora.peft_io import ADAPTER_FILES
+from mebp_core.plan.workload import MB
+from mebp_core.store.resolve import resolve_model
+from worker.child import ADAPTER, METRICS, REQUEST, RESULT
+from worker.memory_cap import MemoryCap, open_memory_cap
+from worker.metrics_tail import MetricsTail
+
+POLL_S = 0.2
+BASE_CONFIG = "base_config.json"
+
+
+def run_job(job_id: str) -> str:
+    """The RQ entry point (by name: ``worker.runner.run_job``); returns the final status."""
+    settings = Settings()
+    engine = make_engine(database_url(settings.database_url, settings.data_dir))
+    try:
+        return JobRun(settings, engine, job_id).run()
+    finally:
+        engine.dispose()
+
+
+class JobRun:
+    def __init__(self, settings: Settings, engine: Engine, job_id: str) -> None:
+        self.settings, self.engine, self.job_id = settings, engine, job_id
+        self.dir = job_dir(settings.storage_root, job_id)
+
+    def run(self) -> str:
+        with Session(self.engine) as session:
+            job = session.get(Job, self.job_id)
+            if job is None or job.status != "queued":  # cancelled while queued, or done
+                return "skipped" if job is None else job.status
+            set_status(session, job, "running", "started")
+            session.commit()
+            try:
+                request = self._prepare(session, job)
+                self._run_capped(session, job, request)
+            except Exception as exc:  # the job ends failed; the worker keeps serving
+                session.rollback()
+                job = session.get(Job, self.job_id)
+                fail_job(session, job, "worker_error", f"{type(exc).__name__}: {exc}")
+                session.commit()
+                raise
+            return job.status
+
+    def _prepare(self, session: Session, job: Job) -> dict:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        config = job.config
+        add_event(session, job_id=job.id, kind="log", message=f"preparing {job.model}")
+        session.commit()
+        model_dir = resolve_model(job.model, quant=config["quant"],
+                                  group_size=config["group_size"],
+                                  cache_dir=self.settings.cache_dir or default_cache_dir(),
+                                  isolated=True)
+        shutil.copyfile(model_dir / "config.json", self.dir / BASE_CONFIG)
+        validation = None if job.validation_file is None else \
+            session.get(Dataset, job.validation_file).path
+        request = {"config": config, "model": job.model, "model_dir": str(model_dir),
+                   "data": session.get(Dataset, job.training_file).path,
+                   "validation_data": validation}
+        (self.dir / REQUEST).write_text(json.dumps(request, indent=2))
+        return request
+
+    def _run_capped(self, session: Session, job: Job, request: dict) -> None:
+        cap, warning = open_memory_cap(self.settings.enforcement, job.id,
+                                       job.memory_budget_bytes)
+        job.enforcement = cap.mode
+        add_event(session, job_id=job.id, kind="log",
+                  message=f"engine running under a {cap.mode} cap of "
+                  f"{job.memory_budget_bytes / MB:.0f} MB" + (f"; {warning}" if warning else ""),
+                  data={"enforcement": cap.mode, "cap_mb": job.memory_budget_bytes / MB})
+        session.commit()
+        try:
+            with open(self.dir / "engine.log", "ab") as log:
+                child = subprocess.Popen([sys.executable, "-m", "worker.child", str(self.dir)],
+                                         stdout=log, stderr=subprocess.STDOUT,
+                                         preexec_fn=cap.enter)
+                self._follow(session, job, child, cap)
+            self._finish(session, job, child.returncode, cap, request)
+        finally:
+            cap.close()
+
+    def _follow(self, session: Session, job: Job, child: subprocess.Popen,
+                cap: MemoryCap) -> None:
+        """Copy metrics into the database until the child exits; pass a cancel on."""
+        tail = MetricsTail(self.dir / METRICS)
+        signalled = False
+        while True:
+            exited = child.poll() is not None
+            for row in tail.read_new():  # after poll: the lines of a finished child are all in
+                self._record_step(session, job, row)
+            job.peak_memory_bytes = cap.peak_bytes() or job.peak_memory_bytes
+            session.add(job)
+            session.commit()
+            if exited:
+                return
+            session.refresh(job)
+            if job.cancel_requested and not signalled:
+                child.send_signal(signal.SIGTERM)  # stops after the step, keeps the adapter
+                signalled = True
+                add_event(session, job_id=job.id, kind="log",
+                          message="stopping after the current step")
+            time.sleep(POLL_S)
+
+    def _record_step(self, session: Session, job: Job, row: dict) -> None:
+        step, loss = row.pop("step"), row.pop("loss", None)
+        session.add(Metric(job_id=job.id, step=step, loss=loss, data=row))
+        job.step, job.last_loss = step, loss
+        if "peak_anon_mb" in row:
+            job.peak_anon_bytes = int(row["peak_anon_mb"] * MB)
+
+    def _finish(self, session: Session, job: Job, returncode: int, cap: MemoryCap,
+                request: dict) -> None:
+        result_path = self.dir / RESULT
+        result = json.loads(result_path.read_text()) if result_path.is_file() else None
+        job.peak_memory_bytes = cap.peak_bytes() or job.peak_memory_bytes
+        if result is not None and result["status"] in ("succeeded", "cancelled"):
+            self._keep_adapter(session, job)
+            message = "succeeded" if result["status"] == "succeeded" else \
+                f"cancelled after step {result['steps']}; the adapter so far is kept"
+            set_status(session, job, result["status"], message,
+                       data={"final_loss": result["final_loss"]})
+        elif cap.oom_killed() or (result or {}).get("code") == "memory_budget_exceeded":
+            self._fail_over_budget(session, job, cap)
+        elif result is not None:
+            message = result["message"].replace(request["data"], f"dataset {job.training_file}")
+            if request["validation_data"]:
+                message = message.replace(request["validation_data"],
+                                          f"dataset {job.validation_file}")
+            fail_job(session, job, result["code"], message)
+        else:
+            fail_job(session, job, "engine_crashed",
+                     f"the engine exited with code {returncode} and no result; "
+                     f"last lines: {self._log_tail()}")
+        session.commit()
+
+    def _fail_over_budget(self, session: Session, job: Job, cap: MemoryCap) -> None:
+        cap_mb = job.memory_budget_bytes / MB
+        peak = job.peak_memory_bytes or job.peak_anon_bytes
+        peak_mb = None if peak is None else round(peak / MB, 1)
+        suggestion = (job.plan or {}).get("smallest_budget_mb")
+        message = (f"{'killed by the kernel at' if cap.oom_killed() else 'ran out of'} the "
+                   f"job's memory cap of {cap_mb:.0f} MB ({cap.mode})"
+                   + (f"; peak {peak_mb} MB" if peak_mb is not None else "")
+                   + (f"; the planner's smallest budget that fits is {suggestion} MB"
+                      if suggestion else ""))
+        fail_job(session, job, "memory_budget_exceeded", message,
+                 {"cap_mb": round(cap_mb, 1), "peak_mb": peak_mb, "enforcement": cap.mode,
+                  "step": job.step, "suggested_budget_mb": suggestion,
+                  "suggested_configuration": (job.plan or {}).get("smallest_configuration")})
+
+    def _keep_adapter(self, session: Session, job: Job) -> None:
+        adapter = self.dir / ADAPTER
+        files = [adapter / name for name in sorted(ADAPTER_FILES)]
+        session.add(Adapter(id=new_id("ad"), job_id=job.id, path=str(adapter),
+                            sha256=sha256_files(files),
+                            bytes=sum(f.stat().st_size for f in files)))
+
+    def _log_tail(self, lines: int = 5) -> str:
+        path = self.dir / "engine.log"
+        text = path.read_text(errors="replace") if path.is_file() else ""
+        return " | ".join(text.strip().splitlines()[-lines:])
