@@ -8,7 +8,7 @@ from sqlalchemy import text
 from sqlmodel import Session
 
 from app.api.deps import require_api_key
-from app.api.routes import adapters, datasets, devices, jobs, plans
+from app.api.routes import adapters, datasets, devices, fleets, jobs, plans
 from app.crud import sync_builtin_devices
 from app.db import database_url, make_engine
 from app.queue import connect, enqueue_job, job_queue
@@ -33,7 +33,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.enqueue = lambda job_id: enqueue_job(queue, job_id)
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
-    for module in (devices, plans, datasets, jobs, adapters):
+    for module in (devices, plans, datasets, jobs, adapters, fleets):
         v1.include_router(module.router)
     app.include_router(v1)
 

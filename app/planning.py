@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
 
 from app.api.errors import invalid, invalid_from
@@ -28,9 +29,24 @@ class PlannedJob:
     device: DeviceProfile | None
     budget_bytes: int
     plan: dict  # what the planner predicted for the chosen configuration
+    feasible: bool = True  # False: predicted not to fit; `infeasible_error` explains
+
+    def infeasible_error(self) -> RequestValidationError:
+        """The 422 for a budget too small, with the smallest budget that fits."""
+        smallest = self.plan["smallest_budget_mb"]
+        return invalid(
+            "memory_budget_mb",
+            f"{'no configuration' if self.plan['chosen_by'] == 'auto' else 'the config given'}"
+            f" is predicted to fit {self.budget_bytes / MB:.0f} MB (with the "
+            f"{self.plan['margin']:.0%} margin); the smallest budget that fits is "
+            f"{smallest} MB ({self.plan['dominant_component']} dominates). Raise the budget, "
+            f"or set allow_infeasible to run it under the kernel cap anyway",
+            round(self.budget_bytes / MB, 1), smallest_budget_mb=smallest)
 
 
 def plan_job(body: JobCreate, settings: Settings) -> PlannedJob:
+    """The job's config with the knobs it runs with, and the planner's verdict on its budget
+    (the fastest configuration that fits, or the smallest one when none does)."""
     device = _device(body.device)
     budget_bytes = _budget_bytes(body, device)
     try:
@@ -56,11 +72,11 @@ def plan_job(body: JobCreate, settings: Settings) -> PlannedJob:
     plan = make_plan(workload, host, budget_bytes=budget_bytes, device=device,
                      knobs=None if body.config == "auto" else [knobs])
     chosen = plan.auto if plan.auto is not None else plan.smallest
-    if plan.auto is None and not body.allow_infeasible:
-        raise _infeasible(body, plan, budget_bytes)
     config = config.model_copy(update={"knobs": chosen.knobs.model_copy(
         update={"threads": settings.threads})})
-    return PlannedJob(config, device, budget_bytes, _plan_summary(plan, chosen))
+    summary = {**_plan_summary(plan, chosen),
+               "chosen_by": "auto" if body.config == "auto" else "request"}
+    return PlannedJob(config, device, budget_bytes, summary, feasible=plan.auto is not None)
 
 
 def _device(device_id: str | None) -> DeviceProfile | None:
@@ -81,18 +97,6 @@ def _budget_bytes(body: JobCreate, device: DeviceProfile | None) -> int:
     field = "memory_budget_mb"
     why = "required" if device is None else f"required: device {device.id!r} sets no budget"
     raise invalid(field, f"{why} (or pick a device profile that has one)", None)
-
-
-def _infeasible(body: JobCreate, plan: Plan, budget_bytes: int):
-    smallest = plan.smallest_budget_mb()
-    what = "the configuration given" if body.config != "auto" else "no configuration"
-    return invalid(
-        "memory_budget_mb",
-        f"{what} is predicted to fit {budget_bytes / MB:.0f} MB (with the "
-        f"{plan.margin:.0%} margin); the smallest budget that fits is {smallest} MB "
-        f"({plan.smallest.prediction.dominant_component()} dominates). Raise the budget, "
-        f"or set allow_infeasible to run it under the kernel cap anyway",
-        round(budget_bytes / MB, 1), smallest_budget_mb=smallest)
 
 
 def _plan_summary(plan: Plan, chosen: PlanEntry) -> dict:

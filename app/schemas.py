@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from mebp_core.config import EngineKnobs
 
@@ -198,4 +198,82 @@ class MetricPublic(BaseModel):
 
 class MetricsPublic(BaseModel):
     data: list[MetricPublic]
+    count: int
+
+
+class SimulatedDevices(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    device: str = Field(description="the profile of every simulated phone")
+    count: int = Field(ge=1, le=256, description="phones, each trained on its own shard")
+
+
+class FleetCreate(BaseModel):
+    """One model and dataset across device profiles, or across N simulated phones of one
+    profile each holding its own shard of the data: one job per device."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(examples=["preset:qwen2.5-0.5b"])
+    training_file: str
+    validation_file: str | None = None
+    devices: list[str] | None = Field(default=None, min_length=1, max_length=64,
+                                      examples=[["iphone-15-pro-max", "pixel-8"]])
+    simulated: SimulatedDevices | None = None
+    memory_budget_mb: float | None = Field(default=None, gt=0, le=1 << 20,
+                                           description="overrides every device's budget")
+    method: Literal["mebp", "mezo", "backprop"] = "mebp"
+    hyperparameters: Hyperparameters = Hyperparameters()
+    config: Literal["auto"] | EngineKnobs = "auto"
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+    allow_infeasible: bool = Field(default=False, description="also run the devices the "
+                                   "planner predicts will not fit (the kernel cap decides)")
+
+    @model_validator(mode="after")
+    def _one_way_to_name_devices(self) -> FleetCreate:
+        if (self.devices is None) == (self.simulated is None):
+            raise ValueError("give exactly one of devices (profile ids) and simulated "
+                             "({device, count})")
+        return self
+
+
+class FleetMember(BaseModel):
+    device: str
+    shard: int | None = Field(description="which shard of the data (simulated fleets)")
+    training_file: str
+    fits: bool = Field(description="the planner predicts a configuration fits the budget")
+    budget_mb: float
+    smallest_budget_mb: int | None
+    predicted_peak_mb: float | None
+    device_step_time_s_estimate: float | None
+    job_id: str | None = Field(description="none when the device does not fit and "
+                               "allow_infeasible is off")
+    status: str = Field(description="the job's status, or not_run")
+    final_loss: float | None
+    error_code: str | None
+
+
+class FleetSummary(BaseModel):
+    devices: int
+    fit: int
+    by_status: dict[str, int]
+    failures_by_code: dict[str, int]
+    final_loss: dict[str, float] | None = Field(description="mean, min and max over the "
+                                                "succeeded jobs")
+
+
+class FleetPublic(BaseModel):
+    id: str
+    object: Literal["fleet"] = "fleet"
+    model: str
+    method: str
+    created_at: datetime
+    members: list[FleetMember]
+    summary: FleetSummary
+    metadata: dict
+
+
+class FleetsPublic(BaseModel):
+    data: list[FleetPublic]
     count: int

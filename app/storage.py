@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
 from pathlib import Path
 
@@ -34,3 +35,18 @@ def sha256_files(paths: list[Path]) -> str:
             for chunk in iter(lambda: file.read(1 << 20), b""):
                 digest.update(chunk)
     return digest.hexdigest()
+
+
+def write_shards(source: Path, targets: list[Path]) -> list[tuple[int, int, str]]:
+    """Deal the non-blank lines of ``source`` round-robin into ``targets`` (each written
+    beside its place and renamed in); returns (bytes, rows, sha256) per shard."""
+    lines = [line for line in source.read_bytes().splitlines(keepends=True) if line.strip()]
+    stats = []
+    for index, target in enumerate(targets):
+        content = b"".join(line if line.endswith(b"\n") else line + b"\n"
+                           for line in lines[index::len(targets)])
+        staging = target.with_name(f".{target.name}.tmp")
+        staging.write_bytes(content)
+        os.replace(staging, target)
+        stats.append((len(content), content.count(b"\n"), hashlib.sha256(content).hexdigest()))
+    return stats

@@ -61,8 +61,33 @@ def test_bad_fields_get_422_naming_the_field(service):
         assert any(field in map(str, error["loc"]) for error in answer["detail"]), answer
 
 
-def test_the_openapi_document_describes_the_routes(service):
+def test_a_plan_from_query_parameters_matches_the_post(service):
+    query = {"model": "preset:smollm2-135m", "device": "pixel-8", "seq_len": 128}
+    response = service.client.get("/v1/plans", params=query)
+    assert response.status_code == 200
+    assert response.json() == service.request("POST", "/v1/plans", query)[1]
+    response = service.client.get("/v1/plans", params={**query, "device": "nokia-3310"})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["query", "device"]
+
+
+def test_the_openapi_document_describes_every_route(service):
     status, spec = service.request("GET", "/openapi.json", key=None)
     assert status == 200
-    assert {"/v1/devices", "/v1/devices/{device_id}", "/v1/plans"} <= set(spec["paths"])
-    assert "PlanPublic" in spec["components"]["schemas"]
+    paths = {path: set(methods) for path, methods in spec["paths"].items()}
+    expected = {
+        "/v1/devices": {"get"}, "/v1/devices/{device_id}": {"get"},
+        "/v1/plans": {"get", "post"}, "/v1/datasets": {"get", "post"},
+        "/v1/datasets/{dataset_id}": {"get"}, "/v1/jobs": {"get", "post"},
+        "/v1/jobs/{job_id}": {"get"}, "/v1/jobs/{job_id}/cancel": {"post"},
+        "/v1/jobs/{job_id}/events": {"get"}, "/v1/jobs/{job_id}/metrics": {"get"},
+        "/v1/jobs/{job_id}/adapter": {"get"}, "/v1/fleets": {"get", "post"},
+        "/v1/fleets/{fleet_id}": {"get"}, "/v1/health": {"get"}}
+    for path, methods in expected.items():
+        assert methods <= paths.get(path, set()), path
+    schemas = spec["components"]["schemas"]
+    for name in ("PlanPublic", "JobCreate", "JobPublic", "Hyperparameters", "EngineKnobs",
+                 "DatasetPublic", "FleetCreate", "FleetPublic", "EventPublic"):
+        assert name in schemas, name
+    assert {"status", "progress", "error", "enforcement", "plan", "config"} <= \
+        set(schemas["JobPublic"]["properties"])

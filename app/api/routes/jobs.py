@@ -6,8 +6,7 @@ from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import StreamingResponse
 from sqlmodel import select
 
-from app.api.deps import DEFAULT_TENANT, SessionDep, SettingsDep
-from app.api.errors import invalid
+from app.api.deps import SessionDep, SettingsDep
 from app.api.events import stream_events
 from app.crud import (
     TERMINAL,
@@ -18,7 +17,7 @@ from app.crud import (
     metrics_after,
     set_status,
 )
-from app.models import Dataset, Job
+from app.models import Job
 from app.planning import plan_job
 from app.schemas import (
     EventPublic,
@@ -28,7 +27,7 @@ from app.schemas import (
     MetricPublic,
     MetricsPublic,
 )
-from app.storage import new_id
+from app.submit import check_references, insert_job
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -38,26 +37,11 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
                                              "(the error carries smallest_budget_mb)"}})
 def create_job(body: JobCreate, request: Request, session: SessionDep,
                settings: SettingsDep) -> JobPublic:
-    for field in ("training_file", "validation_file"):
-        dataset_id = getattr(body, field)
-        if dataset_id is not None and session.get(Dataset, dataset_id) is None:
-            raise invalid(field, "no such dataset (upload it with POST /v1/datasets)",
-                          dataset_id)
-    if not body.model.startswith("preset:"):
-        raise invalid("model", "must be preset:NAME (see GET /v1/devices and the README "
-                      "for the presets)", body.model)
+    check_references(session, body)
     planned = plan_job(body, settings)
-    job = Job(id=new_id("job"), tenant=DEFAULT_TENANT, status="validating", model=body.model,
-              device_id=None if planned.device is None else planned.device.id,
-              memory_budget_bytes=planned.budget_bytes,
-              config=planned.config.model_dump(mode="json"), plan=planned.plan,
-              training_file=body.training_file, validation_file=body.validation_file,
-              total_steps=planned.config.steps, metadata_=body.metadata)
-    session.add(job)
-    session.flush()  # the row its events refer to goes first
-    add_event(session, job_id=job.id, kind="status", message="validated and planned",
-              data={"status": "validating", "plan": planned.plan})
-    set_status(session, job, "queued", "queued")
+    if not planned.feasible and not body.allow_infeasible:
+        raise planned.infeasible_error()
+    job = insert_job(session, body, planned)
     session.commit()
     request.app.state.enqueue(job.id)
     session.refresh(job)

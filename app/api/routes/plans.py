@@ -1,13 +1,19 @@
-"""``POST /v1/plans``: every trade-off configuration for a model on a device or budget."""
+"""``/v1/plans``: every trade-off configuration for a model on a device or budget.
+
+Sync on purpose: the first call on a host measures its calibration (~10 s) in a subprocess,
+which must not block the event loop."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 from pydantic import ValidationError
 
 from app.api.deps import SettingsDep
 from app.api.errors import invalid, invalid_from
 from app.schemas import PlanCreate, PlanPublic
+from app.settings import Settings
 from mebp_core.cache import default_cache_dir
 from mebp_core.config import TrainConfig
 from mebp_core.plan.arch import PlanInputError, load_architecture
@@ -21,21 +27,28 @@ router = APIRouter(prefix="/plans", tags=["plans"])
 
 @router.post("", response_model=PlanPublic)
 def create_plan(body: PlanCreate, settings: SettingsDep) -> PlanPublic:
-    """Sync on purpose: the first call on a host measures its calibration (~10 s) in a
-    subprocess, which must not block the event loop."""
+    return plan_for(body, settings, "body")
+
+
+@router.get("", response_model=PlanPublic)
+def read_plan(query: Annotated[PlanCreate, Query()], settings: SettingsDep) -> PlanPublic:
+    """The same as POST, from query parameters: ``?model=&device=&seq_len=``."""
+    return plan_for(query, settings, "query")
+
+
+def plan_for(body: PlanCreate, settings: Settings, where: str) -> PlanPublic:
     if not body.model.startswith("preset:"):
-        raise invalid("model", "must be preset:NAME (registered models come with jobs)",
-                       body.model)
+        raise invalid("model", "must be preset:NAME", body.model, where=where)
     device = None
     if body.device is not None:
         device = load_devices().get(body.device)
         if device is None:
             raise invalid("device", f"unknown device profile (known: "
-                           f"{', '.join(load_devices())})", body.device)
+                          f"{', '.join(load_devices())})", body.device, where=where)
     try:
         arch = load_architecture(body.model)
     except PlanInputError as exc:
-        raise invalid("model", str(exc), body.model) from None
+        raise invalid("model", str(exc), body.model, where=where) from None
     try:
         config = TrainConfig(seq_len=body.seq_len, batch_size=body.batch_size,
                              lora_rank=body.lora_rank, lora_alpha=body.lora_alpha,
@@ -44,9 +57,9 @@ def create_plan(body: PlanCreate, settings: SettingsDep) -> PlanPublic:
                              group_size=body.group_size)
         workload = Workload.from_config(arch, config)
     except ValidationError as exc:
-        raise invalid_from(exc) from None
+        raise invalid_from(exc, where=where) from None
     except PlanInputError as exc:
-        raise invalid("seq_len", str(exc), body.seq_len) from None
+        raise invalid("seq_len", str(exc), body.seq_len, where=where) from None
     host = load_calibration(settings.cache_dir or default_cache_dir(), settings.threads)
     budget = None if body.memory_budget_mb is None else int(body.memory_budget_mb * MB)
     plan = make_plan(workload, host, budget_bytes=budget, device=device, margin=body.margin)

@@ -1,0 +1,40 @@
+"""A fleet as the API shows it: each device's plan and job, and what the fleet came to."""
+
+from __future__ import annotations
+
+from collections import Counter
+from statistics import mean
+
+from sqlmodel import Session, select
+
+from app.models import Fleet, Job
+from app.schemas import FleetMember, FleetPublic, FleetSummary
+
+
+def fleet_public(session: Session, fleet: Fleet) -> FleetPublic:
+    jobs = {job.id: job for job in session.exec(select(Job).where(Job.fleet_id == fleet.id))}
+    members = [_member(spec, jobs.get(spec["job_id"])) for spec in fleet.spec["members"]]
+    losses = [m.final_loss for m in members if m.status == "succeeded" and m.final_loss]
+    summary = FleetSummary(
+        devices=len(members), fit=sum(m.fits for m in members),
+        by_status=dict(Counter(m.status for m in members)),
+        failures_by_code=dict(Counter(m.error_code for m in members if m.error_code)),
+        final_loss=None if not losses else {"mean": mean(losses), "min": min(losses),
+                                            "max": max(losses)})
+    request = fleet.spec["request"]
+    return FleetPublic(id=fleet.id, model=fleet.model, method=request["method"],
+                       created_at=fleet.created_at, members=members, summary=summary,
+                       metadata=request["metadata"])
+
+
+def _member(spec: dict, job: Job | None) -> FleetMember:
+    plan = spec["plan"]
+    return FleetMember(
+        device=spec["device"], shard=spec["shard"], training_file=spec["training_file"],
+        fits=spec["fits"], budget_mb=plan["budget_mb"],
+        smallest_budget_mb=plan.get("smallest_budget_mb"),
+        predicted_peak_mb=plan.get("predicted_peak_mb"),
+        device_step_time_s_estimate=plan.get("device_step_time_s_estimate"),
+        job_id=spec["job_id"], status="not_run" if job is None else job.status,
+        final_loss=None if job is None or job.status != "succeeded" else job.last_loss,
+        error_code=None if job is None else job.error_code)

@@ -1,0 +1,42 @@
+"""Writing a planned job's rows; the caller commits, then enqueues (the worker must find the
+row it is sent)."""
+
+from __future__ import annotations
+
+from sqlmodel import Session
+
+from app.api.deps import DEFAULT_TENANT
+from app.api.errors import invalid
+from app.crud import add_event, set_status
+from app.models import Dataset, Job
+from app.planning import PlannedJob
+from app.schemas import JobCreate
+from app.storage import new_id
+
+
+def check_references(session: Session, body: JobCreate) -> None:
+    """422 unless the datasets exist and the model is one the service can run."""
+    for field in ("training_file", "validation_file"):
+        dataset_id = getattr(body, field)
+        if dataset_id is not None and session.get(Dataset, dataset_id) is None:
+            raise invalid(field, "no such dataset (upload it with POST /v1/datasets)",
+                          dataset_id)
+    if not body.model.startswith("preset:"):
+        raise invalid("model", "must be preset:NAME (the README lists the presets)",
+                      body.model)
+
+
+def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *,
+               fleet_id: str | None = None) -> Job:
+    job = Job(id=new_id("job"), tenant=DEFAULT_TENANT, status="validating", model=body.model,
+              device_id=None if planned.device is None else planned.device.id,
+              memory_budget_bytes=planned.budget_bytes,
+              config=planned.config.model_dump(mode="json"), plan=planned.plan,
+              training_file=body.training_file, validation_file=body.validation_file,
+              fleet_id=fleet_id, total_steps=planned.config.steps, metadata_=body.metadata)
+    session.add(job)
+    session.flush()  # the row its events refer to goes first
+    add_event(session, job_id=job.id, kind="status", message="validated and planned",
+              data={"status": "validating", "plan": planned.plan})
+    set_status(session, job, "queued", "queued")
+    return job

@@ -1,0 +1,97 @@
+"""Fleets over real HTTP: one job per device that fits, the others reported with the budget
+they would need; simulated phones each trained on their own shard of the data."""
+
+from __future__ import annotations
+
+import json
+
+ROWS = b"".join(json.dumps({"text": f"row {i}: a fleet of phones fine-tunes together"})
+                .encode() + b"\n" for i in range(30))
+# the smallest configuration needs about 590 MB: a 1 GB budget fits, a 512 MB one does not
+HEAVY = {"steps": 1, "seq_len": 1024, "batch_size": 6}
+
+
+def dataset(service) -> str:
+    status, body = service.upload("fleet.jsonl", ROWS)
+    assert status == 201, body
+    return body["id"]
+
+
+def wait_for_fleet(service, fleet_id: str) -> dict:
+    for member in service.request("GET", f"/v1/fleets/{fleet_id}")[1]["members"]:
+        if member["job_id"]:
+            service.finished(member["job_id"])
+    status, fleet = service.request("GET", f"/v1/fleets/{fleet_id}")
+    assert status == 200
+    return fleet
+
+
+def test_a_fleet_runs_the_devices_that_fit_and_says_what_the_others_need(service):
+    status, fleet = service.request("POST", "/v1/fleets", {
+        "model": "preset:tiny", "training_file": dataset(service),
+        "devices": ["iphone-15-pro-max", "android-4gb", "iphone-13"],
+        "hyperparameters": HEAVY})
+    assert status == 201, fleet
+    by_device = {m["device"]: m for m in fleet["members"]}
+    fits = by_device["iphone-15-pro-max"]
+    assert fits["fits"] and fits["job_id"] and fits["budget_mb"] == 1024
+    for name in ("android-4gb", "iphone-13"):
+        member = by_device[name]
+        assert not member["fits"] and member["job_id"] is None
+        assert member["status"] == "not_run" and 512 < member["smallest_budget_mb"] <= 1024
+    # the same step on a slower phone is estimated to take longer
+    assert by_device["android-4gb"]["device_step_time_s_estimate"] > \
+        fits["device_step_time_s_estimate"] > 0
+
+    fleet = wait_for_fleet(service, fleet["id"])
+    assert fleet["summary"]["devices"] == 3 and fleet["summary"]["fit"] == 1
+    assert fleet["summary"]["by_status"] == {"succeeded": 1, "not_run": 2}
+    assert fleet["summary"]["failures_by_code"] == {}
+    job = service.request("GET", f"/v1/jobs/{fits['job_id']}")[1]
+    assert job["fleet_id"] == fleet["id"] and job["device"] == "iphone-15-pro-max"
+
+
+def test_devices_that_do_not_fit_run_under_their_cap_when_allowed(service):
+    status, fleet = service.request("POST", "/v1/fleets", {
+        "model": "preset:tiny", "training_file": dataset(service), "devices": ["android-4gb"],
+        "hyperparameters": HEAVY, "allow_infeasible": True})
+    assert status == 201, fleet
+    fleet = wait_for_fleet(service, fleet["id"])
+    assert fleet["summary"]["failures_by_code"] == {"memory_budget_exceeded": 1}
+    assert fleet["members"][0]["error_code"] == "memory_budget_exceeded"
+
+
+def test_simulated_phones_each_train_on_their_own_shard(service):
+    source = dataset(service)
+    status, fleet = service.request("POST", "/v1/fleets", {
+        "model": "preset:tiny", "training_file": source,
+        "simulated": {"device": "pixel-8", "count": 3},
+        "hyperparameters": {"steps": 2, "seq_len": 64}, "metadata": {"run": "shards"}})
+    assert status == 201, fleet
+    shards = [m["training_file"] for m in fleet["members"]]
+    assert len(set(shards)) == 3 and source not in shards
+    assert [m["shard"] for m in fleet["members"]] == [0, 1, 2]
+    rows = [service.request("GET", f"/v1/datasets/{shard}")[1]["rows"] for shard in shards]
+    assert rows == [10, 10, 10]
+
+    fleet = wait_for_fleet(service, fleet["id"])
+    assert fleet["summary"]["by_status"] == {"succeeded": 3}
+    loss = fleet["summary"]["final_loss"]
+    assert loss["min"] <= loss["mean"] <= loss["max"] and loss["min"] > 0
+    assert fleet["metadata"] == {"run": "shards"}
+    assert fleet["id"] in {f["id"] for f in service.request("GET", "/v1/fleets")[1]["data"]}
+
+
+def test_fleet_input_errors_name_the_field(service):
+    source = dataset(service)
+    base = {"model": "preset:tiny", "training_file": source}
+    cases = [({"devices": ["pixel-8", "nokia-3310"]}, ["body", "devices", "1"]),
+             ({"simulated": {"device": "pixel-8", "count": 31}},
+              ["body", "simulated", "count"]),
+             ({}, ["body"]),
+             ({"devices": ["pixel-8"], "simulated": {"device": "pixel-8", "count": 2}},
+              ["body"])]
+    for change, loc in cases:
+        status, error = service.request("POST", "/v1/fleets", {**base, **change})
+        assert status == 422 and error["detail"][0]["loc"][:len(loc)] == loc, (change, error)
+    assert service.request("GET", "/v1/fleets/fleet-nope")[0] == 404
