@@ -9,8 +9,10 @@ the kernel's peak and OOM count before removing the cap.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -55,7 +57,9 @@ class JobRun:
             job = session.get(Job, self.job_id)
             if job is None or job.status != "queued":  # cancelled while queued, or done
                 return "skipped" if job is None else job.status
-            set_status(session, job, "running", "started")
+            # the horse RQ forked for this job runs here; its parent is the worker
+            set_status(session, job, "running", "started",
+                       data={"worker": f"{socket.gethostname()}:{os.getppid()}"})
             session.commit()
             try:
                 request = self._prepare(session, job)

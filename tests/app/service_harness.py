@@ -1,0 +1,137 @@
+"""The service under test: ``mebp serve`` as a real subprocess on a free port, with a known
+API key and a seeded host calibration (so no test waits for a measurement), and a client
+that uploads, follows event streams and waits for jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import psycopg
+
+API_KEY = "test-key-0123456789"
+MAX_UPLOAD_BYTES = 256 << 10
+POSTGRES_ADMIN = os.environ.get("MEBP_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_TEST_URL = os.environ.get("MEBP_TEST_REDIS", "redis://127.0.0.1:6379/0")
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@dataclass
+class Service:
+    url: str
+    process: subprocess.Popen
+    output: Path
+    api_key: str = API_KEY
+    max_upload_bytes: int = MAX_UPLOAD_BYTES
+    client: httpx.Client = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.client = httpx.Client(base_url=self.url, timeout=120,
+                                   headers={"Authorization": f"Bearer {self.api_key}"})
+
+    def request(self, method: str, path: str, body: dict | None = None,
+                key: str | None = API_KEY) -> tuple[int, dict]:
+        headers = {} if key == API_KEY else {"Authorization": "" if key is None
+                                             else f"Bearer {key}"}
+        response = self.client.request(method, path, json=body, headers=headers)
+        return response.status_code, response.json()
+
+    def upload(self, name: str, content: bytes) -> tuple[int, dict]:
+        response = self.client.post("/v1/datasets", files={"file": (name, content)})
+        return response.status_code, response.json()
+
+    def wait_for(self, job_id: str, predicate, timeout_s: float = 120) -> dict:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            job = self.request("GET", f"/v1/jobs/{job_id}")[1]
+            if predicate(job):
+                return job
+            if time.monotonic() > deadline:
+                raise AssertionError(f"job never reached the state wanted: {job}\n"
+                                     f"{self.output.read_text()[-3000:]}")
+            time.sleep(0.2)
+
+    def finished(self, job_id: str, timeout_s: float = 120) -> dict:
+        return self.wait_for(job_id, lambda job: job["status"] in TERMINAL, timeout_s)
+
+    def events(self, job_id: str) -> Iterator[tuple[str, dict]]:
+        """The job's Server-Sent Events as (event, data) until the stream ends."""
+        with self.client.stream("GET", f"/v1/jobs/{job_id}/events",
+                                headers={"Accept": "text/event-stream"}) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            kind = None
+            for line in response.iter_lines():
+                if line.startswith("event: "):
+                    kind = line.removeprefix("event: ")
+                elif line.startswith("data: "):
+                    yield kind, json.loads(line.removeprefix("data: "))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def service_env(cache: Path, extra_env: dict[str, str]) -> dict[str, str]:
+    env = {**os.environ, "MEBP_API_KEY": API_KEY, "MEBP_CACHE_DIR": str(cache),
+           "HF_HUB_OFFLINE": "1", "MEBP_MAX_UPLOAD_BYTES": str(MAX_UPLOAD_BYTES),
+           **extra_env}
+    for name in ("DATABASE_URL", "REDIS_URL"):
+        if name not in extra_env:
+            env.pop(name, None)
+    return env
+
+
+def start_service(root: Path, cache: Path, extra_env: dict[str, str], *,
+                  workers: int = 1) -> Service:
+    port = free_port()
+    env = service_env(cache, extra_env)
+    root.mkdir(parents=True, exist_ok=True)
+    output = root / "serve.log"
+    with open(output, "w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers",
+             str(workers), "--data-dir", str(root / "data")], stdout=log,
+            stderr=subprocess.STDOUT, env=env)
+    service = Service(f"http://127.0.0.1:{port}", process, output)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(service.url + "/v1/health", timeout=2).json()["workers"] >= workers:
+                return service
+        except (httpx.HTTPError, ValueError, KeyError):
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise RuntimeError(f"mebp serve did not start:\n{output.read_text()}")
+        time.sleep(0.2)
+
+
+def stop_service(service: Service) -> None:
+    service.client.close()
+    service.process.terminate()
+    service.process.wait(timeout=60)
+
+
+class temporary_postgres_database:
+    """A fresh database on the machine's PostgreSQL, dropped on exit."""
+
+    def __enter__(self) -> str:
+        self.name = f"mebp_test_{uuid.uuid4().hex[:12]}"
+        with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as admin:
+            admin.execute(f'create database "{self.name}"')
+        return POSTGRES_ADMIN.rsplit("/", 1)[0] + "/" + self.name
+
+    def __exit__(self, *exc: object) -> None:
+        with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as admin:
+            admin.execute(f'drop database "{self.name}" with (force)')
