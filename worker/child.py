@@ -13,7 +13,7 @@ import traceback
 from pathlib import Path
 
 from mebp_core.config import TrainConfig
-from mebp_core.engine.memory import MemorySampler
+from mebp_core.engine.memory import MB, MemorySampler
 from mebp_core.engine.stop import StopOnSignals
 from mebp_core.errors import MebpError
 
@@ -39,6 +39,14 @@ def run(job_dir: Path) -> dict:
             "peak_anon_mb": result.peak_anon_mb, "footprint_mb": result.footprint_mb}
 
 
+def read_peak_rss_bytes() -> int:
+    """The kernel's high-water mark of this process's resident memory (VmHWM)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
 def write_result(job_dir: Path, result: dict) -> None:
     staging = job_dir / f".{RESULT}.tmp"
     staging.write_text(json.dumps(result))
@@ -53,13 +61,15 @@ def main(argv: list[str]) -> int:
         result = {"status": "failed", "code": "invalid_input", "message": str(exc)}
     except MemoryError:
         result = {"status": "failed", "code": "memory_budget_exceeded",
-                  "message": "an allocation failed under the memory limit"}
+                  "message": "an allocation failed under the memory limit",
+                  "peak_rss_mb": read_peak_rss_bytes() / MB}
     except RuntimeError as exc:
         traceback.print_exc()
         if not any(text in str(exc).lower() for text in ALLOCATION_FAILURES):
             raise
         result = {"status": "failed", "code": "memory_budget_exceeded",
-                  "message": f"an allocation failed under the memory limit: {exc}"}
+                  "message": f"an allocation failed under the memory limit: {exc}",
+                  "peak_rss_mb": read_peak_rss_bytes() / MB}
     write_result(job_dir, result)
     return 0 if result["status"] != "failed" else 1
 

@@ -150,6 +150,8 @@ class JobRun:
             set_status(session, job, result["status"], message,
                        data={"final_loss": result["final_loss"]})
         elif cap.oom_killed() or (result or {}).get("code") == "memory_budget_exceeded":
+            if result is not None and result.get("peak_rss_mb"):
+                job.peak_memory_bytes = int(result["peak_rss_mb"] * MB)
             self._fail_over_budget(session, job, cap)
         elif result is not None:
             message = result["message"].replace(request["data"], f"dataset {job.training_file}")

@@ -53,3 +53,12 @@ def any_service(request) -> Service:
 def postgres_url() -> Iterator[str]:
     with temporary_postgres_database() as url:
         yield url
+
+
+@pytest.fixture(scope="module")
+def rlimit_service(tmp_path_factory, model_cache) -> Iterator[Service]:
+    """The fallback where no cgroup can be made, forced."""
+    service = start_service(tmp_path_factory.mktemp("rlimit-service"), model_cache,
+                            {"MEBP_ENFORCEMENT": "rlimit"})
+    yield service
+    stop_service(service)

@@ -135,3 +135,16 @@ def test_cancel_stops_a_running_job_keeping_its_adapter_and_drops_a_queued_one(a
     assert service.request("POST", f"/v1/jobs/{running['id']}/cancel")[0] == 409
     never_ran = service.request("GET", f"/v1/jobs/{queued['id']}")[1]
     assert never_ran["status"] == "cancelled" and never_ran["started_at"] is None
+
+
+def test_without_a_cgroup_an_rlimit_caps_the_job_and_every_job_says_so(rlimit_service):
+    service = rlimit_service
+    dataset_id = upload_rows(service)
+    fits = service.finished(submit(service, SMALL_JOB, dataset_id)["id"])
+    assert fits["status"] == "succeeded" and fits["enforcement"] == "rlimit"
+    over = service.finished(submit(service, {**OVER_BUDGET_JOB, "allow_infeasible": True},
+                                   dataset_id)["id"])
+    assert over["status"] == "failed" and over["enforcement"] == "rlimit"
+    assert over["error"]["code"] == "memory_budget_exceeded"
+    assert "300 MB (rlimit)" in over["error"]["message"]
+    assert over["error"]["detail"]["peak_mb"] > 100
