@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test run lint bench clean
+.PHONY: setup test browser run lint bench clean
 
 setup: $(STAMP)
 
@@ -15,11 +15,15 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-test: setup
+# The dashboard tests drive Debian's chromium; it is installed here where missing.
+test: setup browser
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider
 
 lint: setup
 	$(VENV)/bin/ruff check mebp_core app worker tests benchmarks
+
+browser:
+	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
 
 run: setup
 	$(VENV)/bin/mebp serve

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, FastAPI
+from fastapi import APIRouter, Depends, FastAPI, status
+from fastapi.responses import FileResponse, RedirectResponse
+from fastapi.staticfiles import StaticFiles
 from rq import Worker
 from sqlalchemy import text
 from sqlmodel import Session
@@ -13,6 +15,9 @@ from app.crud import sync_builtin_devices
 from app.db import database_url, make_engine
 from app.queue import connect, enqueue_job, job_queue
 from app.settings import Settings
+from app.web import auth, explorer, monitor
+from app.web.auth import SignInRequired
+from app.web.templating import PLOTLY_JS, STATIC_DIR
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -31,6 +36,16 @@ def create_app(settings: Settings) -> FastAPI:
     redis = connect(settings.redis_url)
     queue = job_queue(redis, settings.queue_name)
     app.state.enqueue = lambda job_id: enqueue_job(queue, job_id)
+
+    @app.get("/static/plotly.min.js", include_in_schema=False)
+    def plotly_js() -> FileResponse:
+        return FileResponse(PLOTLY_JS, media_type="text/javascript")
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+    for module in (auth, explorer, monitor):
+        app.include_router(module.router)
+    app.add_exception_handler(SignInRequired, lambda request, exc: RedirectResponse(
+        "/signin", status_code=status.HTTP_303_SEE_OTHER))
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
     for module in (devices, plans, datasets, jobs, adapters, fleets):

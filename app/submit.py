@@ -1,7 +1,9 @@
-"""Writing a planned job's rows; the caller commits, then enqueues (the worker must find the
-row it is sent)."""
+"""Submitting jobs: checking what a request refers to, planning it, writing its rows, and
+only then enqueueing its id (the worker must find the row it is sent)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from sqlmodel import Session
 
@@ -9,8 +11,9 @@ from app.api.deps import DEFAULT_TENANT
 from app.api.errors import invalid
 from app.crud import add_event, set_status
 from app.models import Dataset, Job
-from app.planning import PlannedJob
+from app.planning import PlannedJob, plan_job
 from app.schemas import JobCreate
+from app.settings import Settings
 from app.storage import new_id
 
 
@@ -39,4 +42,19 @@ def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *,
     add_event(session, job_id=job.id, kind="status", message="validated and planned",
               data={"status": "validating", "plan": planned.plan})
     set_status(session, job, "queued", "queued")
+    return job
+
+
+def submit_job(session: Session, body: JobCreate, settings: Settings,
+               enqueue: Callable[[str], None]) -> Job:
+    """Plan ``body`` and queue it; a 422 (``RequestValidationError``) when a field is wrong or
+    the budget is predicted too small without ``allow_infeasible``."""
+    check_references(session, body)
+    planned = plan_job(body, settings)
+    if not planned.feasible and not body.allow_infeasible:
+        raise planned.infeasible_error()
+    job = insert_job(session, body, planned)
+    session.commit()
+    enqueue(job.id)
+    session.refresh(job)
     return job

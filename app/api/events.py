@@ -39,7 +39,8 @@ def stream_events(engine: Engine, job_id: str, last_event_id: str | None) -> Ite
             for metric in metrics_after(session, job_id, metric_cursor):
                 metric_cursor = metric.id
                 messages.append(("metric", {"step": metric.step, "loss": metric.loss,
-                                            **metric.data}, f"{event_cursor}.{metric_cursor}"))
+                                            **metric.data, "at": metric.at.isoformat()},
+                                 f"{event_cursor}.{metric_cursor}"))
             for event in events_after(session, job_id, event_cursor):
                 event_cursor = event.id
                 messages.append((event.kind, {"message": event.message, **event.data,

@@ -7,11 +7,12 @@ import os
 import tempfile
 
 from fastapi import APIRouter, HTTPException, Request, UploadFile, status
-from sqlmodel import select
+from sqlmodel import Session, select
 
 from app.api.deps import DEFAULT_TENANT, SessionDep, SettingsDep
 from app.models import Dataset
 from app.schemas import DatasetPublic, DatasetsPublic
+from app.settings import Settings
 from app.storage import dataset_path, new_id
 from mebp_core.data.check import check_jsonl
 from mebp_core.data.example import DatasetError
@@ -25,6 +26,13 @@ def upload_dataset(file: UploadFile, request: Request, session: SessionDep,
                    settings: SettingsDep) -> Dataset:
     """Upload a JSONL file (multipart field ``file``): rows of ``{"text"}``,
     ``{"prompt", "completion"}``, ``{"messages"}`` or ``{"input_ids"[, "labels"]}``."""
+    return store_upload(session, settings, file, request)
+
+
+def store_upload(session: Session, settings: Settings, file: UploadFile,
+                 request: Request) -> Dataset:
+    """Check and keep an uploaded JSONL file: 413 past the size limit, 422 naming the first
+    malformed line; nothing is left behind either way."""
     limit = settings.max_upload_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit + (64 << 10):

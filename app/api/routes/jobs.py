@@ -18,7 +18,6 @@ from app.crud import (
     set_status,
 )
 from app.models import Job
-from app.planning import plan_job
 from app.schemas import (
     EventPublic,
     JobCreate,
@@ -27,7 +26,7 @@ from app.schemas import (
     MetricPublic,
     MetricsPublic,
 )
-from app.submit import check_references, insert_job
+from app.submit import submit_job
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -37,14 +36,7 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
                                              "(the error carries smallest_budget_mb)"}})
 def create_job(body: JobCreate, request: Request, session: SessionDep,
                settings: SettingsDep) -> JobPublic:
-    check_references(session, body)
-    planned = plan_job(body, settings)
-    if not planned.feasible and not body.allow_infeasible:
-        raise planned.infeasible_error()
-    job = insert_job(session, body, planned)
-    session.commit()
-    request.app.state.enqueue(job.id)
-    session.refresh(job)
+    job = submit_job(session, body, settings, request.app.state.enqueue)
     return job_public(job, None)
 
 

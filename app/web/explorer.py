@@ -1,0 +1,98 @@
+"""The trade-off explorer and the job form it opens: every configuration of a model on a
+phone as a point, and a click away from running one."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Form, HTTPException, Request, UploadFile, status
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, RedirectResponse
+from pydantic import ValidationError
+from sqlmodel import select
+
+from app.api.deps import SessionDep, SettingsDep
+from app.api.routes.datasets import store_upload
+from app.api.routes.plans import plan_for
+from app.models import Dataset
+from app.schemas import PlanCreate
+from app.submit import submit_job
+from app.web.auth import SessionRequired
+from app.web.job_form import JobForm
+from app.web.measured import measured_points
+from app.web.templating import script_json, templates
+from mebp_core.plan.devices import load_devices
+from mebp_core.store.preset_configs import PRESET_CONFIGS
+
+router = APIRouter(include_in_schema=False, dependencies=[SessionRequired])
+DEFAULTS = {"model": "preset:qwen2.5-0.5b", "device": "iphone-15-pro-max", "seq_len": 256}
+
+
+def choices(session) -> dict:
+    return {"models": [f"preset:{name}" for name in sorted(PRESET_CONFIGS)],
+            "devices": list(load_devices().values()),
+            "datasets": session.exec(select(Dataset).order_by(Dataset.created_at.desc())
+                                     .limit(50)).all()}
+
+
+@router.get("/explorer", response_class=HTMLResponse)
+def explorer(request: Request, session: SessionDep, settings: SettingsDep,
+             model: str = DEFAULTS["model"], device: str = "", budget_mb: str = "",
+             seq_len: int = DEFAULTS["seq_len"]) -> HTMLResponse:
+    device = device if device or budget_mb else DEFAULTS["device"]
+    form = {"model": model, "device": device, "budget_mb": budget_mb, "seq_len": seq_len}
+    plan, error, measured = None, None, []
+    try:
+        query = PlanCreate(model=model, seq_len=seq_len, device=device or None,
+                           memory_budget_mb=float(budget_mb) if budget_mb else None)
+        plan = plan_for(query, settings, "query").model_dump(mode="json")
+        measured = measured_points(session, query)
+    except (RequestValidationError, ValidationError, ValueError) as exc:
+        error = _describe(exc)
+    return templates.TemplateResponse(request, "explorer.html", {
+        "form": form, "plan": plan, "error": error, **choices(session),
+        "chart": script_json({"plan": plan, "measured": measured})})
+
+
+@router.get("/jobs/new", response_class=HTMLResponse)
+def job_form(request: Request, session: SessionDep, model: str = DEFAULTS["model"],
+             device: str = "", budget_mb: str = "", seq_len: int = DEFAULTS["seq_len"],
+             config: str = "auto", configuration: str = "auto") -> HTMLResponse:
+    form = {"model": model, "device": device, "memory_budget_mb": budget_mb,
+            "seq_len": seq_len, "config": config, "configuration": configuration,
+            "steps": 20, "batch_size": 1, "lora_rank": 8, "learning_rate": 1e-4,
+            "optimizer": "sgd", "method": "mebp", "allow_infeasible": False}
+    return _render_form(request, session, form, None)
+
+
+@router.post("/jobs/new", response_class=HTMLResponse)
+def submit_form(request: Request, session: SessionDep, settings: SettingsDep,
+                form: Annotated[JobForm, Form()], file: UploadFile | None = None):
+    values = form.model_dump()
+    try:
+        training_file = form.training_file
+        if file is not None and file.filename:
+            training_file = store_upload(session, settings, file, request).id
+        job = submit_job(session, form.to_job(training_file), settings,
+                         request.app.state.enqueue)
+    except (RequestValidationError, ValidationError) as exc:
+        return _render_form(request, session, values, _describe(exc),
+                            status.HTTP_422_UNPROCESSABLE_CONTENT)
+    except HTTPException as exc:  # the upload: too large, or malformed
+        return _render_form(request, session, values, str(exc.detail), exc.status_code)
+    return RedirectResponse(f"/jobs/{job.id}", status_code=status.HTTP_303_SEE_OTHER)
+
+
+def _render_form(request: Request, session, form: dict, error: str | None,
+                 status_code: int = 200) -> HTMLResponse:
+    return templates.TemplateResponse(request, "job_form.html",
+                                      {"form": form, "error": error, **choices(session)},
+                                      status_code=status_code)
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, RequestValidationError | ValidationError):
+        return "; ".join(f"{'.'.join(map(str, e['loc'][1:] or e['loc']))}: {e['msg']}"
+                         for e in exc.errors())
+    return str(exc)
+

@@ -1,0 +1,39 @@
+"""The dashboard's job form: flat HTML fields, turned into the API's ``JobCreate``."""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from app.schemas import Hyperparameters, JobCreate
+
+
+class JobForm(BaseModel):
+    model: str
+    device: str = ""
+    memory_budget_mb: str = ""
+    training_file: str = ""
+    seq_len: int = Field(default=256, ge=2)
+    steps: int = Field(default=20, ge=1)
+    batch_size: int = Field(default=1, ge=1)
+    lora_rank: int = Field(default=8, ge=1)
+    learning_rate: float = Field(default=1e-4, gt=0)
+    optimizer: Literal["sgd", "adamw"] = "sgd"
+    method: Literal["mebp", "mezo", "backprop"] = "mebp"
+    config: str = "auto"  # "auto", or the knobs of the configuration clicked, as JSON
+    configuration: str = "auto"  # that configuration's id, for display
+    allow_infeasible: bool = False
+
+    def to_job(self, training_file: str) -> JobCreate:
+        """Raises pydantic's ``ValidationError`` naming the field, as the API would."""
+        config = "auto" if self.config in ("", "auto") else json.loads(self.config)
+        return JobCreate(
+            model=self.model, training_file=training_file, device=self.device or None,
+            memory_budget_mb=float(self.memory_budget_mb) if self.memory_budget_mb else None,
+            method=self.method, config=config, allow_infeasible=self.allow_infeasible,
+            hyperparameters=Hyperparameters(
+                steps=self.steps, seq_len=self.seq_len, batch_size=self.batch_size,
+                lora_rank=self.lora_rank, learning_rate=self.learning_rate,
+                optimizer=self.optimizer))

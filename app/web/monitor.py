@@ -1,0 +1,77 @@
+"""The live pages: the jobs list, a job with its charts, and fleets."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Request, status
+from fastapi.responses import HTMLResponse, RedirectResponse
+from sqlmodel import col, select
+
+from app.api.deps import SessionDep
+from app.api.routes.fleets import list_fleets, read_fleet
+from app.api.routes.jobs import cancel_job, read_job
+from app.crud import job_public, latest_adapter
+from app.models import Job, Metric
+from app.web.auth import SessionRequired
+from app.web.templating import script_json, templates
+
+router = APIRouter(include_in_schema=False, dependencies=[SessionRequired])
+
+
+@router.get("/")
+def home() -> RedirectResponse:
+    return RedirectResponse("/explorer", status_code=status.HTTP_303_SEE_OTHER)
+
+
+@router.get("/jobs", response_class=HTMLResponse)
+def jobs_page(request: Request, session: SessionDep) -> HTMLResponse:
+    jobs = session.exec(select(Job).order_by(col(Job.created_at).desc()).limit(100)).all()
+    rows = [job_public(job, latest_adapter(session, job.id)).model_dump(mode="json")
+            for job in jobs]
+    return templates.TemplateResponse(request, "jobs.html", {"jobs": rows})
+
+
+@router.get("/jobs/{job_id}", response_class=HTMLResponse)
+def job_page(job_id: str, request: Request, session: SessionDep) -> HTMLResponse:
+    job = read_job(job_id, session).model_dump(mode="json")
+    return templates.TemplateResponse(request, "job.html",
+                                      {"job": job, "job_json": script_json(job)})
+
+
+@router.post("/jobs/{job_id}/cancel")
+def cancel_from_page(job_id: str, session: SessionDep) -> RedirectResponse:
+    try:
+        cancel_job(job_id, session)
+    except HTTPException as exc:
+        if exc.status_code != status.HTTP_409_CONFLICT:  # already finished: just show it
+            raise
+    return RedirectResponse(f"/jobs/{job_id}", status_code=status.HTTP_303_SEE_OTHER)
+
+
+@router.get("/fleets", response_class=HTMLResponse)
+def fleets_page(request: Request, session: SessionDep) -> HTMLResponse:
+    fleets = list_fleets(session).model_dump(mode="json")["data"]
+    return templates.TemplateResponse(request, "fleets.html", {"fleets": fleets})
+
+
+@router.get("/fleets/{fleet_id}", response_class=HTMLResponse)
+def fleet_page(fleet_id: str, request: Request, session: SessionDep) -> HTMLResponse:
+    fleet = read_fleet(fleet_id, session).model_dump(mode="json")
+    curves = loss_curves(session, {m["training_file"] for m in fleet["members"]})
+    return templates.TemplateResponse(request, "fleet.html", {
+        "fleet": fleet, "chart": script_json({"curves": curves})})
+
+
+def loss_curves(session, training_files: set[str], limit: int = 40) -> list[dict]:
+    """Loss per step of every job on these datasets (this fleet's and any other, mezo
+    included), so methods can be compared on the same data."""
+    jobs = session.exec(select(Job).where(col(Job.training_file).in_(training_files))
+                        .order_by(col(Job.created_at).desc()).limit(limit)).all()
+    curves = []
+    for job in jobs:
+        rows = session.exec(select(Metric.step, Metric.loss).where(Metric.job_id == job.id)
+                            .order_by(Metric.step)).all()
+        if rows:
+            curves.append({"job_id": job.id, "method": job.config["method"],
+                           "device": job.device_id, "fleet_id": job.fleet_id,
+                           "steps": [r[0] for r in rows], "loss": [r[1] for r in rows]})
+    return curves

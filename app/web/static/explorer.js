@@ -1,0 +1,69 @@
+// The trade-off chart: peak memory against seconds per step, one point per configuration.
+(function () {
+  const data = JSON.parse(document.getElementById("chart-data").textContent);
+  const plan = data.plan;
+  if (!plan) return;
+  const form = window.explorerForm;
+  const configs = plan.configurations;
+  const byId = Object.fromEntries(configs.map((c) => [c.id, c]));
+
+  function trace(name, points, marker, extra) {
+    return Object.assign({
+      name, type: "scatter", mode: "markers",
+      x: points.map((c) => c.peak_mb), y: points.map((c) => c.step_time_s),
+      customdata: points.map((c) => c.id),
+      text: points.map((c) => c.id + (c.reason ? "<br>" + c.reason : "") +
+        (c.device_step_time_s_estimate != null ?
+          "<br>on device (est.): " + c.device_step_time_s_estimate.toFixed(2) + " s/step" : "")),
+      hovertemplate: "%{text}<br>%{x:.0f} MB, %{y:.3f} s/step<extra>" + name + "</extra>",
+      marker,
+    }, extra || {});
+  }
+  const infeasible = configs.filter((c) => c.feasible === false);
+  const fits = configs.filter((c) => c.feasible !== false && !c.pareto);
+  const front = configs.filter((c) => c.pareto && c.feasible !== false)
+    .sort((a, b) => a.peak_mb - b.peak_mb);
+  const frontInfeasible = configs.filter((c) => c.pareto && c.feasible === false);
+  const traces = [
+    trace("does not fit", infeasible.filter((c) => !c.pareto), {color: "#bbb", size: 8}),
+    trace("fits", fits, {color: "#4c78a8", size: 9}),
+    trace("Pareto front", front, {color: "#f58518", size: 13, line: {color: "#333", width: 1}},
+          {mode: "lines+markers", line: {color: "#f58518", width: 1, dash: "dot"}}),
+    trace("Pareto front (does not fit)", frontInfeasible,
+          {color: "#bbb", size: 13, line: {color: "#f58518", width: 2}}),
+  ];
+  if (data.measured.length) {
+    traces.push({
+      name: "measured", type: "scatter", mode: "markers",
+      x: data.measured.map((m) => m.peak_mb), y: data.measured.map((m) => m.step_time_s),
+      customdata: data.measured.map((m) => m.configuration),
+      text: data.measured.map((m) => m.configuration + "<br>measured by " + m.job_id),
+      hovertemplate: "%{text}<br>%{x:.0f} MB, %{y:.3f} s/step<extra>measured</extra>",
+      marker: {symbol: "diamond", color: "#222", size: 11},
+    });
+  }
+  const shapes = [], annotations = [];
+  if (plan.budget_mb) {
+    shapes.push({type: "line", xref: "x", yref: "paper", x0: plan.budget_mb, x1: plan.budget_mb,
+                 y0: 0, y1: 1, line: {color: "#e45756", width: 2, dash: "dash"}});
+    annotations.push({x: plan.budget_mb, y: 1, yref: "paper", text: "budget " +
+                      Math.round(plan.budget_mb) + " MB", showarrow: false, xanchor: "right",
+                      font: {color: "#e45756"}});
+  }
+  const chart = document.getElementById("tradeoff-chart");
+  Plotly.newPlot(chart, traces, {
+    margin: {t: 30, r: 20}, hovermode: "closest", shapes, annotations,
+    xaxis: {title: {text: "peak memory (MB)"}, type: "log"},
+    yaxis: {title: {text: "seconds per step (this host)"}, type: "log"},
+    legend: {orientation: "h", y: -0.2},
+  }, {displaylogo: false, responsive: true});
+  chart.on("plotly_click", (event) => {
+    const config = byId[event.points[0].customdata];
+    if (!config) return;
+    const params = new URLSearchParams({
+      model: form.model, device: form.device || "", budget_mb: form.budget_mb || "",
+      seq_len: form.seq_len, configuration: config.id, config: JSON.stringify(config.knobs),
+    });
+    window.location.href = "/jobs/new?" + params.toString();
+  });
+})();

@@ -1,0 +1,84 @@
+// A job's page, live: loss, memory against the cap and step time, fed by the job's
+// Server-Sent Events (the stream replays every step so far, then follows).
+(function () {
+  const job = JSON.parse(document.getElementById("job-data").textContent);
+  const capMb = job.memory_budget_mb;
+  const layout = (title, x, y, extra) => Object.assign({
+    title: {text: title}, margin: {t: 40, r: 20, b: 50}, legend: {orientation: "h", y: -0.25},
+    xaxis: {title: {text: x}}, yaxis: {title: {text: y}},
+  }, extra || {});
+  const config = {displaylogo: false, responsive: true};
+  const line = (name, color, mode) => ({name, x: [], y: [], type: "scatter",
+                                       mode: mode || "lines+markers", line: {color}});
+  Plotly.newPlot("loss-chart", [line("train loss", "#4c78a8"),
+                                line("validation loss", "#f58518", "markers")],
+                 layout("Loss", "step", "loss"), config);
+  Plotly.newPlot("memory-chart", [line("peak anonymous memory in the step", "#54a24b")],
+                 layout("Memory", "training time (s)", "MB", {
+                   shapes: [{type: "line", xref: "paper", x0: 0, x1: 1, y0: capMb, y1: capMb,
+                             line: {color: "#e45756", dash: "dash", width: 2}}],
+                   annotations: [{xref: "paper", x: 0, y: capMb, yanchor: "bottom",
+                                  xanchor: "left", showarrow: false,
+                                  text: "cap " + Math.round(capMb) + " MB",
+                                  font: {color: "#e45756"}}],
+                 }), config);
+  Plotly.newPlot("time-chart", [line("step time", "#b279a2")],
+                 layout("Step time", "step", "seconds"), config);
+
+  let pending = [], elapsed = 0, scheduled = false;
+  function flush() {
+    scheduled = false;
+    if (!pending.length) return;
+    const rows = pending; pending = [];
+    const valRows = rows.filter((m) => m.val_loss != null);
+    Plotly.extendTraces("loss-chart", {x: [rows.map((m) => m.step), valRows.map((m) => m.step)],
+                                       y: [rows.map((m) => m.loss), valRows.map((m) => m.val_loss)]},
+                        [0, 1]);
+    const ends = rows.map((m) => (elapsed += m.step_time_s));
+    Plotly.extendTraces("memory-chart", {x: [ends], y: [rows.map((m) => m.step_peak_anon_mb)]},
+                        [0]);
+    Plotly.extendTraces("time-chart", {x: [rows.map((m) => m.step)],
+                                       y: [rows.map((m) => m.step_time_s)]}, [0]);
+    document.getElementById("job-step").textContent = rows[rows.length - 1].step;
+  }
+  function addMetric(metric) {
+    pending.push(metric);
+    if (!scheduled) { scheduled = true; requestAnimationFrame(flush); }
+  }
+  function addEvent(kind, data) {
+    const item = document.createElement("li");
+    item.textContent = `${(data.at || "").slice(11, 19)}  ${kind}: ${data.message}`;
+    document.getElementById("events").appendChild(item);
+    if (data.status) setStatus(data.status);
+  }
+  function setStatus(status) {
+    const badge = document.getElementById("job-status");
+    badge.textContent = status;
+    badge.className = "badge " + status;
+  }
+  async function finish() {
+    flush();
+    const response = await fetch(`/v1/jobs/${job.id}`, {credentials: "same-origin"});
+    if (!response.ok) return;
+    const done = await response.json();
+    setStatus(done.status);
+    document.getElementById("job-enforcement").textContent = done.enforcement || "–";
+    const peak = done.progress.peak_memory_mb;
+    document.getElementById("job-peak").textContent = peak == null ? "–" : peak + " MB";
+    const cancel = document.getElementById("cancel");
+    if (cancel) cancel.closest("form").hidden = true;
+    if (done.adapter) document.getElementById("downloads").hidden = false;
+    if (done.error) {
+      const error = document.getElementById("job-error");
+      error.textContent = `${done.error.code}: ${done.error.message}`;
+      error.hidden = false;
+    }
+  }
+
+  const stream = new EventSource(`/v1/jobs/${job.id}/events`);
+  stream.addEventListener("metric", (e) => addMetric(JSON.parse(e.data)));
+  for (const kind of ["status", "log", "cancel"]) {
+    stream.addEventListener(kind, (e) => addEvent(kind, JSON.parse(e.data)));
+  }
+  stream.addEventListener("end", () => { stream.close(); finish(); });
+})();

@@ -1,0 +1,185 @@
+"""The dashboard in a real browser: Playwright drives Debian's chromium headless against
+`mebp serve`. Screenshots are kept in test-artifacts/dashboard/."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Page, expect, sync_playwright
+
+ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu",
+                  "--disable-background-networking"]
+ROWS = b"".join(json.dumps({"text": f"dashboard row {i}: phones learn on the go"}).encode()
+                + b"\n" for i in range(24))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    chromium = shutil.which("chromium")
+    if chromium is None:
+        pytest.fail("Debian's chromium is missing: `make test` installs it (apt-get install "
+                    "chromium)")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def page(browser, service) -> Page:
+    context = browser.new_context(base_url=service.url, viewport={"width": 1280, "height": 900},
+                                  accept_downloads=True)
+    page = context.new_page()
+    yield page
+    context.close()
+
+
+@pytest.fixture(scope="module")
+def dataset_id(service) -> str:
+    status, body = service.upload("dashboard.jsonl", ROWS)
+    assert status == 201, body
+    return body["id"]
+
+
+def sign_in(page: Page, key: str) -> None:
+    page.goto("/")
+    page.fill("input[name=api_key]", key)
+    page.click("#signin button[type=submit]")
+
+
+def shoot(page: Page, name: str) -> None:
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def chart_traces(page: Page, chart_id: str) -> list[dict]:
+    return page.evaluate(f"""document.getElementById("{chart_id}").data.map(
+        t => ({{name: t.name, x: Array.from(t.x), y: Array.from(t.y)}}))""")
+
+
+def point_on_page(page: Page, chart_id: str, trace_name: str, index: int) -> tuple[float, float]:
+    """Where a data point is drawn, in page pixels, from the chart's own axes."""
+    return page.evaluate(f"""(() => {{
+        const gd = document.getElementById("{chart_id}");
+        const trace = gd.data.find(t => t.name === "{trace_name}");
+        const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+        const box = gd.getBoundingClientRect();
+        return [box.left + xa._offset + xa.c2p(trace.x[{index}]),
+                box.top + ya._offset + ya.c2p(trace.y[{index}])];
+    }})()""")
+
+
+def test_only_the_sign_in_shows_without_the_key(page, service):
+    page.goto("/jobs")
+    expect(page).to_have_url(service.url + "/signin")
+    expect(page.locator("nav")).to_have_count(0)
+    sign_in(page, "not-the-key-123")
+    expect(page.locator(".error")).to_contain_text("not this service's API key")
+    shoot(page, "signin-refused")
+    sign_in(page, service.api_key)
+    expect(page).to_have_url(service.url + "/explorer")
+    page.goto("/jobs")  # the session holds for the browser session
+    expect(page.locator("h1")).to_have_text("Jobs")
+
+
+def test_explore_click_a_feasible_point_submit_and_watch_it_train(page, service,
+                                                                   dataset_id):
+    sign_in(page, service.api_key)
+    page.goto("/explorer?model=preset:tiny&device=pixel-8&seq_len=64")
+    chart = page.locator("#tradeoff-chart")
+    expect(chart.locator(".scatterlayer .trace").first).to_be_visible()
+    traces = chart_traces(page, "tradeoff-chart")
+    front = next(t for t in traces if t["name"] == "Pareto front")
+    assert front["x"], traces
+    shoot(page, "explorer")
+    page.mouse.click(*point_on_page(page, "tradeoff-chart", "Pareto front", 0))
+
+    expect(page).to_have_url(re.compile(r"/jobs/new\?"))
+    configuration = page.locator("#configuration").text_content()
+    assert configuration != "auto"
+    page.select_option("select[name=training_file]", dataset_id)
+    page.fill("input[name=steps]", "6")
+    page.fill("input[name=learning_rate]", "0.05")
+    shoot(page, "job-form")
+    page.click("#job-form button[type=submit]")
+
+    expect(page).to_have_url(re.compile(r"/jobs/job-[0-9a-f]+$"))
+    expect(page.locator("#job-status")).to_have_text("succeeded", timeout=90_000)
+    expect(page.locator("#downloads a")).to_have_count(3)
+    loss = chart_traces(page, "loss-chart")[0]
+    assert loss["x"] == [1, 2, 3, 4, 5, 6] and all(value > 0 for value in loss["y"])
+    memory = chart_traces(page, "memory-chart")[0]
+    assert len(memory["x"]) == 6 and max(memory["y"]) < 1024
+    expect(page.locator("#events li").filter(has_text="succeeded")).to_have_count(1)
+    shoot(page, "job-succeeded")
+    with page.expect_download() as download:
+        page.click("#downloads a:has-text('peft')")
+    assert Path(download.value.path()).stat().st_size > 1000
+
+    job_id = page.url.rsplit("/", 1)[1]
+    job = service.request("GET", f"/v1/jobs/{job_id}")[1]
+    assert job["plan"]["configuration"] == configuration
+    page.goto("/explorer?model=preset:tiny&device=pixel-8&seq_len=64")
+    measured = next(t for t in chart_traces(page, "tradeoff-chart") if t["name"] == "measured")
+    assert len(measured["x"]) >= 1
+
+
+def test_points_that_do_not_fit_are_greyed_with_their_reason(page, service):
+    sign_in(page, service.api_key)
+    page.goto("/explorer?model=preset:tiny&device=&budget_mb=120&seq_len=256")
+    expect(page.locator(".summary")).to_contain_text("none fit")
+    traces = {t["name"]: t for t in chart_traces(page, "tradeoff-chart")}
+    assert traces["does not fit"]["x"] and not traces["fits"]["x"]
+    row = page.locator("#front-table tr.infeasible").first
+    expect(row.locator("span[title]")).to_have_attribute("title", re.compile("^needs .* MB"))
+    shoot(page, "explorer-infeasible")
+
+
+def test_the_jobs_list_is_live_and_a_job_can_be_cancelled_from_its_page(page, service,
+                                                                         dataset_id):
+    status, job = service.request("POST", "/v1/jobs", {
+        "model": "preset:tiny", "training_file": dataset_id, "device": "pixel-8",
+        "hyperparameters": {"steps": 100_000, "seq_len": 32}})
+    assert status == 201
+    sign_in(page, service.api_key)
+    page.goto("/jobs")
+    row = page.locator(f"tr[data-job='{job['id']}']")
+    expect(row.locator(".badge")).to_have_text("running", timeout=60_000)
+    first = int(row.locator("progress").get_attribute("value"))
+    expect(row.locator("progress")).not_to_have_attribute("value", str(first), timeout=10_000)
+    shoot(page, "jobs-live")
+    page.goto(f"/jobs/{job['id']}")
+    page.click("#cancel")
+    expect(page.locator("#job-status")).to_have_text("cancelled", timeout=30_000)
+    expect(page.locator("#downloads")).to_be_visible()
+    shoot(page, "job-cancelled")
+
+
+def test_a_fleet_page_has_its_device_grid_and_mebp_against_mezo(page, service, dataset_id):
+    status, fleet = service.request("POST", "/v1/fleets", {
+        "model": "preset:tiny", "training_file": dataset_id,
+        "devices": ["pixel-8", "iphone-15-pro-max"], "hyperparameters": {"steps": 3,
+                                                                         "seq_len": 32}})
+    assert status == 201, fleet
+    status, mezo = service.request("POST", "/v1/jobs", {
+        "model": "preset:tiny", "training_file": dataset_id, "device": "pixel-8",
+        "method": "mezo", "hyperparameters": {"steps": 3, "seq_len": 32}})
+    assert status == 201, mezo
+    for job_id in [m["job_id"] for m in fleet["members"]] + [mezo["id"]]:
+        assert service.finished(job_id)["status"] == "succeeded"
+    sign_in(page, service.api_key)
+    page.goto(f"/fleets/{fleet['id']}")
+    cards = page.locator("#device-grid .card")
+    expect(cards).to_have_count(2)
+    expect(page.locator("#device-grid .card[data-status=succeeded]")).to_have_count(2)
+    expect(cards.first).to_contain_text("s/step on device (est.)")
+    methods = {t["name"] for t in chart_traces(page, "methods-chart")}
+    assert {"mebp", "mezo"} <= methods
+    shoot(page, "fleet")
+    page.goto("/fleets")
+    expect(page.locator(f"a[href='/fleets/{fleet['id']}']")).to_be_visible()
