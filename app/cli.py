@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -30,6 +31,29 @@ def _db_arguments(parser: argparse.ArgumentParser) -> None:
                         "DATABASE_URL is unset (default ~/.local/share/mebp)")
 
 
+def _keys_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action", choices=["create"], help="make a key and print it once")
+    parser.add_argument("--tenant", required=True, type=_tenant,
+                        help="whose key: it sees only its tenant's datasets, jobs and fleets")
+    parser.add_argument("--admin", action="store_true",
+                        help="may also add device profiles and register models")
+    parser.add_argument("--data-dir", type=Path, help="where the SQLite database lives when "
+                        "DATABASE_URL is unset (default ~/.local/share/mebp)")
+
+
+def _tenant(text: str) -> str:
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", text):
+        raise argparse.ArgumentTypeError("a tenant is 1-64 of a-z, 0-9, _ and -, "
+                                         f"starting with a letter or digit: {text!r}")
+    return text
+
+
+def _run_keys(args: argparse.Namespace) -> int:
+    from app.serve import create_key
+
+    return create_key(tenant=args.tenant, admin=args.admin, data_dir=args.data_dir)
+
+
 def _run_serve(args: argparse.Namespace) -> int:
     from app.serve import serve
 
@@ -54,6 +78,8 @@ SERVICE_COMMANDS = {
                      "and printed)", _serve_arguments, _run_serve),
     "worker": Command("run a worker for a shared Redis (REDIS_URL), database (DATABASE_URL) "
                       "and storage (MEBP_STORAGE_DIR)", _worker_arguments, _run_worker),
+    "keys": Command("API keys: `mebp keys create --tenant T [--admin]`", _keys_arguments,
+                    _run_keys),
     "db": Command("the service's database", _db_arguments, _run_db),
 }
 

@@ -13,6 +13,7 @@ from app.api.deps import require_api_key
 from app.api.routes import adapters, datasets, devices, fleets, jobs, plans
 from app.crud import sync_builtin_devices
 from app.db import database_url, make_engine
+from app.keys import ensure_bootstrap_key
 from app.queue import connect, enqueue_job, job_queue
 from app.settings import Settings
 from app.web import auth, explorer, monitor
@@ -33,6 +34,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.state.engine = make_engine(database_url(settings.database_url, settings.data_dir))
     with Session(app.state.engine) as session:
         sync_builtin_devices(session)
+        ensure_bootstrap_key(session, settings.api_key)
     redis = connect(settings.redis_url)
     queue = job_queue(redis, settings.queue_name)
     app.state.enqueue = lambda job_id: enqueue_job(queue, job_id)

@@ -150,10 +150,13 @@ class JobProgress(BaseModel):
     peak_anon_mb: float | None = Field(description="the engine process's peak anonymous memory")
 
 
+JobStatus = Literal["validating", "queued", "running", "succeeded", "failed", "cancelled"]
+
+
 class JobPublic(BaseModel):
     id: str
     object: Literal["job"] = "job"
-    status: Literal["validating", "queued", "running", "succeeded", "failed", "cancelled"]
+    status: JobStatus
     model: str
     device: str | None
     memory_budget_mb: float | None

@@ -39,6 +39,25 @@ def upgrade(*, data_dir: Path | None) -> int:
     return 0
 
 
+def create_key(*, tenant: str, admin: bool, data_dir: Path | None) -> int:
+    """``mebp keys create``: a new key for a tenant, printed once (only its hash is kept)."""
+    from sqlmodel import Session
+
+    from app.db import make_engine
+    from app.keys import create_key as make_key
+
+    settings = load_settings(data_dir=data_dir)
+    url = database_url(settings.database_url, settings.data_dir)
+    upgrade_database(url)
+    engine = make_engine(url)
+    try:
+        with Session(engine) as session:
+            print(make_key(session, tenant=tenant, admin=admin))
+    finally:
+        engine.dispose()
+    return 0
+
+
 def worker(*, data_dir: Path | None, burst: bool) -> int:
     from worker.main import work
 

@@ -7,7 +7,6 @@ from collections.abc import Callable
 
 from sqlmodel import Session
 
-from app.api.deps import DEFAULT_TENANT
 from app.api.errors import invalid
 from app.crud import add_event, set_status
 from app.models import Dataset, Job
@@ -17,11 +16,12 @@ from app.settings import Settings
 from app.storage import new_id
 
 
-def check_references(session: Session, body: JobCreate) -> None:
+def check_references(session: Session, body: JobCreate, tenant: str) -> None:
     """422 unless the datasets exist and the model is one the service can run."""
     for field in ("training_file", "validation_file"):
         dataset_id = getattr(body, field)
-        if dataset_id is not None and session.get(Dataset, dataset_id) is None:
+        dataset = None if dataset_id is None else session.get(Dataset, dataset_id)
+        if dataset_id is not None and (dataset is None or dataset.tenant != tenant):
             raise invalid(field, "no such dataset (upload it with POST /v1/datasets)",
                           dataset_id)
     if not body.model.startswith("preset:"):
@@ -29,9 +29,9 @@ def check_references(session: Session, body: JobCreate) -> None:
                       body.model)
 
 
-def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *,
+def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *, tenant: str,
                fleet_id: str | None = None) -> Job:
-    job = Job(id=new_id("job"), tenant=DEFAULT_TENANT, status="validating", model=body.model,
+    job = Job(id=new_id("job"), tenant=tenant, status="validating", model=body.model,
               device_id=None if planned.device is None else planned.device.id,
               memory_budget_bytes=planned.budget_bytes,
               config=planned.config.model_dump(mode="json"), plan=planned.plan,
@@ -46,14 +46,14 @@ def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *,
 
 
 def submit_job(session: Session, body: JobCreate, settings: Settings,
-               enqueue: Callable[[str], None]) -> Job:
+               enqueue: Callable[[str], None], *, tenant: str) -> Job:
     """Plan ``body`` and queue it; a 422 (``RequestValidationError``) when a field is wrong or
     the budget is predicted too small without ``allow_infeasible``."""
-    check_references(session, body)
+    check_references(session, body, tenant)
     planned = plan_job(body, settings)
     if not planned.feasible and not body.allow_infeasible:
         raise planned.infeasible_error()
-    job = insert_job(session, body, planned)
+    job = insert_job(session, body, planned, tenant=tenant)
     session.commit()
     enqueue(job.id)
     session.refresh(job)

@@ -1,7 +1,9 @@
-"""Request dependencies: the API key check, the settings and a database session."""
+"""Request dependencies: who is asking (an API key, or a signed-in dashboard), the settings
+and a database session."""
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Iterator
 from typing import Annotated
@@ -10,9 +12,12 @@ from fastapi import Depends, HTTPException, Request, status
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel import Session
 
+from app.keys import Principal, hash_key, principal_for_hash
 from app.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <API key>")
+SESSION_COOKIE = "mebp_session"
+_SAFE_METHODS = {"GET", "HEAD"}
 
 
 def get_settings(request: Request) -> Settings:
@@ -24,40 +29,56 @@ def get_session(request: Request) -> Iterator[Session]:
         yield session
 
 
-SESSION_COOKIE = "mebp_session"
-_SAFE_METHODS = {"GET", "HEAD"}
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SessionDep = Annotated[Session, Depends(get_session)]
 
 
-def session_token(settings: Settings) -> str:
-    """The dashboard's session cookie: derived from the key, so the key itself never sits
-    in the browser, and signing in again is needed once the key changes."""
-    return hmac.new(settings.api_key.encode(), b"mebp-dashboard-session", "sha256").hexdigest()
+def _session_signature(settings: Settings, key_hash: str) -> str:
+    secret = hashlib.sha256(b"mebp-dashboard-session:" + settings.api_key.encode()).digest()
+    return hmac.new(secret, key_hash.encode(), "sha256").hexdigest()
 
 
-def has_session(request: Request, settings: Settings) -> bool:
-    cookie = request.cookies.get(SESSION_COOKIE)
-    return cookie is not None and hmac.compare_digest(cookie.encode(),
-                                                      session_token(settings).encode())
+def session_cookie(settings: Settings, key: str) -> str:
+    """The dashboard's cookie for ``key``: its hash, signed, so the key itself never sits in
+    the browser and a deleted key signs nobody in."""
+    key_hash = hash_key(key)
+    return f"{key_hash}.{_session_signature(settings, key_hash)}"
+
+
+def session_principal(request: Request, settings: Settings,
+                      session: Session) -> Principal | None:
+    key_hash, _, signature = request.cookies.get(SESSION_COOKIE, "").partition(".")
+    if not key_hash or not hmac.compare_digest(signature.encode(),
+                                               _session_signature(settings, key_hash).encode()):
+        return None
+    return principal_for_hash(session, key_hash)
 
 
 def require_api_key(
-    request: Request,
-    settings: Annotated[Settings, Depends(get_settings)],
+    request: Request, settings: SettingsDep, session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> None:
-    """401 unless the request carries the service's key as a bearer token, or is a read by
-    a signed-in dashboard (its cookie is SameSite=Strict; writes always need the key)."""
-    if credentials is not None and hmac.compare_digest(credentials.credentials.encode(),
-                                                       settings.api_key.encode()):
-        return
-    if request.method in _SAFE_METHODS and has_session(request, settings):
-        return
+) -> Principal:
+    """401 unless the request carries a known key as a bearer token, or is a read by a
+    signed-in dashboard (its cookie is SameSite=Strict; writes always need the key)."""
+    if credentials is not None:
+        principal = principal_for_hash(session, hash_key(credentials.credentials))
+        if principal is not None:
+            return principal
+    elif request.method in _SAFE_METHODS:
+        principal = session_principal(request, settings, session)
+        if principal is not None:
+            return principal
     raise HTTPException(status.HTTP_401_UNAUTHORIZED, "missing or invalid API key",
                         headers={"WWW-Authenticate": "Bearer"})
 
 
-SettingsDep = Annotated[Settings, Depends(get_settings)]
-SessionDep = Annotated[Session, Depends(get_session)]
+PrincipalDep = Annotated[Principal, Depends(require_api_key)]
 
-# Until issue 7 brings tenants and their keys, everything belongs to the bootstrap key's.
-DEFAULT_TENANT = "default"
+
+def require_admin(principal: PrincipalDep) -> Principal:
+    if not principal.admin:
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "this needs an admin key")
+    return principal
+
+
+AdminDep = Annotated[Principal, Depends(require_admin)]

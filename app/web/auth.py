@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-import hmac
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Form, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse
 
-from app.api.deps import SESSION_COOKIE, SettingsDep, has_session, session_token
+from app.api.deps import (
+    SESSION_COOKIE,
+    SessionDep,
+    SettingsDep,
+    session_cookie,
+    session_principal,
+)
+from app.keys import Principal, hash_key, principal_for_hash
 from app.web.templating import templates
 
 router = APIRouter(include_in_schema=False)
@@ -18,12 +24,15 @@ class SignInRequired(Exception):
     """Raised by pages without a session; the app answers with a redirect to /signin."""
 
 
-def require_session(request: Request, settings: SettingsDep) -> None:
-    if not has_session(request, settings):
+def require_session(request: Request, settings: SettingsDep, session: SessionDep) -> Principal:
+    principal = session_principal(request, settings, session)
+    if principal is None:
         raise SignInRequired
+    return principal
 
 
 SessionRequired = Depends(require_session)
+PagePrincipal = Annotated[Principal, SessionRequired]
 
 
 @router.get("/signin", response_class=HTMLResponse)
@@ -32,15 +41,15 @@ def signin_page(request: Request) -> HTMLResponse:
 
 
 @router.post("/signin", response_class=HTMLResponse)
-def signin(request: Request, settings: SettingsDep,
+def signin(request: Request, settings: SettingsDep, session: SessionDep,
            api_key: Annotated[str, Form()]) -> HTMLResponse:
-    if not hmac.compare_digest(api_key.strip().encode(), settings.api_key.encode()):
+    if principal_for_hash(session, hash_key(api_key.strip())) is None:
         return templates.TemplateResponse(request, "signin.html",
                                           {"error": "That is not this service's API key."},
                                           status_code=status.HTTP_401_UNAUTHORIZED)
     response = RedirectResponse("/explorer", status_code=status.HTTP_303_SEE_OTHER)
     # no max-age: the cookie ends with the browser session
-    response.set_cookie(SESSION_COOKIE, session_token(settings), httponly=True,
+    response.set_cookie(SESSION_COOKIE, session_cookie(settings, api_key.strip()), httponly=True,
                         samesite="strict")
     return response
 

@@ -17,26 +17,28 @@ from app.api.routes.plans import plan_for
 from app.models import Dataset
 from app.schemas import PlanCreate
 from app.submit import submit_job
-from app.web.auth import SessionRequired
+from app.web.auth import PagePrincipal
 from app.web.job_form import JobForm
 from app.web.measured import measured_points
 from app.web.templating import script_json, templates
 from mebp_core.plan.devices import load_devices
 from mebp_core.store.preset_configs import PRESET_CONFIGS
 
-router = APIRouter(include_in_schema=False, dependencies=[SessionRequired])
+router = APIRouter(include_in_schema=False)
 DEFAULTS = {"model": "preset:qwen2.5-0.5b", "device": "iphone-15-pro-max", "seq_len": 256}
 
 
-def choices(session) -> dict:
+def choices(session, tenant: str) -> dict:
     return {"models": [f"preset:{name}" for name in sorted(PRESET_CONFIGS)],
             "devices": list(load_devices().values()),
-            "datasets": session.exec(select(Dataset).order_by(Dataset.created_at.desc())
+            "datasets": session.exec(select(Dataset).where(Dataset.tenant == tenant)
+                                     .order_by(Dataset.created_at.desc())
                                      .limit(50)).all()}
 
 
 @router.get("/explorer", response_class=HTMLResponse)
 def explorer(request: Request, session: SessionDep, settings: SettingsDep,
+             principal: PagePrincipal,
              model: str = DEFAULTS["model"], device: str = "", budget_mb: str = "",
              seq_len: int = DEFAULTS["seq_len"]) -> HTMLResponse:
     device = device if device or budget_mb else DEFAULTS["device"]
@@ -46,47 +48,50 @@ def explorer(request: Request, session: SessionDep, settings: SettingsDep,
         query = PlanCreate(model=model, seq_len=seq_len, device=device or None,
                            memory_budget_mb=float(budget_mb) if budget_mb else None)
         plan = plan_for(query, settings, "query").model_dump(mode="json")
-        measured = measured_points(session, query)
+        measured = measured_points(session, query, principal.tenant)
     except (RequestValidationError, ValidationError, ValueError) as exc:
         error = _describe(exc)
     return templates.TemplateResponse(request, "explorer.html", {
-        "form": form, "plan": plan, "error": error, **choices(session),
+        "form": form, "plan": plan, "error": error, **choices(session, principal.tenant),
         "chart": script_json({"plan": plan, "measured": measured})})
 
 
 @router.get("/jobs/new", response_class=HTMLResponse)
-def job_form(request: Request, session: SessionDep, model: str = DEFAULTS["model"],
+def job_form(request: Request, session: SessionDep, principal: PagePrincipal,
+             model: str = DEFAULTS["model"],
              device: str = "", budget_mb: str = "", seq_len: int = DEFAULTS["seq_len"],
              config: str = "auto", configuration: str = "auto") -> HTMLResponse:
-    form = {"model": model, "device": device, "memory_budget_mb": budget_mb,
-            "seq_len": seq_len, "config": config, "configuration": configuration,
-            "steps": 20, "batch_size": 1, "lora_rank": 8, "learning_rate": 1e-4,
-            "optimizer": "sgd", "method": "mebp", "allow_infeasible": False}
-    return _render_form(request, session, form, None)
+    form = JobForm(model=model, device=device, memory_budget_mb=budget_mb, seq_len=seq_len,
+                   config=config, configuration=configuration)
+    return _render_form(request, session, principal, form.model_dump(), None)
 
 
 @router.post("/jobs/new", response_class=HTMLResponse)
 def submit_form(request: Request, session: SessionDep, settings: SettingsDep,
+                principal: PagePrincipal,
                 form: Annotated[JobForm, Form()], file: UploadFile | None = None):
     values = form.model_dump()
     try:
         training_file = form.training_file
         if file is not None and file.filename:
-            training_file = store_upload(session, settings, file, request).id
+            training_file = store_upload(session, settings, file, request,
+                                         tenant=principal.tenant).id
         job = submit_job(session, form.to_job(training_file), settings,
-                         request.app.state.enqueue)
+                         request.app.state.enqueue, tenant=principal.tenant)
     except (RequestValidationError, ValidationError) as exc:
-        return _render_form(request, session, values, _describe(exc),
+        return _render_form(request, session, principal, values, _describe(exc),
                             status.HTTP_422_UNPROCESSABLE_CONTENT)
     except HTTPException as exc:  # the upload: too large, or malformed
-        return _render_form(request, session, values, str(exc.detail), exc.status_code)
+        return _render_form(request, session, principal, values, str(exc.detail),
+                            exc.status_code)
     return RedirectResponse(f"/jobs/{job.id}", status_code=status.HTTP_303_SEE_OTHER)
 
 
-def _render_form(request: Request, session, form: dict, error: str | None,
+def _render_form(request: Request, session, principal, form: dict, error: str | None,
                  status_code: int = 200) -> HTMLResponse:
     return templates.TemplateResponse(request, "job_form.html",
-                                      {"form": form, "error": error, **choices(session)},
+                                      {"form": form, "error": error,
+                                       **choices(session, principal.tenant)},
                                       status_code=status_code)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 from app.schemas import Hyperparameters, JobCreate
 
@@ -15,6 +15,8 @@ class JobForm(BaseModel):
     device: str = ""
     memory_budget_mb: str = ""
     training_file: str = ""
+    validation_file: str = ""
+    eval_every: int | None = Field(default=None, ge=1)
     seq_len: int = Field(default=256, ge=2)
     steps: int = Field(default=20, ge=1)
     batch_size: int = Field(default=1, ge=1)
@@ -26,14 +28,20 @@ class JobForm(BaseModel):
     configuration: str = "auto"  # that configuration's id, for display
     allow_infeasible: bool = False
 
+    @field_validator("eval_every", mode="before")
+    @classmethod
+    def _blank_is_none(cls, value: object) -> object:
+        return None if value == "" else value
+
     def to_job(self, training_file: str) -> JobCreate:
         """Raises pydantic's ``ValidationError`` naming the field, as the API would."""
         config = "auto" if self.config in ("", "auto") else json.loads(self.config)
         return JobCreate(
             model=self.model, training_file=training_file, device=self.device or None,
+            validation_file=self.validation_file or None,
             memory_budget_mb=float(self.memory_budget_mb) if self.memory_budget_mb else None,
             method=self.method, config=config, allow_infeasible=self.allow_infeasible,
             hyperparameters=Hyperparameters(
                 steps=self.steps, seq_len=self.seq_len, batch_size=self.batch_size,
                 lora_rank=self.lora_rank, learning_rate=self.learning_rate,
-                optimizer=self.optimizer))
+                optimizer=self.optimizer, eval_every=self.eval_every))

@@ -14,10 +14,12 @@ SAME_WORKLOAD = ("seq_len", "batch_size", "lora_rank", "optimizer", "compute_dty
                  "group_size")
 
 
-def measured_points(session: Session, query: PlanCreate, limit: int = 50) -> list[dict]:
+def measured_points(session: Session, query: PlanCreate, tenant: str,
+                    limit: int = 50) -> list[dict]:
     """One point per succeeded mebp job of the query's workload: its peak anonymous memory
     and median step time (the first step, which warms up, left out when there are more)."""
-    jobs = session.exec(select(Job).where(Job.model == query.model, Job.status == "succeeded")
+    jobs = session.exec(select(Job).where(Job.tenant == tenant, Job.model == query.model,
+                                          Job.status == "succeeded")
                         .order_by(Job.finished_at.desc()).limit(limit)).all()
     points = []
     for job in jobs:

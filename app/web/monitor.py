@@ -11,36 +11,39 @@ from app.api.routes.fleets import list_fleets, read_fleet
 from app.api.routes.jobs import cancel_job, read_job
 from app.crud import job_public, latest_adapter
 from app.models import Job, Metric
-from app.web.auth import SessionRequired
+from app.web.auth import PagePrincipal, SessionRequired
 from app.web.templating import script_json, templates
 
-router = APIRouter(include_in_schema=False, dependencies=[SessionRequired])
+router = APIRouter(include_in_schema=False)
 
 
-@router.get("/")
+@router.get("/", dependencies=[SessionRequired])
 def home() -> RedirectResponse:
     return RedirectResponse("/explorer", status_code=status.HTTP_303_SEE_OTHER)
 
 
 @router.get("/jobs", response_class=HTMLResponse)
-def jobs_page(request: Request, session: SessionDep) -> HTMLResponse:
-    jobs = session.exec(select(Job).order_by(col(Job.created_at).desc()).limit(100)).all()
+def jobs_page(request: Request, session: SessionDep, principal: PagePrincipal) -> HTMLResponse:
+    jobs = session.exec(select(Job).where(Job.tenant == principal.tenant)
+                        .order_by(col(Job.created_at).desc()).limit(100)).all()
     rows = [job_public(job, latest_adapter(session, job.id)).model_dump(mode="json")
             for job in jobs]
     return templates.TemplateResponse(request, "jobs.html", {"jobs": rows})
 
 
 @router.get("/jobs/{job_id}", response_class=HTMLResponse)
-def job_page(job_id: str, request: Request, session: SessionDep) -> HTMLResponse:
-    job = read_job(job_id, session).model_dump(mode="json")
+def job_page(job_id: str, request: Request, session: SessionDep,
+             principal: PagePrincipal) -> HTMLResponse:
+    job = read_job(job_id, session, principal).model_dump(mode="json")
     return templates.TemplateResponse(request, "job.html",
                                       {"job": job, "job_json": script_json(job)})
 
 
 @router.post("/jobs/{job_id}/cancel")
-def cancel_from_page(job_id: str, session: SessionDep) -> RedirectResponse:
+def cancel_from_page(job_id: str, session: SessionDep,
+                     principal: PagePrincipal) -> RedirectResponse:
     try:
-        cancel_job(job_id, session)
+        cancel_job(job_id, session, principal)
     except HTTPException as exc:
         if exc.status_code != status.HTTP_409_CONFLICT:  # already finished: just show it
             raise
@@ -48,23 +51,26 @@ def cancel_from_page(job_id: str, session: SessionDep) -> RedirectResponse:
 
 
 @router.get("/fleets", response_class=HTMLResponse)
-def fleets_page(request: Request, session: SessionDep) -> HTMLResponse:
-    fleets = list_fleets(session).model_dump(mode="json")["data"]
+def fleets_page(request: Request, session: SessionDep, principal: PagePrincipal) -> HTMLResponse:
+    fleets = list_fleets(session, principal).model_dump(mode="json")["data"]
     return templates.TemplateResponse(request, "fleets.html", {"fleets": fleets})
 
 
 @router.get("/fleets/{fleet_id}", response_class=HTMLResponse)
-def fleet_page(fleet_id: str, request: Request, session: SessionDep) -> HTMLResponse:
-    fleet = read_fleet(fleet_id, session).model_dump(mode="json")
-    curves = loss_curves(session, {m["training_file"] for m in fleet["members"]})
+def fleet_page(fleet_id: str, request: Request, session: SessionDep,
+               principal: PagePrincipal) -> HTMLResponse:
+    fleet = read_fleet(fleet_id, session, principal).model_dump(mode="json")
+    curves = loss_curves(session, principal.tenant,
+                         {m["training_file"] for m in fleet["members"]})
     return templates.TemplateResponse(request, "fleet.html", {
         "fleet": fleet, "chart": script_json({"curves": curves})})
 
 
-def loss_curves(session, training_files: set[str], limit: int = 40) -> list[dict]:
+def loss_curves(session, tenant: str, training_files: set[str], limit: int = 40) -> list[dict]:
     """Loss per step of every job on these datasets (this fleet's and any other, mezo
     included), so methods can be compared on the same data."""
-    jobs = session.exec(select(Job).where(col(Job.training_file).in_(training_files))
+    jobs = session.exec(select(Job).where(Job.tenant == tenant,
+                                          col(Job.training_file).in_(training_files))
                         .order_by(col(Job.created_at).desc()).limit(limit)).all()
     curves = []
     for job in jobs:

@@ -105,6 +105,8 @@ def test_explore_click_a_feasible_point_submit_and_watch_it_train(page, service,
     page.select_option("select[name=training_file]", dataset_id)
     page.fill("input[name=steps]", "6")
     page.fill("input[name=learning_rate]", "0.05")
+    page.select_option("select[name=validation_file]", dataset_id)
+    page.fill("input[name=eval_every]", "2")
     shoot(page, "job-form")
     page.click("#job-form button[type=submit]")
 
@@ -113,6 +115,8 @@ def test_explore_click_a_feasible_point_submit_and_watch_it_train(page, service,
     expect(page.locator("#downloads a")).to_have_count(3)
     loss = chart_traces(page, "loss-chart")[0]
     assert loss["x"] == [1, 2, 3, 4, 5, 6] and all(value > 0 for value in loss["y"])
+    validation = chart_traces(page, "loss-chart")[1]
+    assert validation["x"] == [2, 4, 6] and all(value > 0 for value in validation["y"])
     memory = chart_traces(page, "memory-chart")[0]
     assert len(memory["x"]) == 6 and max(memory["y"]) < 1024
     expect(page.locator("#events li").filter(has_text="succeeded")).to_have_count(1)

@@ -12,7 +12,7 @@ from typing import Literal
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.responses import Response
 
-from app.api.deps import SessionDep, SettingsDep
+from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.routes.jobs import get_job_or_404
 from app.crud import latest_adapter
 from app.storage import job_dir
@@ -26,10 +26,11 @@ BASE_CONFIG = "base_config.json"  # the base model's HF config, kept by the work
             responses={200: {"content": {"application/zip": {},
                                          "application/octet-stream": {}}}})
 def download_adapter(job_id: str, session: SessionDep, settings: SettingsDep,
+                     principal: PrincipalDep,
                      format: Literal["peft", "mlx", "gguf"] = Query(
                          "peft", description="peft and mlx come zipped; gguf is one file")
                      ) -> Response:
-    job = get_job_or_404(session, job_id)
+    job = get_job_or_404(session, job_id, principal)
     adapter = latest_adapter(session, job.id)
     if adapter is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND,

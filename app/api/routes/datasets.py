@@ -9,7 +9,8 @@ import tempfile
 from fastapi import APIRouter, HTTPException, Request, UploadFile, status
 from sqlmodel import Session, select
 
-from app.api.deps import DEFAULT_TENANT, SessionDep, SettingsDep
+from app.api.deps import PrincipalDep, SessionDep, SettingsDep
+from app.keys import Principal
 from app.models import Dataset
 from app.schemas import DatasetPublic, DatasetsPublic
 from app.settings import Settings
@@ -23,14 +24,14 @@ _COPY_CHUNK = 1 << 20
 
 @router.post("", response_model=DatasetPublic, status_code=status.HTTP_201_CREATED)
 def upload_dataset(file: UploadFile, request: Request, session: SessionDep,
-                   settings: SettingsDep) -> Dataset:
+                   settings: SettingsDep, principal: PrincipalDep) -> Dataset:
     """Upload a JSONL file (multipart field ``file``): rows of ``{"text"}``,
     ``{"prompt", "completion"}``, ``{"messages"}`` or ``{"input_ids"[, "labels"]}``."""
-    return store_upload(session, settings, file, request)
+    return store_upload(session, settings, file, request, tenant=principal.tenant)
 
 
-def store_upload(session: Session, settings: Settings, file: UploadFile,
-                 request: Request) -> Dataset:
+def store_upload(session: Session, settings: Settings, file: UploadFile, request: Request, *,
+                 tenant: str) -> Dataset:
     """Check and keep an uploaded JSONL file: 413 past the size limit, 422 naming the first
     malformed line; nothing is left behind either way."""
     limit = settings.max_upload_bytes
@@ -60,7 +61,7 @@ def store_upload(session: Session, settings: Settings, file: UploadFile,
     finally:
         if os.path.exists(staging):
             os.unlink(staging)
-    dataset = Dataset(id=dataset_id, tenant=DEFAULT_TENANT, filename=filename, path=str(final),
+    dataset = Dataset(id=dataset_id, tenant=tenant, filename=filename, path=str(final),
                       bytes=size, rows=summary.rows, sha256=digest.hexdigest())
     session.add(dataset)
     session.commit()
@@ -69,16 +70,21 @@ def store_upload(session: Session, settings: Settings, file: UploadFile,
 
 
 @router.get("", response_model=DatasetsPublic)
-def list_datasets(session: SessionDep) -> DatasetsPublic:
-    rows = session.exec(select(Dataset).order_by(Dataset.created_at.desc())).all()
+def list_datasets(session: SessionDep, principal: PrincipalDep) -> DatasetsPublic:
+    rows = session.exec(select(Dataset).where(Dataset.tenant == principal.tenant)
+                        .order_by(Dataset.created_at.desc())).all()
     return DatasetsPublic(data=[DatasetPublic.model_validate(row) for row in rows],
                           count=len(rows))
 
 
 @router.get("/{dataset_id}", response_model=DatasetPublic)
-def read_dataset(dataset_id: str, session: SessionDep) -> Dataset:
+def read_dataset(dataset_id: str, session: SessionDep, principal: PrincipalDep) -> Dataset:
+    return get_dataset_or_404(session, dataset_id, principal)
+
+
+def get_dataset_or_404(session: Session, dataset_id: str, principal: Principal) -> Dataset:
     dataset = session.get(Dataset, dataset_id)
-    if dataset is None:
+    if dataset is None or dataset.tenant != principal.tenant:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no dataset {dataset_id!r}")
     return dataset
 

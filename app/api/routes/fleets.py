@@ -7,7 +7,7 @@ from pathlib import Path
 from fastapi import APIRouter, HTTPException, Request, status
 from sqlmodel import Session, select
 
-from app.api.deps import DEFAULT_TENANT, SessionDep, SettingsDep
+from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.errors import invalid
 from app.fleet_summary import fleet_public
 from app.models import Dataset, Fleet
@@ -25,13 +25,15 @@ JOB_FIELDS = ("model", "validation_file", "memory_budget_mb", "method", "hyperpa
 
 @router.post("", response_model=FleetPublic, status_code=status.HTTP_201_CREATED)
 def create_fleet(body: FleetCreate, request: Request, session: SessionDep,
-                 settings: SettingsDep) -> FleetPublic:
+                 settings: SettingsDep, principal: PrincipalDep) -> FleetPublic:
     """Devices the planner predicts will not fit get no job (unless ``allow_infeasible``);
     the fleet says which fit and why the others do not."""
     devices = _device_ids(body)
     common = {name: getattr(body, name) for name in JOB_FIELDS}
-    check_references(session, JobCreate(**common, training_file=body.training_file))
-    fleet = Fleet(id=new_id("fleet"), tenant=DEFAULT_TENANT, model=body.model, spec={})
+    check_references(session, JobCreate(**common, training_file=body.training_file),
+                     principal.tenant)
+    fleet = Fleet(id=new_id("fleet"), tenant=principal.tenant, model=body.model,
+                  spec={})
     files = _shards(session, settings, body, fleet.id) if body.simulated else \
         [body.training_file] * len(devices)
     members, jobs = [], []
@@ -40,7 +42,8 @@ def create_fleet(body: FleetCreate, request: Request, session: SessionDep,
         planned = plan_job(job_body, settings)
         job = None
         if planned.feasible or body.allow_infeasible:
-            job = insert_job(session, job_body, planned, fleet_id=fleet.id)
+            job = insert_job(session, job_body, planned, tenant=principal.tenant,
+                             fleet_id=fleet.id)
             jobs.append(job.id)
         members.append({"device": device, "shard": index if body.simulated else None,
                         "training_file": training_file, "fits": planned.feasible,
@@ -54,16 +57,17 @@ def create_fleet(body: FleetCreate, request: Request, session: SessionDep,
 
 
 @router.get("", response_model=FleetsPublic)
-def list_fleets(session: SessionDep) -> FleetsPublic:
-    fleets = session.exec(select(Fleet).order_by(Fleet.created_at.desc()).limit(100)).all()
+def list_fleets(session: SessionDep, principal: PrincipalDep) -> FleetsPublic:
+    fleets = session.exec(select(Fleet).where(Fleet.tenant == principal.tenant)
+                          .order_by(Fleet.created_at.desc()).limit(100)).all()
     return FleetsPublic(data=[fleet_public(session, fleet) for fleet in fleets],
                         count=len(fleets))
 
 
 @router.get("/{fleet_id}", response_model=FleetPublic)
-def read_fleet(fleet_id: str, session: SessionDep) -> FleetPublic:
+def read_fleet(fleet_id: str, session: SessionDep, principal: PrincipalDep) -> FleetPublic:
     fleet = session.get(Fleet, fleet_id)
-    if fleet is None:
+    if fleet is None or fleet.tenant != principal.tenant:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no fleet {fleet_id!r}")
     return fleet_public(session, fleet)
 

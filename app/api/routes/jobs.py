@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import StreamingResponse
 from sqlmodel import select
 
-from app.api.deps import SessionDep, SettingsDep
+from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.events import stream_events
 from app.crud import (
     TERMINAL,
@@ -17,12 +19,14 @@ from app.crud import (
     metrics_after,
     set_status,
 )
+from app.keys import Principal
 from app.models import Job
 from app.schemas import (
     EventPublic,
     JobCreate,
     JobPublic,
     JobsPublic,
+    JobStatus,
     MetricPublic,
     MetricsPublic,
 )
@@ -35,15 +39,18 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
              responses={422: {"description": "invalid field, or a budget too small "
                                              "(the error carries smallest_budget_mb)"}})
 def create_job(body: JobCreate, request: Request, session: SessionDep,
-               settings: SettingsDep) -> JobPublic:
-    job = submit_job(session, body, settings, request.app.state.enqueue)
+               settings: SettingsDep, principal: PrincipalDep) -> JobPublic:
+    job = submit_job(session, body, settings, request.app.state.enqueue,
+                     tenant=principal.tenant)
     return job_public(job, None)
 
 
 @router.get("", response_model=JobsPublic)
-def list_jobs(session: SessionDep, status_: str | None = Query(None, alias="status"),
-              limit: int = Query(100, ge=1, le=1000)) -> JobsPublic:
-    query = select(Job).order_by(Job.created_at.desc()).limit(limit)
+def list_jobs(session: SessionDep, principal: PrincipalDep,
+              status_: Annotated[JobStatus | None, Query(alias="status")] = None,
+              limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> JobsPublic:
+    query = (select(Job).where(Job.tenant == principal.tenant)
+             .order_by(Job.created_at.desc()).limit(limit))
     if status_ is not None:
         query = query.where(Job.status == status_)
     jobs = session.exec(query).all()
@@ -52,16 +59,16 @@ def list_jobs(session: SessionDep, status_: str | None = Query(None, alias="stat
 
 
 @router.get("/{job_id}", response_model=JobPublic)
-def read_job(job_id: str, session: SessionDep) -> JobPublic:
-    job = get_job_or_404(session, job_id)
+def read_job(job_id: str, session: SessionDep, principal: PrincipalDep) -> JobPublic:
+    job = get_job_or_404(session, job_id, principal)
     return job_public(job, latest_adapter(session, job.id))
 
 
 @router.post("/{job_id}/cancel", response_model=JobPublic)
-def cancel_job(job_id: str, session: SessionDep) -> JobPublic:
+def cancel_job(job_id: str, session: SessionDep, principal: PrincipalDep) -> JobPublic:
     """A queued job is cancelled at once; a running one stops after its current step and
     keeps the adapter trained so far."""
-    job = get_job_or_404(session, job_id)
+    job = get_job_or_404(session, job_id, principal)
     if job.status in TERMINAL:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is already {job.status}")
     if job.status == "running":
@@ -77,10 +84,11 @@ def cancel_job(job_id: str, session: SessionDep) -> JobPublic:
 
 @router.get("/{job_id}/events", response_model=list[EventPublic],
             responses={200: {"content": {"text/event-stream": {}}}})
-def read_events(job_id: str, request: Request, session: SessionDep):
+def read_events(job_id: str, request: Request, session: SessionDep,
+                principal: PrincipalDep):
     """The job's events; with ``Accept: text/event-stream``, a live stream of events and
     per-step metrics that ends when the job does."""
-    get_job_or_404(session, job_id)
+    get_job_or_404(session, job_id, principal)
     if "text/event-stream" in request.headers.get("accept", ""):
         return StreamingResponse(
             stream_events(request.app.state.engine, job_id,
@@ -90,15 +98,16 @@ def read_events(job_id: str, request: Request, session: SessionDep):
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPublic)
-def read_metrics(job_id: str, session: SessionDep) -> MetricsPublic:
-    get_job_or_404(session, job_id)
+def read_metrics(job_id: str, session: SessionDep, principal: PrincipalDep) -> MetricsPublic:
+    get_job_or_404(session, job_id, principal)
     rows = metrics_after(session, job_id, 0)
     return MetricsPublic(data=[MetricPublic(step=m.step, loss=m.loss, data=m.data, at=m.at)
                                for m in rows], count=len(rows))
 
 
-def get_job_or_404(session, job_id: str) -> Job:
+def get_job_or_404(session, job_id: str, principal: Principal) -> Job:
+    """Another tenant's job is as unknown as a job that never was."""
     job = session.get(Job, job_id)
-    if job is None:
+    if job is None or job.tenant != principal.tenant:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no job {job_id!r}")
     return job
