@@ -86,6 +86,8 @@ class Job(SQLModel, table=True):
     peak_anon_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))
     peak_memory_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))
     attempts: int = 0
+    worker: str | None = Field(default=None, max_length=128)  # host:pid running it
+    heartbeat_at: datetime | None = None  # refreshed while it runs; stale means worker lost
     metadata_: dict = Field(default_factory=dict, sa_column=Column("metadata", JSON,
                                                                    nullable=False))
     created_at: datetime = Field(default_factory=utc_now)
@@ -113,6 +115,18 @@ class Metric(SQLModel, table=True):
     loss: float | None = None
     data: dict = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     at: datetime = Field(default_factory=utc_now)
+
+
+class RegisteredModel(SQLModel, table=True):
+    """A Hugging Face model directory inside the configured model roots, by name."""
+
+    __tablename__ = "models"
+
+    name: str = Field(primary_key=True, max_length=64)
+    path: str = Field(max_length=1024)
+    model_type: str = Field(max_length=64)
+    parameters: int = Field(sa_column=Column(BigInteger, nullable=False))
+    created_at: datetime = Field(default_factory=utc_now)
 
 
 class Adapter(SQLModel, table=True):

@@ -38,7 +38,9 @@ class Settings(BaseSettings):
     queue_name: str = Field(default="mebp", min_length=1, max_length=64)
     workers: int = Field(default=1, ge=0, le=64, description="workers `mebp serve` starts")
     enforcement: Enforcement = "auto"  # how a job's memory budget is enforced
-    max_upload_bytes: int = Field(default=256 << 20, ge=1)
+    max_upload_bytes: int = Field(default=256 << 20, ge=1)  # after decompression
+    max_upload_rows: int = Field(default=1_000_000, ge=1)
+    max_line_bytes: int = Field(default=1 << 20, ge=16)
     threads: int | None = Field(default=None, ge=1)
 
     @property

@@ -30,13 +30,14 @@ def check_references(session: Session, body: JobCreate, tenant: str) -> None:
 
 
 def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *, tenant: str,
-               fleet_id: str | None = None) -> Job:
+               fleet_id: str | None = None, idempotency_key: str | None = None) -> Job:
     job = Job(id=new_id("job"), tenant=tenant, status="validating", model=body.model,
               device_id=None if planned.device is None else planned.device.id,
               memory_budget_bytes=planned.budget_bytes,
               config=planned.config.model_dump(mode="json"), plan=planned.plan,
               training_file=body.training_file, validation_file=body.validation_file,
-              fleet_id=fleet_id, total_steps=planned.config.steps, metadata_=body.metadata)
+              fleet_id=fleet_id, total_steps=planned.config.steps, metadata_=body.metadata,
+              idempotency_key=idempotency_key)
     session.add(job)
     session.flush()  # the row its events refer to goes first
     add_event(session, job_id=job.id, kind="status", message="validated and planned",
@@ -46,14 +47,15 @@ def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *, tenant
 
 
 def submit_job(session: Session, body: JobCreate, settings: Settings,
-               enqueue: Callable[[str], None], *, tenant: str) -> Job:
+               enqueue: Callable[[str], None], *, tenant: str,
+               idempotency_key: str | None = None) -> Job:
     """Plan ``body`` and queue it; a 422 (``RequestValidationError``) when a field is wrong or
     the budget is predicted too small without ``allow_infeasible``."""
     check_references(session, body, tenant)
     planned = plan_job(body, settings)
     if not planned.feasible and not body.allow_infeasible:
         raise planned.infeasible_error()
-    job = insert_job(session, body, planned, tenant=tenant)
+    job = insert_job(session, body, planned, tenant=tenant, idempotency_key=idempotency_key)
     session.commit()
     enqueue(job.id)
     session.refresh(job)

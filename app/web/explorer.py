@@ -12,11 +12,11 @@ from pydantic import ValidationError
 from sqlmodel import select
 
 from app.api.deps import SessionDep, SettingsDep
-from app.api.routes.datasets import store_upload
 from app.api.routes.plans import plan_for
 from app.models import Dataset
 from app.schemas import PlanCreate
 from app.submit import submit_job
+from app.uploads import store_upload
 from app.web.auth import PagePrincipal
 from app.web.job_form import JobForm
 from app.web.measured import measured_points
@@ -74,7 +74,7 @@ def submit_form(request: Request, session: SessionDep, settings: SettingsDep,
     try:
         training_file = form.training_file
         if file is not None and file.filename:
-            training_file = store_upload(session, settings, file, request,
+            training_file = store_upload(session, settings, file, declared_bytes=None,
                                          tenant=principal.tenant).id
         job = submit_job(session, form.to_job(training_file), settings,
                          request.app.state.enqueue, tenant=principal.tenant)

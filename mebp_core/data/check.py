@@ -47,13 +47,19 @@ def check_row(row: object) -> str:
     return kind
 
 
-def check_jsonl(path: Path | str, *, name: str | None = None) -> DatasetSummary:
+def check_jsonl(path: Path | str, *, name: str | None = None, max_rows: int | None = None,
+                max_line_bytes: int | None = None) -> DatasetSummary:
     """Count the rows of a JSONL file by form; raise `DatasetError("<name>:<line>: ...")` at
-    the first malformed line, or if there is no row at all."""
+    the first malformed or overlong line, past ``max_rows``, or if there is no row at all."""
     name = name or str(path)
     summary = DatasetSummary()
     with open(path, "rb") as lines:
         for line_no, raw in enumerate(lines, start=1):
+            if max_line_bytes is not None and len(raw.rstrip(b"\r\n")) > max_line_bytes:
+                raise DatasetError(f"{name}:{line_no}: the line is {len(raw)} bytes, more "
+                                   f"than the limit of {max_line_bytes}")
+            if max_rows is not None and summary.rows >= max_rows and raw.strip():
+                raise DatasetError(f"{name}:{line_no}: more than the limit of {max_rows} rows")
             try:
                 row = parse_line(raw, line_no)
                 if row is not None:

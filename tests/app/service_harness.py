@@ -20,6 +20,8 @@ import psycopg
 
 API_KEY = "test-key-0123456789"
 MAX_UPLOAD_BYTES = 256 << 10
+MAX_UPLOAD_ROWS = 1000
+MAX_LINE_BYTES = 4096
 POSTGRES_ADMIN = os.environ.get("MEBP_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_TEST_URL = os.environ.get("MEBP_TEST_REDIS", "redis://127.0.0.1:6379/0")
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -85,6 +87,7 @@ def free_port() -> int:
 def service_env(cache: Path, extra_env: dict[str, str]) -> dict[str, str]:
     env = {**os.environ, "MEBP_API_KEY": API_KEY, "MEBP_CACHE_DIR": str(cache),
            "HF_HUB_OFFLINE": "1", "MEBP_MAX_UPLOAD_BYTES": str(MAX_UPLOAD_BYTES),
+           "MEBP_MAX_UPLOAD_ROWS": str(MAX_UPLOAD_ROWS), "MEBP_MAX_LINE_BYTES": str(MAX_LINE_BYTES),
            **extra_env}
     for name in ("DATABASE_URL", "REDIS_URL"):
         if name not in extra_env:

@@ -3,6 +3,8 @@ leaves nothing behind."""
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 
 import pytest
@@ -76,3 +78,46 @@ def test_tokens_outside_the_vocabulary_fail_the_job_naming_dataset_and_line(serv
     assert job["status"] == "failed" and job["error"]["code"] == "invalid_input"
     assert f"dataset {dataset['id']}:2:" in job["error"]["message"]
     assert "outside the vocabulary" in job["error"]["message"]
+
+
+def test_gzip_uploads_are_unpacked_and_a_compression_bomb_stops_at_the_limit(service):
+    rows = GOOD * 8
+    status, dataset = service.upload("rows.jsonl.gz", gzip.compress(rows))
+    assert status == 201 and dataset["rows"] == 8
+    assert dataset["sha256"] == hashlib.sha256(rows).hexdigest()
+    bomb = gzip.compress(b"\n" * (64 * service.max_upload_bytes))  # ~16 MB from ~16 KB
+    assert len(bomb) < service.max_upload_bytes // 8
+    status, body = service.upload("bomb.jsonl.gz", bomb)
+    assert status == 413 and "decompressed" in body["detail"]
+    status, body = service.upload("broken.jsonl.gz", gzip.compress(rows)[:-12])
+    assert status == 422 and "broken.jsonl.gz" in body["detail"]
+
+
+def test_rows_and_line_length_are_bounded(service):
+    status, body = service.upload("many.jsonl", b'{"text": "x"}\n' * 1001)
+    assert status == 422 and body["detail"] == "many.jsonl:1001: more than the limit of 1000 rows"
+    long_line = json.dumps({"text": "y" * 5000}).encode() + b"\n"
+    status, body = service.upload("long.jsonl", GOOD + long_line)
+    assert status == 422 and body["detail"].startswith("long.jsonl:2: the line is")
+
+
+def test_artifact_names_are_generated_never_taken_from_the_upload(service):
+    status, dataset = service.upload("../../../etc/evil name.jsonl", GOOD)
+    assert status == 201 and dataset["filename"] == "evil name.jsonl"
+    stored = service.output.parent / "data" / "storage" / "datasets" / f"{dataset['id']}.jsonl"
+    assert stored.read_bytes() == GOOD
+
+
+def test_a_repeated_idempotency_key_returns_the_same_job(service, dataset_id):
+    body = {"model": "preset:tiny", "training_file": dataset_id, "device": "pixel-8",
+            "hyperparameters": {"steps": 1, "seq_len": 16}}
+    headers = {"Idempotency-Key": "retry-0001"}
+    first = service.client.post("/v1/jobs", json=body, headers=headers)
+    again = service.client.post("/v1/jobs", json=body, headers=headers)
+    other = service.client.post("/v1/jobs", json=body, headers={"Idempotency-Key": "retry-0002"})
+    assert first.status_code == 201 and again.status_code == 200 and other.status_code == 201
+    assert again.json()["id"] == first.json()["id"] != other.json()["id"]
+    jobs = service.request("GET", "/v1/jobs")[1]["data"]
+    assert sum(job["id"] == first.json()["id"] for job in jobs) == 1
+    for job in (first.json(), other.json()):
+        service.finished(job["id"])

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
+from sqlalchemy.exc import IntegrityError
 from sqlmodel import select
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
@@ -36,13 +37,34 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
 @router.post("", response_model=JobPublic, status_code=status.HTTP_201_CREATED,
-             responses={422: {"description": "invalid field, or a budget too small "
+             responses={200: {"description": "a repeat of an Idempotency-Key: the same job"},
+                        422: {"description": "invalid field, or a budget too small "
                                              "(the error carries smallest_budget_mb)"}})
-def create_job(body: JobCreate, request: Request, session: SessionDep,
-               settings: SettingsDep, principal: PrincipalDep) -> JobPublic:
-    job = submit_job(session, body, settings, request.app.state.enqueue,
-                     tenant=principal.tenant)
-    return job_public(job, None)
+def create_job(body: JobCreate, request: Request, response: Response, session: SessionDep,
+               settings: SettingsDep, principal: PrincipalDep,
+               idempotency_key: Annotated[str | None, Header(min_length=1, max_length=128)]
+               = None) -> JobPublic:
+    """``Idempotency-Key``: a repeat with the same key answers the job the first one made."""
+    if idempotency_key is not None:
+        existing = find_by_idempotency_key(session, principal.tenant, idempotency_key)
+        if existing is not None:
+            response.status_code = status.HTTP_200_OK
+            return job_public(existing, latest_adapter(session, existing.id))
+    try:
+        job = submit_job(session, body, settings, request.app.state.enqueue,
+                         tenant=principal.tenant, idempotency_key=idempotency_key)
+    except IntegrityError:  # the same key, submitted concurrently: the other one won
+        session.rollback()
+        job = find_by_idempotency_key(session, principal.tenant, idempotency_key)
+        if job is None:
+            raise
+        response.status_code = status.HTTP_200_OK
+    return job_public(job, latest_adapter(session, job.id))
+
+
+def find_by_idempotency_key(session, tenant: str, key: str) -> Job | None:
+    return session.exec(select(Job).where(Job.tenant == tenant,
+                                          Job.idempotency_key == key)).first()
 
 
 @router.get("", response_model=JobsPublic)

@@ -46,3 +46,13 @@ def test_a_malformed_line_is_named_by_file_and_line(tmp_path, row, message):
 def test_a_file_without_rows_is_refused(tmp_path):
     with pytest.raises(DatasetError, match="no rows"):
         check_jsonl(write(tmp_path, ["", "  "]))
+
+
+def test_rows_and_line_length_are_bounded_naming_the_line(tmp_path):
+    path = write(tmp_path, [{"text": "a"}, {"text": "b"}, {"text": "c" * 100}])
+    assert check_jsonl(path, max_rows=3, max_line_bytes=200).rows == 3
+    with pytest.raises(DatasetError, match=r"^data\.jsonl:3: more than the limit of 2 rows"):
+        check_jsonl(path, name="data.jsonl", max_rows=2)
+    with pytest.raises(DatasetError, match=r"^data\.jsonl:3: the line is \d+ bytes, more than "
+                                           r"the limit of 50"):
+        check_jsonl(path, name="data.jsonl", max_line_bytes=50)
