@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from sqlmodel import Session, select
 
-from app.models import Adapter, Device, Event, Job, Metric, utc_now
+from app.models import Adapter, Event, Job, Metric, utc_now
 from app.schemas import JobError, JobProgress, JobPublic
-from mebp_core.plan.devices import load_devices
 from mebp_core.plan.workload import MB
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
@@ -77,13 +76,3 @@ def job_public(job: Job, adapter: Adapter | None) -> JobPublic:
 def _mb(nbytes: int | None) -> float | None:
     return None if nbytes is None else round(nbytes / MB, 1)
 
-
-def sync_builtin_devices(session: Session) -> None:
-    """Write the profiles of devices.json into the devices table (jobs refer to them)."""
-    for profile in load_devices().values():
-        row = session.get(Device, profile.id) or Device(id=profile.id, name=profile.name)
-        row.name, row.ram_mb, row.budget_mb = profile.name, profile.ram_mb, profile.budget_mb
-        row.chip, row.relative_compute = profile.chip, profile.relative_compute
-        row.sources, row.builtin = list(profile.sources), True
-        session.add(row)
-    session.commit()

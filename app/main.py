@@ -10,9 +10,9 @@ from sqlalchemy import text
 from sqlmodel import Session
 
 from app.api.deps import require_api_key
-from app.api.routes import adapters, datasets, devices, fleets, jobs, plans
-from app.crud import sync_builtin_devices
+from app.api.routes import adapters, datasets, devices, fleets, jobs, models, plans
 from app.db import database_url, make_engine
+from app.devices import sync_builtin_devices
 from app.keys import ensure_bootstrap_key
 from app.queue import connect, enqueue_job, job_queue
 from app.settings import Settings
@@ -50,7 +50,7 @@ def create_app(settings: Settings) -> FastAPI:
         "/signin", status_code=status.HTTP_303_SEE_OTHER))
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
-    for module in (devices, plans, datasets, jobs, adapters, fleets):
+    for module in (devices, models, plans, datasets, jobs, adapters, fleets):
         v1.include_router(module.router)
     app.include_router(v1)
 

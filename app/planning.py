@@ -10,15 +10,18 @@ from dataclasses import dataclass
 
 from fastapi.exceptions import RequestValidationError
 from pydantic import ValidationError
+from sqlmodel import Session
 
 from app.api.errors import invalid, invalid_from
+from app.devices import find_device
+from app.registry import model_architecture
 from app.schemas import JobCreate
 from app.settings import Settings
 from mebp_core.cache import default_cache_dir
 from mebp_core.config import EngineKnobs, TrainConfig
-from mebp_core.plan.arch import PlanInputError, load_architecture
+from mebp_core.plan.arch import PlanInputError
 from mebp_core.plan.calibration import load_calibration
-from mebp_core.plan.devices import DeviceProfile, load_devices
+from mebp_core.plan.devices import DeviceProfile
 from mebp_core.plan.planner import Plan, PlanEntry, make_plan
 from mebp_core.plan.workload import MB, Workload
 
@@ -44,15 +47,12 @@ class PlannedJob:
             round(self.budget_bytes / MB, 1), smallest_budget_mb=smallest)
 
 
-def plan_job(body: JobCreate, settings: Settings) -> PlannedJob:
+def plan_job(body: JobCreate, settings: Settings, session: Session) -> PlannedJob:
     """The job's config with the knobs it runs with, and the planner's verdict on its budget
     (the fastest configuration that fits, or the smallest one when none does)."""
-    device = _device(body.device)
+    device = device_or_422(session, body.device)
     budget_bytes = _budget_bytes(body, device)
-    try:
-        arch = load_architecture(body.model)
-    except PlanInputError as exc:
-        raise invalid("model", str(exc), body.model) from None
+    arch = model_architecture(session, body.model)
     hyper = body.hyperparameters.model_dump(exclude={"learning_rate"})
     knobs = EngineKnobs() if body.config == "auto" else body.config
     try:
@@ -79,14 +79,15 @@ def plan_job(body: JobCreate, settings: Settings) -> PlannedJob:
     return PlannedJob(config, device, budget_bytes, summary, feasible=plan.auto is not None)
 
 
-def _device(device_id: str | None) -> DeviceProfile | None:
+def device_or_422(session: Session, device_id: str | None, *, field: str | tuple = "device",
+                  where: str = "body") -> DeviceProfile | None:
     if device_id is None:
         return None
-    devices = load_devices()
-    if device_id not in devices:
-        raise invalid("device", f"unknown device profile (known: {', '.join(devices)})",
-                      device_id)
-    return devices[device_id]
+    device = find_device(session, device_id)
+    if device is None:
+        raise invalid(field, "unknown device profile (GET /v1/devices lists them)", device_id,
+                      where=where)
+    return device
 
 
 def _budget_bytes(body: JobCreate, device: DeviceProfile | None) -> int:

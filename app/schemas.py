@@ -280,3 +280,41 @@ class FleetPublic(BaseModel):
 class FleetsPublic(BaseModel):
     data: list[FleetPublic]
     count: int
+
+
+ID_PATTERN = r"^[a-z0-9]+([._-][a-z0-9]+)*$"
+
+
+class DeviceCreate(BaseModel):
+    """A device profile an admin adds (the built-in ones come from devices.json)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=ID_PATTERN, max_length=64, examples=["pixel-9a"])
+    name: str = Field(min_length=1, max_length=128)
+    ram_mb: int | None = Field(default=None, ge=256, le=1 << 20)
+    budget_mb: int = Field(ge=64, le=1 << 20)
+    chip: str | None = Field(default=None, max_length=128)
+    relative_compute: float | None = Field(default=None, gt=0, le=1000, description=(
+        "compute against the iPhone 15 Pro Max (1.0), for on-device time estimates"))
+    sources: list[str] = Field(default_factory=list, max_length=16)
+
+
+class ModelCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=ID_PATTERN, max_length=64, examples=["my-qwen"])
+    path: str = Field(min_length=1, max_length=1024,
+                      description="a Hugging Face model directory inside the model roots")
+
+
+class ModelPublic(BaseModel):
+    name: str
+    source: Literal["preset", "registered"]
+    model_type: str
+    parameters: int
+
+
+class ModelsPublic(BaseModel):
+    data: list[ModelPublic]
+    count: int

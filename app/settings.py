@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 from typing import Literal
@@ -38,10 +39,16 @@ class Settings(BaseSettings):
     queue_name: str = Field(default="mebp", min_length=1, max_length=64)
     workers: int = Field(default=1, ge=0, le=64, description="workers `mebp serve` starts")
     enforcement: Enforcement = "auto"  # how a job's memory budget is enforced
+    # where registered models may live (os.pathsep-separated); nothing outside is read
+    model_roots: str = ""
     max_upload_bytes: int = Field(default=256 << 20, ge=1)  # after decompression
     max_upload_rows: int = Field(default=1_000_000, ge=1)
     max_line_bytes: int = Field(default=1 << 20, ge=16)
     threads: int | None = Field(default=None, ge=1)
+
+    @property
+    def model_root_paths(self) -> list[Path]:
+        return [Path(part).resolve() for part in self.model_roots.split(os.pathsep) if part]
 
     @property
     def storage_root(self) -> Path:

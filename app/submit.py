@@ -11,6 +11,7 @@ from app.api.errors import invalid
 from app.crud import add_event, set_status
 from app.models import Dataset, Job
 from app.planning import PlannedJob, plan_job
+from app.registry import model_source
 from app.schemas import JobCreate
 from app.settings import Settings
 from app.storage import new_id
@@ -24,9 +25,7 @@ def check_references(session: Session, body: JobCreate, tenant: str) -> None:
         if dataset_id is not None and (dataset is None or dataset.tenant != tenant):
             raise invalid(field, "no such dataset (upload it with POST /v1/datasets)",
                           dataset_id)
-    if not body.model.startswith("preset:"):
-        raise invalid("model", "must be preset:NAME (the README lists the presets)",
-                      body.model)
+    model_source(session, body.model)
 
 
 def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *, tenant: str,
@@ -52,7 +51,7 @@ def submit_job(session: Session, body: JobCreate, settings: Settings,
     """Plan ``body`` and queue it; a 422 (``RequestValidationError``) when a field is wrong or
     the budget is predicted too small without ``allow_infeasible``."""
     check_references(session, body, tenant)
-    planned = plan_job(body, settings)
+    planned = plan_job(body, settings, session)
     if not planned.feasible and not body.allow_infeasible:
         raise planned.infeasible_error()
     job = insert_job(session, body, planned, tenant=tenant, idempotency_key=idempotency_key)

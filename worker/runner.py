@@ -23,6 +23,7 @@ from sqlmodel import Session
 from app.crud import add_event, fail_job, set_status
 from app.db import database_url, make_engine
 from app.models import Adapter, Dataset, Job, Metric
+from app.registry import model_source
 from app.settings import Settings
 from app.storage import job_dir, new_id, sha256_files
 from mebp_core.cache import default_cache_dir
@@ -77,14 +78,15 @@ class JobRun:
         config = job.config
         add_event(session, job_id=job.id, kind="log", message=f"preparing {job.model}")
         session.commit()
-        model_dir = resolve_model(job.model, quant=config["quant"],
+        source = model_source(session, job.model)  # preset:NAME, or a registered path
+        model_dir = resolve_model(source, quant=config["quant"],
                                   group_size=config["group_size"],
                                   cache_dir=self.settings.cache_dir or default_cache_dir(),
                                   isolated=True)
         shutil.copyfile(model_dir / "config.json", self.dir / BASE_CONFIG)
         validation = None if job.validation_file is None else \
             session.get(Dataset, job.validation_file).path
-        request = {"config": config, "model": job.model, "model_dir": str(model_dir),
+        request = {"config": config, "model": source, "model_dir": str(model_dir),
                    "data": session.get(Dataset, job.training_file).path,
                    "validation_data": validation}
         (self.dir / REQUEST).write_text(json.dumps(request, indent=2))

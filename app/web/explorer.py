@@ -13,7 +13,8 @@ from sqlmodel import select
 
 from app.api.deps import SessionDep, SettingsDep
 from app.api.routes.plans import plan_for
-from app.models import Dataset
+from app.devices import all_devices
+from app.models import Dataset, RegisteredModel
 from app.schemas import PlanCreate
 from app.submit import submit_job
 from app.uploads import store_upload
@@ -21,7 +22,6 @@ from app.web.auth import PagePrincipal
 from app.web.job_form import JobForm
 from app.web.measured import measured_points
 from app.web.templating import script_json, templates
-from mebp_core.plan.devices import load_devices
 from mebp_core.store.preset_configs import PRESET_CONFIGS
 
 router = APIRouter(include_in_schema=False)
@@ -29,8 +29,9 @@ DEFAULTS = {"model": "preset:qwen2.5-0.5b", "device": "iphone-15-pro-max", "seq_
 
 
 def choices(session, tenant: str) -> dict:
-    return {"models": [f"preset:{name}" for name in sorted(PRESET_CONFIGS)],
-            "devices": list(load_devices().values()),
+    registered = session.exec(select(RegisteredModel.name).order_by(RegisteredModel.name))
+    return {"models": [f"preset:{name}" for name in sorted(PRESET_CONFIGS)] + list(registered),
+            "devices": list(all_devices(session).values()),
             "datasets": session.exec(select(Dataset).where(Dataset.tenant == tenant)
                                      .order_by(Dataset.created_at.desc())
                                      .limit(50)).all()}
@@ -47,7 +48,7 @@ def explorer(request: Request, session: SessionDep, settings: SettingsDep,
     try:
         query = PlanCreate(model=model, seq_len=seq_len, device=device or None,
                            memory_budget_mb=float(budget_mb) if budget_mb else None)
-        plan = plan_for(query, settings, "query").model_dump(mode="json")
+        plan = plan_for(query, settings, session, "query").model_dump(mode="json")
         measured = measured_points(session, query, principal.tenant)
     except (RequestValidationError, ValidationError, ValueError) as exc:
         error = _describe(exc)

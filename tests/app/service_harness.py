@@ -51,10 +51,12 @@ class Service:
         response = self.client.post("/v1/datasets", files={"file": (name, content)})
         return response.status_code, response.json()
 
-    def wait_for(self, job_id: str, predicate, timeout_s: float = 120) -> dict:
+    def wait_for(self, job_id: str, predicate, timeout_s: float = 120,
+                 client: httpx.Client | None = None) -> dict:
+        """Poll the job (as ``client``'s tenant if given) until ``predicate`` holds."""
         deadline = time.monotonic() + timeout_s
         while True:
-            job = self.request("GET", f"/v1/jobs/{job_id}")[1]
+            job = (client or self.client).get(f"/v1/jobs/{job_id}").json()
             if predicate(job):
                 return job
             if time.monotonic() > deadline:
@@ -62,8 +64,9 @@ class Service:
                                      f"{self.output.read_text()[-3000:]}")
             time.sleep(0.2)
 
-    def finished(self, job_id: str, timeout_s: float = 120) -> dict:
-        return self.wait_for(job_id, lambda job: job["status"] in TERMINAL, timeout_s)
+    def finished(self, job_id: str, timeout_s: float = 120,
+                 client: httpx.Client | None = None) -> dict:
+        return self.wait_for(job_id, lambda job: job["status"] in TERMINAL, timeout_s, client)
 
     def events(self, job_id: str) -> Iterator[tuple[str, dict]]:
         """The job's Server-Sent Events as (event, data) until the stream ends."""
@@ -138,3 +141,13 @@ class temporary_postgres_database:
     def __exit__(self, *exc: object) -> None:
         with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as admin:
             admin.execute(f'drop database "{self.name}" with (force)')
+
+
+def create_key(service, tenant: str, *extra: str) -> str:
+    """`mebp keys create`, as an operator runs it against the service's database."""
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    done = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--tenant",
+                           tenant, *extra, "--data-dir", str(service.output.parent / "data")],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()

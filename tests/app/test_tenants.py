@@ -11,17 +11,9 @@ import sys
 
 import httpx
 import pytest
+from service_harness import create_key
 
 ROWS = b'{"text": "tenant rows are their own"}\n' * 4
-
-
-def create_key(service, tenant: str, *extra: str) -> str:
-    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-    done = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--tenant",
-                           tenant, *extra, "--data-dir", str(service.output.parent / "data")],
-                          capture_output=True, text=True, timeout=120, env=env)
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
 
 
 @pytest.fixture(scope="module")

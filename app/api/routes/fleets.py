@@ -11,12 +11,11 @@ from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.errors import invalid
 from app.fleet_summary import fleet_public
 from app.models import Dataset, Fleet
-from app.planning import plan_job
+from app.planning import device_or_422, plan_job
 from app.schemas import FleetCreate, FleetPublic, FleetsPublic, JobCreate
 from app.settings import Settings
 from app.storage import dataset_path, new_id, write_shards
 from app.submit import check_references, insert_job
-from mebp_core.plan.devices import load_devices
 
 router = APIRouter(prefix="/fleets", tags=["fleets"])
 JOB_FIELDS = ("model", "validation_file", "memory_budget_mb", "method", "hyperparameters",
@@ -28,7 +27,7 @@ def create_fleet(body: FleetCreate, request: Request, session: SessionDep,
                  settings: SettingsDep, principal: PrincipalDep) -> FleetPublic:
     """Devices the planner predicts will not fit get no job (unless ``allow_infeasible``);
     the fleet says which fit and why the others do not."""
-    devices = _device_ids(body)
+    devices = _device_ids(session, body)
     common = {name: getattr(body, name) for name in JOB_FIELDS}
     check_references(session, JobCreate(**common, training_file=body.training_file),
                      principal.tenant)
@@ -39,7 +38,7 @@ def create_fleet(body: FleetCreate, request: Request, session: SessionDep,
     members, jobs = [], []
     for index, (device, training_file) in enumerate(zip(devices, files, strict=True)):
         job_body = JobCreate(**common, training_file=training_file, device=device)
-        planned = plan_job(job_body, settings)
+        planned = plan_job(job_body, settings, session)
         job = None
         if planned.feasible or body.allow_infeasible:
             job = insert_job(session, job_body, planned, tenant=principal.tenant,
@@ -72,17 +71,12 @@ def read_fleet(fleet_id: str, session: SessionDep, principal: PrincipalDep) -> F
     return fleet_public(session, fleet)
 
 
-def _device_ids(body: FleetCreate) -> list[str]:
-    known = load_devices()
+def _device_ids(session: Session, body: FleetCreate) -> list[str]:
     if body.simulated is not None:
-        if body.simulated.device not in known:
-            raise invalid(("simulated", "device"), "unknown device profile",
-                          body.simulated.device)
+        device_or_422(session, body.simulated.device, field=("simulated", "device"))
         return [body.simulated.device] * body.simulated.count
     for index, device in enumerate(body.devices):
-        if device not in known:
-            raise invalid(("devices", str(index)), f"unknown device profile (known: "
-                          f"{', '.join(known)})", device)
+        device_or_422(session, device, field=("devices", str(index)))
     return body.devices
 
 

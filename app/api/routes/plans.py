@@ -9,16 +9,18 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 from pydantic import ValidationError
+from sqlmodel import Session
 
-from app.api.deps import SettingsDep
+from app.api.deps import SessionDep, SettingsDep
 from app.api.errors import invalid, invalid_from
+from app.planning import device_or_422
+from app.registry import model_architecture
 from app.schemas import PlanCreate, PlanPublic
 from app.settings import Settings
 from mebp_core.cache import default_cache_dir
 from mebp_core.config import TrainConfig
-from mebp_core.plan.arch import PlanInputError, load_architecture
+from mebp_core.plan.arch import PlanInputError
 from mebp_core.plan.calibration import load_calibration
-from mebp_core.plan.devices import load_devices
 from mebp_core.plan.planner import make_plan
 from mebp_core.plan.workload import MB, Workload
 
@@ -26,29 +28,20 @@ router = APIRouter(prefix="/plans", tags=["plans"])
 
 
 @router.post("", response_model=PlanPublic)
-def create_plan(body: PlanCreate, settings: SettingsDep) -> PlanPublic:
-    return plan_for(body, settings, "body")
+def create_plan(body: PlanCreate, settings: SettingsDep, session: SessionDep) -> PlanPublic:
+    return plan_for(body, settings, session, "body")
 
 
 @router.get("", response_model=PlanPublic)
-def read_plan(query: Annotated[PlanCreate, Query()], settings: SettingsDep) -> PlanPublic:
+def read_plan(query: Annotated[PlanCreate, Query()], settings: SettingsDep,
+              session: SessionDep) -> PlanPublic:
     """The same as POST, from query parameters: ``?model=&device=&seq_len=``."""
-    return plan_for(query, settings, "query")
+    return plan_for(query, settings, session, "query")
 
 
-def plan_for(body: PlanCreate, settings: Settings, where: str) -> PlanPublic:
-    if not body.model.startswith("preset:"):
-        raise invalid("model", "must be preset:NAME", body.model, where=where)
-    device = None
-    if body.device is not None:
-        device = load_devices().get(body.device)
-        if device is None:
-            raise invalid("device", f"unknown device profile (known: "
-                          f"{', '.join(load_devices())})", body.device, where=where)
-    try:
-        arch = load_architecture(body.model)
-    except PlanInputError as exc:
-        raise invalid("model", str(exc), body.model, where=where) from None
+def plan_for(body: PlanCreate, settings: Settings, session: Session, where: str) -> PlanPublic:
+    device = device_or_422(session, body.device, where=where)
+    arch = model_architecture(session, body.model, where=where)
     try:
         config = TrainConfig(seq_len=body.seq_len, batch_size=body.batch_size,
                              lora_rank=body.lora_rank, lora_alpha=body.lora_alpha,
