@@ -61,7 +61,7 @@ def job_public(job: Job, adapter: Adapter | None) -> JobPublic:
         memory_budget_mb=_mb(job.memory_budget_bytes), method=job.config.get("method", "mebp"),
         config=job.config, plan=job.plan, training_file=job.training_file,
         validation_file=job.validation_file, fleet_id=job.fleet_id,
-        enforcement=job.enforcement,
+        enforcement=job.enforcement, attempts=job.attempts, worker=job.worker,
         progress=JobProgress(step=job.step, total_steps=job.total_steps, loss=job.last_loss,
                              peak_memory_mb=_mb(job.peak_memory_bytes),
                              peak_anon_mb=_mb(job.peak_anon_bytes)),

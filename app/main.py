@@ -1,12 +1,19 @@
-"""``create_app``: the FastAPI application with every /v1 route behind the API key."""
+"""``create_app``: the FastAPI application: the dashboard at ``/``, the API under ``/v1``
+behind the API keys, and the reconciler that keeps the queue true to the database."""
 
 from __future__ import annotations
 
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
 from fastapi import APIRouter, Depends, FastAPI, status
-from fastapi.responses import FileResponse, RedirectResponse
+from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
+from redis.exceptions import RedisError
 from rq import Worker
 from sqlalchemy import text
+from sqlalchemy.exc import DBAPIError
 from sqlmodel import Session
 
 from app.api.deps import require_api_key
@@ -15,29 +22,42 @@ from app.db import database_url, make_engine
 from app.devices import sync_builtin_devices
 from app.keys import ensure_bootstrap_key
 from app.queue import connect, enqueue_job, job_queue
+from app.reconciler import Reconciler
 from app.settings import Settings
 from app.web import auth, explorer, monitor
 from app.web.auth import SignInRequired
 from app.web.templating import PLOTLY_JS, STATIC_DIR
 
+log = logging.getLogger("mebp")
+UNAVAILABLE = {RedisError: "the job queue (Redis) is unavailable; retry shortly",
+               DBAPIError: "the database is unavailable; retry shortly"}
 
-def create_app(settings: Settings) -> FastAPI:
+
+def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
     """The app for ``settings``; its ``redis_url`` must be set (``mebp serve`` starts an
     embedded Redis when the environment has none)."""
     if settings.redis_url is None:
         raise ValueError("create_app needs settings.redis_url")
-    app = FastAPI(title="mebp", version="0.1.0",
-                  description="Exact, memory-efficient LoRA fine-tuning under phone-sized "
-                  "memory budgets: datasets, jobs run under kernel-enforced memory caps, "
-                  "adapters, device profiles and the memory/time planner.")
-    app.state.settings = settings
-    app.state.engine = make_engine(database_url(settings.database_url, settings.data_dir))
-    with Session(app.state.engine) as session:
+    engine = make_engine(database_url(settings.database_url, settings.data_dir))
+    with Session(engine) as session:
         sync_builtin_devices(session)
         ensure_bootstrap_key(session, settings.api_key)
     redis = connect(settings.redis_url)
     queue = job_queue(redis, settings.queue_name)
-    app.state.enqueue = lambda job_id: enqueue_job(queue, job_id)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        reconciler = Reconciler(engine, queue, settings).start() if reconcile else None
+        yield
+        if reconciler is not None:
+            reconciler.stop()
+
+    app = FastAPI(title="mebp", version="0.1.0", lifespan=lifespan,
+                  description="Exact, memory-efficient LoRA fine-tuning under phone-sized "
+                  "memory budgets: datasets, jobs run under kernel-enforced memory caps, "
+                  "adapters, fleets, device profiles and the memory/time planner.")
+    app.state.settings, app.state.engine, app.state.redis = settings, engine, redis
+    app.state.enqueue = lambda job_id: _enqueue_or_defer(queue, job_id)
 
     @app.get("/static/plotly.min.js", include_in_schema=False)
     def plotly_js() -> FileResponse:
@@ -48,20 +68,45 @@ def create_app(settings: Settings) -> FastAPI:
         app.include_router(module.router)
     app.add_exception_handler(SignInRequired, lambda request, exc: RedirectResponse(
         "/signin", status_code=status.HTTP_303_SEE_OTHER))
+    for error, message in UNAVAILABLE.items():
+        app.add_exception_handler(error, _unavailable(message))
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
     for module in (devices, models, plans, datasets, jobs, adapters, fleets):
         v1.include_router(module.router)
     app.include_router(v1)
 
-    @app.get("/v1/health", tags=["health"])
+    @app.get("/v1/health", tags=["health"], responses={503: {"description": "degraded"}})
     @app.get("/healthz", include_in_schema=False)
-    def health() -> dict:
+    def health() -> JSONResponse:
         """Unauthenticated: the database, Redis and how many workers are listening."""
-        with app.state.engine.connect() as connection:
-            connection.execute(text("select 1"))
-        redis.ping()
-        return {"status": "ok", "database": "ok", "redis": "ok",
-                "workers": Worker.count(queue=queue)}
+        report = {"database": "ok", "redis": "ok", "workers": None}
+        try:
+            with engine.connect() as connection:
+                connection.execute(text("select 1"))
+        except DBAPIError:
+            report["database"] = "unavailable"
+        try:
+            report["workers"] = Worker.count(queue=queue)
+        except RedisError:
+            report["redis"] = "unavailable"
+        healthy = report["database"] == report["redis"] == "ok"
+        return JSONResponse({"status": "ok" if healthy else "degraded", **report},
+                            status_code=200 if healthy else 503)
 
     return app
+
+
+def _enqueue_or_defer(queue, job_id: str) -> None:
+    """The job is committed as queued: if Redis fails now, the reconciler enqueues it."""
+    try:
+        enqueue_job(queue, job_id)
+    except RedisError as exc:
+        log.warning("job %s stays queued in the database until Redis is back: %s", job_id, exc)
+
+
+def _unavailable(message: str):
+    def handle(request, exc) -> JSONResponse:
+        return JSONResponse({"detail": message}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+                            headers={"Retry-After": "5"})
+    return handle

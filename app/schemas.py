@@ -113,6 +113,9 @@ class Hyperparameters(BaseModel):
     max_grad_norm: float | None = Field(default=None, gt=0)
     mezo_eps: float = Field(default=1e-3, gt=0, le=1.0)
     eval_every: int | None = Field(default=None, ge=1)
+    checkpoint_every: int | None = Field(default=None, ge=1, description=(
+        "steps between checkpoints, from which a job resumes after losing its worker "
+        "(default MEBP_CHECKPOINT_EVERY)"))
 
 
 class JobCreate(BaseModel):
@@ -168,6 +171,8 @@ class JobPublic(BaseModel):
     fleet_id: str | None
     enforcement: str | None = Field(description="how the budget was enforced: cgroup-v2, "
                                     "cgroup-v1 or rlimit")
+    attempts: int = Field(description="runs started: more than one after a lost worker")
+    worker: str | None = Field(description="host:pid of the worker that ran it last")
     progress: JobProgress
     error: JobError | None
     adapter: dict | None

@@ -3,11 +3,7 @@
 
 from __future__ import annotations
 
-import ctypes
-import os
 import signal
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -17,11 +13,9 @@ from app.db import database_url, upgrade_database
 from app.main import create_app
 from app.queue import EmbeddedRedis
 from app.settings import Settings
+from app.supervisor import WorkerPool
 from mebp_core.cache import default_cache_dir
 from mebp_core.plan.calibration import load_calibration
-
-WORKER_STOP_S = 10.0
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def load_settings(**overrides) -> Settings:
@@ -75,10 +69,10 @@ def serve(*, host: str | None, port: int | None, data_dir: Path | None,
     # measure this host for the planner now, not on the first request
     threading.Thread(target=load_calibration, name="mebp-calibration", daemon=True,
                      args=(settings.cache_dir or default_cache_dir(), settings.threads)).start()
-    processes = [_start_worker(settings) for _ in range(settings.workers)]
+    workers = WorkerPool(settings)
     try:
         print(f"mebp: serving on http://{settings.host}:{settings.port} (OpenAPI at /docs) "
-              f"with {len(processes)} worker(s), Redis at {settings.redis_url}; "
+              f"with {settings.workers} worker(s), Redis at {settings.redis_url}; "
               f"API key: {settings.api_key}", flush=True)
         # uvicorn re-raises the SIGTERM it handled once it has shut down: exit through the
         # finally below, which stops the workers and the embedded Redis
@@ -86,44 +80,11 @@ def serve(*, host: str | None, port: int | None, data_dir: Path | None,
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
                     log_level="info")
     finally:
-        _stop_workers(processes)
+        workers.stop()
         if embedded is not None:
             embedded.close()
     return 0
 
 
-def _start_worker(settings: Settings) -> subprocess.Popen:
-    env = {**os.environ, "MEBP_DATA_DIR": str(settings.data_dir),
-           "REDIS_URL": settings.redis_url, "MEBP_QUEUE_NAME": settings.queue_name,
-           "MEBP_ENFORCEMENT": settings.enforcement}
-    for name, value in (("DATABASE_URL", settings.database_url),
-                        ("MEBP_CACHE_DIR", settings.cache_dir),
-                        ("MEBP_STORAGE_DIR", settings.storage_dir),
-                        ("MEBP_THREADS", settings.threads)):
-        if value is not None:
-            env[name] = str(value)
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], env=env,
-                            preexec_fn=_stop_with_parent)
-
-
-def _stop_with_parent() -> None:
-    """In a worker, before exec: SIGTERM when `mebp serve` dies, however it dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 def _exit_on_signal(number: int, frame: object) -> None:
     raise SystemExit(128 + number)
-
-
-def _stop_workers(processes: list[subprocess.Popen]) -> None:
-    """RQ's warm shutdown (finish the job), then its cold one (abandon it), then a kill."""
-    for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):
-        for process in processes:
-            if process.poll() is None:
-                process.send_signal(sig)
-        for process in processes:
-            try:
-                process.wait(timeout=WORKER_STOP_S / 2)
-            except subprocess.TimeoutExpired:
-                pass

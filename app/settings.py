@@ -45,6 +45,13 @@ class Settings(BaseSettings):
     max_upload_rows: int = Field(default=1_000_000, ge=1)
     max_line_bytes: int = Field(default=1 << 20, ge=16)
     threads: int | None = Field(default=None, ge=1)
+    # faults: a running job whose heartbeat is older than this has lost its worker; it is
+    # re-queued (resuming from its last checkpoint) up to max_attempts times
+    heartbeat_timeout_s: float = Field(default=30.0, ge=2)
+    max_attempts: int = Field(default=3, ge=1, le=100)
+    reconcile_interval_s: float = Field(default=5.0, gt=0)
+    checkpoint_every: int = Field(default=25, ge=1, description="steps between checkpoints, "
+                                  "unless the job sets its own")
 
     @property
     def model_root_paths(self) -> list[Path]:

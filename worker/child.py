@@ -6,6 +6,7 @@ budget); it reads ``request.json`` and writes ``metrics.jsonl``, ``adapter/`` an
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
@@ -20,6 +21,7 @@ from mebp_core.errors import MebpError
 REQUEST, RESULT, METRICS = "request.json", "result.json", "metrics.jsonl"
 ADAPTER, CHECKPOINT = "adapter", "checkpoint"
 ALLOCATION_FAILURES = ("can't allocate memory", "not enough memory", "out of memory")
+EXIT_STORAGE_FULL = 28  # ENOSPC: the result itself may not fit on the disk, so say it so
 
 
 def run(job_dir: Path) -> dict:
@@ -33,10 +35,17 @@ def run(job_dir: Path) -> dict:
                        data=Path(request["data"]), out=job_dir / ADAPTER, sampler=sampler,
                        validation_data=None if validation is None else Path(validation),
                        metrics_path=job_dir / METRICS, checkpoint_dir=job_dir / CHECKPOINT,
-                       base_model_name=request["model"], stop_requested=stop.is_set)
+                       resume=request.get("resume", False), base_model_name=request["model"],
+                       stop_requested=stop.is_set)
     return {"status": "cancelled" if result.interrupted else "succeeded",
             "steps": result.steps, "final_loss": result.final_loss,
             "peak_anon_mb": result.peak_anon_mb, "footprint_mb": result.footprint_mb}
+
+
+def disk_full(exc: BaseException) -> bool:
+    """ENOSPC, as an OSError or wrapped by a writer (safetensors reports it as text)."""
+    return (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or \
+        f"os error {errno.ENOSPC}" in str(exc) or "No space left on device" in str(exc)
 
 
 def read_peak_rss_bytes() -> int:
@@ -57,21 +66,29 @@ def main(argv: list[str]) -> int:
     job_dir = Path(argv[0])
     try:
         result = run(job_dir)
-    except MebpError as exc:
-        result = {"status": "failed", "code": "invalid_input", "message": str(exc)}
-    except MemoryError:
-        result = {"status": "failed", "code": "memory_budget_exceeded",
-                  "message": "an allocation failed under the memory limit",
-                  "peak_rss_mb": read_peak_rss_bytes() / MB}
-    except RuntimeError as exc:
-        traceback.print_exc()
-        if not any(text in str(exc).lower() for text in ALLOCATION_FAILURES):
-            raise
-        result = {"status": "failed", "code": "memory_budget_exceeded",
-                  "message": f"an allocation failed under the memory limit: {exc}",
-                  "peak_rss_mb": read_peak_rss_bytes() / MB}
+    except Exception as exc:  # noqa: BLE001  what is not a known failure is re-raised
+        if disk_full(exc):
+            print(f"mebp: storage full: {exc}", file=sys.stderr)
+            return EXIT_STORAGE_FULL
+        result = failure(exc)
     write_result(job_dir, result)
     return 0 if result["status"] != "failed" else 1
+
+
+def failure(exc: Exception) -> dict:
+    """The result of a run that failed in a way the user can act on; anything else (a bug)
+    propagates with its traceback, and the worker reports the engine crashed."""
+    if isinstance(exc, MebpError):
+        return {"status": "failed", "code": "invalid_input", "message": str(exc)}
+    allocation = isinstance(exc, MemoryError) or (
+        isinstance(exc, RuntimeError) and any(text in str(exc).lower()
+                                              for text in ALLOCATION_FAILURES))
+    if not allocation:
+        raise exc
+    traceback.print_exc()
+    return {"status": "failed", "code": "memory_budget_exceeded",
+            "message": f"an allocation failed under the memory limit: {exc}",
+            "peak_rss_mb": read_peak_rss_bytes() / MB}
 
 
 if __name__ == "__main__":

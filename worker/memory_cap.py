@@ -8,6 +8,7 @@ and an ``RLIMIT_DATA`` when no cgroup can be made. ``mode`` says which one a job
 
 from __future__ import annotations
 
+import ctypes
 import os
 import resource
 import signal
@@ -16,6 +17,15 @@ from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 GROUP_PARENT = "mebp"  # every job's cgroup lives under <hierarchy>/mebp/
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent() -> None:
+    """SIGKILL this process when its parent (the worker running the job) dies, so a killed
+    worker never leaves an engine training on."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class MemoryCapError(RuntimeError):
@@ -32,6 +42,7 @@ class RlimitCap:
         self.limit_bytes = limit_bytes
 
     def enter(self) -> None:  # in the child, before exec
+        die_with_parent()
         resource.setrlimit(resource.RLIMIT_DATA, (self.limit_bytes, self.limit_bytes))
 
     def peak_bytes(self) -> int | None:
@@ -52,6 +63,7 @@ class _CgroupCap:
         self.path, self.limit_bytes = path, limit_bytes
 
     def enter(self) -> None:  # in the child, before exec: every byte it maps is charged
+        die_with_parent()
         (self.path / self._procs).write_text(str(os.getpid()))
 
     def close(self) -> None:
@@ -156,6 +168,17 @@ def v2_hierarchy(root: Path = CGROUP_ROOT) -> Path | None:
 def v1_hierarchy(root: Path = CGROUP_ROOT) -> Path | None:
     path = root / "memory"
     return path if (path / "memory.limit_in_bytes").is_file() else None
+
+
+def remove_stale_caps(job_id: str, root: Path = CGROUP_ROOT) -> None:
+    """Kill and remove the cgroups of a job's earlier attempts (a worker that died while
+    holding one could not)."""
+    for hierarchy, cap_class in ((v2_hierarchy(root), CgroupV2Cap),
+                                 (v1_hierarchy(root), CgroupV1Cap)):
+        if hierarchy is None:
+            continue
+        for path in (hierarchy / GROUP_PARENT).glob(f"{job_id}-a*"):
+            cap_class(path, 0).close()
 
 
 def open_memory_cap(enforcement: str, name: str, limit_bytes: int,

@@ -9,16 +9,14 @@ the kernel's peak and OOM count before removing the cap.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 
-from sqlalchemy import Engine
-from sqlmodel import Session
+from sqlalchemy import Engine, func
+from sqlmodel import Session, delete, select
 
 from app.crud import add_event, fail_job, set_status
 from app.db import database_url, make_engine
@@ -30,9 +28,10 @@ from mebp_core.cache import default_cache_dir
 from mebp_core.lora.peft_io import ADAPTER_FILES
 from mebp_core.plan.workload import MB
 from mebp_core.store.resolve import resolve_model
-from worker.child import ADAPTER, METRICS, REQUEST, RESULT
-from worker.memory_cap import MemoryCap, open_memory_cap
-from worker.metrics_tail import MetricsTail
+from worker.child import ADAPTER, CHECKPOINT, EXIT_STORAGE_FULL, METRICS, REQUEST, RESULT
+from worker.lease import Heartbeat, claim_job, worker_name
+from worker.memory_cap import MemoryCap, open_memory_cap, remove_stale_caps
+from worker.metrics_tail import MetricsTail, keep_metrics_through
 
 POLL_S = 0.2
 BASE_CONFIG = "base_config.json"
@@ -52,25 +51,26 @@ class JobRun:
     def __init__(self, settings: Settings, engine: Engine, job_id: str) -> None:
         self.settings, self.engine, self.job_id = settings, engine, job_id
         self.dir = job_dir(settings.storage_root, job_id)
+        self.resumed_from = 0  # the checkpoint step this attempt continues from
 
     def run(self) -> str:
+        worker = worker_name()
         with Session(self.engine) as session:
-            job = session.get(Job, self.job_id)
-            if job is None or job.status != "queued":  # cancelled while queued, or done
-                return "skipped" if job is None else job.status
-            # the horse RQ forked for this job runs here; its parent is the worker
-            set_status(session, job, "running", "started",
-                       data={"worker": f"{socket.gethostname()}:{os.getppid()}"})
-            session.commit()
-            try:
-                request = self._prepare(session, job)
-                self._run_capped(session, job, request)
-            except Exception as exc:  # the job ends failed; the worker keeps serving
-                session.rollback()
-                job = session.get(Job, self.job_id)
-                fail_job(session, job, "worker_error", f"{type(exc).__name__}: {exc}")
-                session.commit()
-                raise
+            job = claim_job(session, self.job_id, worker)
+            if job is None:
+                current = session.get(Job, self.job_id)
+                return "skipped" if current is None else current.status
+            beat = max(1.0, self.settings.heartbeat_timeout_s / 5)
+            with Heartbeat(self.engine, self.job_id, worker, beat):
+                try:
+                    request = self._prepare(session, job)
+                    self._run_capped(session, job, request)
+                except Exception as exc:  # the job ends failed; the worker keeps serving
+                    session.rollback()
+                    job = session.get(Job, self.job_id)
+                    fail_job(session, job, "worker_error", f"{type(exc).__name__}: {exc}")
+                    session.commit()
+                    raise
             return job.status
 
     def _prepare(self, session: Session, job: Job) -> dict:
@@ -88,12 +88,36 @@ class JobRun:
             session.get(Dataset, job.validation_file).path
         request = {"config": config, "model": source, "model_dir": str(model_dir),
                    "data": session.get(Dataset, job.training_file).path,
-                   "validation_data": validation}
+                   "validation_data": validation, "resume": self._resume_point(session, job)}
         (self.dir / REQUEST).write_text(json.dumps(request, indent=2))
         return request
 
+    def _resume_point(self, session: Session, job: Job) -> bool:
+        """Where this attempt starts: the last checkpoint if an earlier attempt left one,
+        else step 0. What an earlier attempt logged past that point is trained again, so
+        its metrics go."""
+        state = self.dir / CHECKPOINT / "state.json"
+        self.resumed_from = json.loads(state.read_text())["step"] if state.is_file() else 0
+        (self.dir / RESULT).unlink(missing_ok=True)
+        keep_metrics_through(self.dir / METRICS, self.resumed_from)
+        session.exec(delete(Metric).where(Metric.job_id == job.id,
+                                          Metric.step > self.resumed_from))
+        # steps the lost worker logged but had not copied yet
+        recorded = session.exec(select(func.max(Metric.step))
+                                .where(Metric.job_id == job.id)).one() or 0
+        for row in MetricsTail(self.dir / METRICS).read_new():
+            if row["step"] > recorded:
+                self._record_step(session, job, row)
+        job.step = self.resumed_from
+        if self.resumed_from:
+            add_event(session, job_id=job.id, kind="log",
+                      message=f"resuming from the checkpoint at step {self.resumed_from}")
+        session.commit()
+        return bool(self.resumed_from)
+
     def _run_capped(self, session: Session, job: Job, request: dict) -> None:
-        cap, warning = open_memory_cap(self.settings.enforcement, job.id,
+        remove_stale_caps(job.id)  # an earlier attempt's, if its worker died holding it
+        cap, warning = open_memory_cap(self.settings.enforcement, f"{job.id}-a{job.attempts}",
                                        job.memory_budget_bytes)
         job.enforcement = cap.mode
         add_event(session, job_id=job.id, kind="log",
@@ -114,7 +138,7 @@ class JobRun:
     def _follow(self, session: Session, job: Job, child: subprocess.Popen,
                 cap: MemoryCap) -> None:
         """Copy metrics into the database until the child exits; pass a cancel on."""
-        tail = MetricsTail(self.dir / METRICS)
+        tail = MetricsTail(self.dir / METRICS, start_at_end=True)  # earlier steps: in the db
         signalled = False
         while True:
             exited = child.poll() is not None
@@ -155,6 +179,10 @@ class JobRun:
             if result is not None and result.get("peak_rss_mb"):
                 job.peak_memory_bytes = int(result["peak_rss_mb"] * MB)
             self._fail_over_budget(session, job, cap)
+        elif returncode == EXIT_STORAGE_FULL:
+            fail_job(session, job, "storage_full",
+                     f"the storage ran out of space while the engine wrote its files (under "
+                     f"{self.settings.storage_root}); nothing partial is kept")
         elif result is not None:
             message = result["message"].replace(request["data"], f"dataset {job.training_file}")
             if request["validation_data"]:

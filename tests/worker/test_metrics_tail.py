@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from worker.metrics_tail import MetricsTail
+from worker.metrics_tail import MetricsTail, keep_metrics_through
 
 
 def test_each_complete_line_is_read_once_and_a_partial_one_waits(tmp_path):
@@ -13,3 +13,16 @@ def test_each_complete_line_is_read_once_and_a_partial_one_waits(tmp_path):
         file.write(b'p": 3}\n')
     assert tail.read_new() == [{"step": 3}]
     assert tail.read_new() == []
+
+
+def test_a_resumed_run_keeps_the_lines_up_to_its_checkpoint_and_is_tailed_from_there(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"step": 1}\n{"step": 2}\n{"step": 3}\n{"step": 4')  # killed mid-line
+    keep_metrics_through(path, 2)
+    assert path.read_bytes() == b'{"step": 1}\n{"step": 2}\n'
+    tail = MetricsTail(path, start_at_end=True)
+    with open(path, "ab") as file:
+        file.write(b'{"step": 3}\n')
+    assert tail.read_new() == [{"step": 3}]
+    keep_metrics_through(path, 0)
+    assert path.read_bytes() == b""

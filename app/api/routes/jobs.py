@@ -50,6 +50,7 @@ def create_job(body: JobCreate, request: Request, response: Response, session: S
         if existing is not None:
             response.status_code = status.HTTP_200_OK
             return job_public(existing, latest_adapter(session, existing.id))
+    request.app.state.redis.ping()  # Redis down: 503 before anything is written
     try:
         job = submit_job(session, body, settings, request.app.state.enqueue,
                          tenant=principal.tenant, idempotency_key=idempotency_key)

@@ -1,0 +1,98 @@
+"""Keeping the queue true to the database, which is the source of truth.
+
+Every few seconds: a running job whose heartbeat went stale has lost its worker (killed,
+its machine gone) and is re-queued to resume from its last checkpoint, or fails with
+``worker_lost`` after ``max_attempts``; a queued job Redis no longer holds (Redis restarted
+empty) is enqueued again. A job id delivered twice still runs once: workers claim atomically.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import timedelta
+
+from redis.exceptions import RedisError
+from rq.exceptions import NoSuchJobError
+from rq.job import Job as RqJob
+from rq.queue import Queue
+from sqlalchemy import Engine, update
+from sqlalchemy.exc import SQLAlchemyError
+from sqlmodel import Session, select
+
+from app.crud import add_event, fail_job
+from app.models import Job, utc_now
+from app.queue import enqueue_job
+from app.settings import Settings
+
+log = logging.getLogger("mebp.reconciler")
+WAITING = {"queued", "started", "deferred", "scheduled"}  # RQ states that will run the job
+QUEUED_GRACE_S = 10.0  # a job committed a moment ago is being enqueued by its request
+
+
+class Reconciler:
+    def __init__(self, engine: Engine, queue: Queue, settings: Settings) -> None:
+        self.engine, self.queue, self.settings = engine, queue, settings
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mebp-reconciler", daemon=True)
+
+    def start(self) -> Reconciler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.settings.reconcile_interval_s):
+            try:
+                self.reconcile()
+            except (RedisError, SQLAlchemyError) as exc:  # down for now: next round
+                log.warning("reconciler: %s", exc)
+
+    def reconcile(self) -> list[str]:
+        """One round; returns the ids it enqueued."""
+        with Session(self.engine) as session:
+            requeued = self._recover_lost(session)
+            missing = [job.id for job in self._queued_before(session, QUEUED_GRACE_S)
+                       if not self._in_redis(job.id)]
+        for job_id in requeued + missing:
+            enqueue_job(self.queue, job_id)
+        return requeued + missing
+
+    def _recover_lost(self, session: Session) -> list[str]:
+        stale = utc_now() - timedelta(seconds=self.settings.heartbeat_timeout_s)
+        lost = session.exec(select(Job).where(Job.status == "running",
+                                              Job.heartbeat_at < stale)).all()
+        requeued = []
+        for job in lost:
+            silent = f"its worker {job.worker} sent no heartbeat for " \
+                     f"{self.settings.heartbeat_timeout_s:.0f} s"
+            if job.attempts >= self.settings.max_attempts:
+                fail_job(session, job, "worker_lost", f"{silent}, on attempt {job.attempts} of "
+                         f"{self.settings.max_attempts}; giving up")
+                session.commit()
+                continue
+            # only if no heartbeat came in since we looked
+            moved = session.exec(update(Job).where(Job.id == job.id, Job.status == "running",
+                                                   Job.heartbeat_at < stale)
+                                 .values(status="queued"))
+            if moved.rowcount == 1:
+                add_event(session, job_id=job.id, kind="status",
+                          message=f"re-queued: {silent}; the next attempt resumes from the "
+                          f"last checkpoint", data={"status": "queued", "lost": job.worker})
+                requeued.append(job.id)
+            session.commit()
+        return requeued
+
+    def _queued_before(self, session: Session, seconds: float) -> list[Job]:
+        cutoff = utc_now() - timedelta(seconds=seconds)
+        return list(session.exec(select(Job).where(Job.status == "queued",
+                                                   Job.created_at < cutoff)).all())
+
+    def _in_redis(self, job_id: str) -> bool:
+        try:
+            return RqJob.fetch(job_id, connection=self.queue.connection).get_status() in WAITING
+        except NoSuchJobError:
+            return False
