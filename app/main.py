@@ -23,12 +23,19 @@ from app.devices import sync_builtin_devices
 from app.keys import ensure_bootstrap_key
 from app.queue import connect, enqueue_job, job_queue
 from app.reconciler import Reconciler
+from app.schemas import ErrorMessage
 from app.settings import Settings
 from app.web import auth, explorer, monitor
 from app.web.auth import SignInRequired
 from app.web.templating import PLOTLY_JS, STATIC_DIR
 
 log = logging.getLogger("mebp")
+ERRORS = {code: {"model": ErrorMessage, "description": text} for code, text in (
+    (400, "the body could not be parsed"), (401, "no key, or not a known one"),
+    (403, "an admin key is needed"), (404, "no such resource for this tenant"),
+    (409, "it exists already, or the job has finished"),
+    (413, "the upload is larger than the limit"),
+    (503, "Redis or the database is unavailable; retry"))}
 UNAVAILABLE = {RedisError: "the job queue (Redis) is unavailable; retry shortly",
                DBAPIError: "the database is unavailable; retry shortly"}
 
@@ -71,7 +78,7 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
     for error, message in UNAVAILABLE.items():
         app.add_exception_handler(error, _unavailable(message))
 
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)])
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=ERRORS)
     for module in (devices, models, plans, datasets, jobs, adapters, fleets):
         v1.include_router(module.router)
     app.include_router(v1)

@@ -10,6 +10,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from mebp_core.config import EngineKnobs
 
 
+class ErrorMessage(BaseModel):
+    """Every error but a 422: what went wrong, in words."""
+
+    detail: str
+
+
 class DevicePublic(BaseModel):
     id: str
     name: str

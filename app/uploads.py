@@ -14,6 +14,7 @@ from typing import BinaryIO
 from fastapi import HTTPException, UploadFile, status
 from sqlmodel import Session
 
+from app.api.errors import invalid
 from app.models import Dataset
 from app.settings import Settings
 from app.storage import dataset_path, new_id
@@ -42,7 +43,7 @@ def store_upload(session: Session, settings: Settings, file: UploadFile, *,
             summary = check_jsonl(staging, name=filename, max_rows=settings.max_upload_rows,
                                   max_line_bytes=settings.max_line_bytes)
         except DatasetError as exc:
-            raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, str(exc)) from None
+            raise invalid("file", str(exc)) from None
         os.replace(staging, final)
     finally:
         if os.path.exists(staging):
@@ -79,6 +80,5 @@ def _copy_bounded(source: BinaryIO, out: BinaryIO, limit: int,
             out.write(chunk)
             digest.update(chunk)
     except (OSError, EOFError, zlib.error) as exc:  # a truncated or corrupt gzip stream
-        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT,
-                            f"{filename}: not a readable gzip file ({exc})") from None
+        raise invalid("file", f"{filename}: not a readable gzip file ({exc})") from None
     return size, digest.hexdigest()

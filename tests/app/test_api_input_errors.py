@@ -15,9 +15,10 @@ GOOD = b'{"text": "hello there"}\n'
 def test_a_malformed_dataset_is_refused_naming_its_line(service):
     status, body = service.upload("chat.jsonl", GOOD + b'{"text": "ok"}\n{"text": 3}\n')
     assert status == 422
-    assert body["detail"] == 'chat.jsonl:3: "text" must be a string, got an integer'
+    assert body["detail"][0]["loc"] == ["body", "file"]
+    assert body["detail"][0]["msg"] == 'chat.jsonl:3: "text" must be a string, got an integer'
     status, body = service.upload("broken.jsonl", GOOD + b'{"text": "unterminated\n')
-    assert status == 422 and body["detail"].startswith("broken.jsonl:2: invalid JSON")
+    assert status == 422 and body["detail"][0]["msg"].startswith("broken.jsonl:2: invalid JSON")
     assert service.upload("empty.jsonl", b"\n\n")[0] == 422
 
 
@@ -90,15 +91,16 @@ def test_gzip_uploads_are_unpacked_and_a_compression_bomb_stops_at_the_limit(ser
     status, body = service.upload("bomb.jsonl.gz", bomb)
     assert status == 413 and "decompressed" in body["detail"]
     status, body = service.upload("broken.jsonl.gz", gzip.compress(rows)[:-12])
-    assert status == 422 and "broken.jsonl.gz" in body["detail"]
+    assert status == 422 and "broken.jsonl.gz" in body["detail"][0]["msg"]
 
 
 def test_rows_and_line_length_are_bounded(service):
     status, body = service.upload("many.jsonl", b'{"text": "x"}\n' * 1001)
-    assert status == 422 and body["detail"] == "many.jsonl:1001: more than the limit of 1000 rows"
+    assert status == 422
+    assert body["detail"][0]["msg"] == "many.jsonl:1001: more than the limit of 1000 rows"
     long_line = json.dumps({"text": "y" * 5000}).encode() + b"\n"
     status, body = service.upload("long.jsonl", GOOD + long_line)
-    assert status == 422 and body["detail"].startswith("long.jsonl:2: the line is")
+    assert status == 422 and body["detail"][0]["msg"].startswith("long.jsonl:2: the line is")
 
 
 def test_artifact_names_are_generated_never_taken_from_the_upload(service):
