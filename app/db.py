@@ -6,7 +6,7 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine
+from sqlalchemy import Engine, event
 from sqlmodel import create_engine
 
 MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
@@ -17,11 +17,27 @@ def database_url(explicit: str | None, data_dir: Path) -> str:
     return explicit or f"sqlite:///{Path(data_dir).resolve() / 'mebp.db'}"
 
 
+SQLITE_BUSY_TIMEOUT_S = 30
+
+
 def make_engine(url: str) -> Engine:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-    connect_args = {"check_same_thread": False} if url.startswith("sqlite") else {}
-    return create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True)
+    # the API, the workers and the reconciler write at once: wait for the lock rather than
+    # fail, and let readers go on beside a writer (WAL)
+    engine = create_engine(url, pool_pre_ping=True, connect_args={
+        "check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S})
+    event.listen(engine, "connect", _sqlite_wal)
+    return engine
+
+
+def _sqlite_wal(connection, record) -> None:
+    cursor = connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
 
 
 def upgrade_database(url: str) -> None:

@@ -13,7 +13,7 @@ from fastapi.staticfiles import StaticFiles
 from redis.exceptions import RedisError
 from rq import Worker
 from sqlalchemy import text
-from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlmodel import Session
 
 from app.api.deps import require_api_key
@@ -35,9 +35,11 @@ ERRORS = {code: {"model": ErrorMessage, "description": text} for code, text in (
     (403, "an admin key is needed"), (404, "no such resource for this tenant"),
     (409, "it exists already, or the job has finished"),
     (413, "the upload is larger than the limit"),
-    (503, "Redis or the database is unavailable; retry"))}
+    (503, "Redis or the database is unavailable; retry"),
+    (507, "the service's storage is full"))}
 UNAVAILABLE = {RedisError: "the job queue (Redis) is unavailable; retry shortly",
-               DBAPIError: "the database is unavailable; retry shortly"}
+               OperationalError: "the database is unavailable; retry shortly",
+               InterfaceError: "the database is unavailable; retry shortly"}
 
 
 def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
@@ -77,6 +79,9 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
         "/signin", status_code=status.HTTP_303_SEE_OTHER))
     for error, message in UNAVAILABLE.items():
         app.add_exception_handler(error, _unavailable(message))
+    app.add_exception_handler(IntegrityError, lambda request, exc: JSONResponse(
+        {"detail": "it conflicts with what exists (made at the same moment?); retry"},
+        status_code=status.HTTP_409_CONFLICT))
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=ERRORS)
     for module in (devices, models, plans, datasets, jobs, adapters, fleets):
@@ -91,7 +96,7 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
         try:
             with engine.connect() as connection:
                 connection.execute(text("select 1"))
-        except DBAPIError:
+        except (OperationalError, InterfaceError):
             report["database"] = "unavailable"
         try:
             report["workers"] = Worker.count(queue=queue)

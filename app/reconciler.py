@@ -20,13 +20,15 @@ from sqlalchemy import Engine, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, select
 
-from app.crud import add_event, fail_job
+from app.crud import add_event
 from app.models import Job, utc_now
 from app.queue import enqueue_job
 from app.settings import Settings
 
 log = logging.getLogger("mebp.reconciler")
-WAITING = {"queued", "started", "deferred", "scheduled"}  # RQ states that will run the job
+# RQ states in which it will still run the job ("started" is not one: the database says
+# queued, so whoever started it let go)
+WAITING = {"queued", "deferred", "scheduled"}
 QUEUED_GRACE_S = 10.0  # a job committed a moment ago is being enqueued by its request
 
 
@@ -57,9 +59,10 @@ class Reconciler:
             requeued = self._recover_lost(session)
             missing = [job.id for job in self._queued_before(session, QUEUED_GRACE_S)
                        if not self._in_redis(job.id)]
-        for job_id in requeued + missing:
+        enqueued = list(dict.fromkeys(requeued + missing))
+        for job_id in enqueued:
             enqueue_job(self.queue, job_id)
-        return requeued + missing
+        return enqueued
 
     def _recover_lost(self, session: Session) -> list[str]:
         stale = utc_now() - timedelta(seconds=self.settings.heartbeat_timeout_s)
@@ -69,20 +72,27 @@ class Reconciler:
         for job in lost:
             silent = f"its worker {job.worker} sent no heartbeat for " \
                      f"{self.settings.heartbeat_timeout_s:.0f} s"
-            if job.attempts >= self.settings.max_attempts:
-                fail_job(session, job, "worker_lost", f"{silent}, on attempt {job.attempts} of "
-                         f"{self.settings.max_attempts}; giving up")
-                session.commit()
-                continue
-            # only if no heartbeat came in since we looked
+            if job.cancel_requested:
+                outcome, message = "cancelled", f"cancelled: {silent}"
+            elif job.attempts >= self.settings.max_attempts:
+                outcome, message = "failed", f"{silent}, on attempt {job.attempts} of " \
+                                             f"{self.settings.max_attempts}; giving up"
+            else:
+                outcome, message = "queued", f"re-queued: {silent}; the next attempt " \
+                                             f"resumes from the last checkpoint"
+            # only if no heartbeat (or end) came in since we looked
+            values = {"status": outcome}
+            if outcome != "queued":
+                values["finished_at"] = utc_now()
+            if outcome == "failed":
+                values.update(error_code="worker_lost", error_message=message)
             moved = session.exec(update(Job).where(Job.id == job.id, Job.status == "running",
-                                                   Job.heartbeat_at < stale)
-                                 .values(status="queued"))
+                                                   Job.heartbeat_at < stale).values(**values))
             if moved.rowcount == 1:
-                add_event(session, job_id=job.id, kind="status",
-                          message=f"re-queued: {silent}; the next attempt resumes from the "
-                          f"last checkpoint", data={"status": "queued", "lost": job.worker})
-                requeued.append(job.id)
+                add_event(session, job_id=job.id, kind="status", message=message,
+                          data={"status": outcome, "lost": job.worker})
+                if outcome == "queued":
+                    requeued.append(job.id)
             session.commit()
         return requeued
 

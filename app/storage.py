@@ -22,8 +22,9 @@ def job_dir(root: Path, job_id: str) -> Path:
     return root / "jobs" / job_id
 
 
-def adapter_dir(root: Path, job_id: str) -> Path:
-    return job_dir(root, job_id) / "adapter"
+def base_config_path(root: Path, job_id: str) -> Path:
+    """The base model's Hugging Face config, kept beside the adapter for its exports."""
+    return job_dir(root, job_id) / "base_config.json"
 
 
 def sha256_files(paths: list[Path]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from redis import Redis
 from sqlmodel import Session
 
 from app.api.errors import invalid
@@ -28,6 +29,12 @@ def check_references(session: Session, body: JobCreate, tenant: str) -> None:
     model_source(session, body.model)
 
 
+def require_queue(redis: Redis) -> None:
+    """A job is accepted only while Redis answers (else a 503 before anything is written):
+    one accepted while the queue is down would wait for the reconciler."""
+    redis.ping()
+
+
 def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *, tenant: str,
                fleet_id: str | None = None, idempotency_key: str | None = None) -> Job:
     job = Job(id=new_id("job"), tenant=tenant, status="validating", model=body.model,
@@ -46,11 +53,12 @@ def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *, tenant
 
 
 def submit_job(session: Session, body: JobCreate, settings: Settings,
-               enqueue: Callable[[str], None], *, tenant: str,
+               enqueue: Callable[[str], None], *, tenant: str, redis: Redis,
                idempotency_key: str | None = None) -> Job:
     """Plan ``body`` and queue it; a 422 (``RequestValidationError``) when a field is wrong or
     the budget is predicted too small without ``allow_infeasible``."""
     check_references(session, body, tenant)
+    require_queue(redis)
     planned = plan_job(body, settings, session)
     if not planned.feasible and not body.allow_infeasible:
         raise planned.infeasible_error()

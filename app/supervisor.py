@@ -3,7 +3,6 @@ exits, and stopped with RQ's warm, then cold, shutdown."""
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 import signal
@@ -14,7 +13,7 @@ import threading
 from app.settings import Settings
 
 log = logging.getLogger("mebp.supervisor")
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
+SUPERVISOR_ENV = "MEBP_SUPERVISOR_PID"
 STOP_WAIT_S = 5.0
 CHECK_EVERY_S = 1.0
 
@@ -60,10 +59,5 @@ class WorkerPool:
                             ("MEBP_THREADS", settings.threads)):
             if value is not None:
                 env[name] = str(value)
-        return subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], env=env,
-                                preexec_fn=_stop_with_parent)
-
-
-def _stop_with_parent() -> None:
-    """In a worker, before exec: SIGTERM when `mebp serve` dies, however it dies."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        env[SUPERVISOR_ENV] = str(os.getpid())  # the worker stops when we die, however
+        return subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], env=env)

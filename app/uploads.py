@@ -4,6 +4,7 @@ by line, and stored under a generated name only once whole and valid."""
 
 from __future__ import annotations
 
+import errno
 import gzip
 import hashlib
 import os
@@ -72,13 +73,23 @@ def _decompressed(source: BinaryIO) -> BinaryIO:
 def _copy_bounded(source: BinaryIO, out: BinaryIO, limit: int,
                   filename: str) -> tuple[int, str]:
     size, digest = 0, hashlib.sha256()
-    try:
-        while chunk := source.read(min(_CHUNK, limit + 1 - size)):
-            size += len(chunk)
-            if size > limit:
-                raise too_large(limit)
+    while chunk := _read(source, min(_CHUNK, limit + 1 - size), filename):
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit)
+        try:
             out.write(chunk)
-            digest.update(chunk)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+            raise HTTPException(status.HTTP_507_INSUFFICIENT_STORAGE,
+                                "the service's storage is full; try again later") from None
+        digest.update(chunk)
+    return size, digest.hexdigest()
+
+
+def _read(source: BinaryIO, size: int, filename: str) -> bytes:
+    try:
+        return source.read(size)
     except (OSError, EOFError, zlib.error) as exc:  # a truncated or corrupt gzip stream
         raise invalid("file", f"{filename}: not a readable gzip file ({exc})") from None
-    return size, digest.hexdigest()

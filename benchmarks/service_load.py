@@ -75,11 +75,18 @@ def run_load(url: str, key: str, jobs: int, pollers: int) -> dict:
     dataset = client.post("/v1/datasets", files={"file": ("load.jsonl", rows)}).json()["id"]
     ids: list[str] = []
     latencies: list[float] = []
+    retries: list[int] = []
     done = threading.Event()
 
     def submit(index: int) -> str:
-        response = client.post("/v1/jobs", json={**JOB, "training_file": dataset},
-                               headers={"Idempotency-Key": f"load-{index}"})
+        # a 503 asks to retry; the Idempotency-Key makes a retry safe
+        for _ in range(10):
+            response = client.post("/v1/jobs", json={**JOB, "training_file": dataset},
+                                   headers={"Idempotency-Key": f"load-{index}"})
+            if response.status_code != 503:
+                break
+            retries.append(index)
+            time.sleep(float(response.headers.get("retry-after", "1")))
         response.raise_for_status()
         return response.json()["id"]
 
@@ -112,7 +119,7 @@ def run_load(url: str, key: str, jobs: int, pollers: int) -> dict:
         thread.join()
     return {"jobs": jobs, "submitted_s": round(submitted, 2), "wall_s": round(wall, 1),
             "statuses": count(job["status"] for job in listed),
-            "listed": len(listed), **exactly_once(client, ids),
+            "listed": len(listed), "submit_retries": len(retries), **exactly_once(client, ids),
             "get_job_calls": len(latencies),
             "get_job_p50_ms": round(1000 * statistics.median(latencies), 1),
             "get_job_p99_ms": round(1000 * percentile(latencies, 0.99), 1),

@@ -12,8 +12,12 @@ from app.db import make_engine
 config = context.config
 engine = config.attributes.get("engine") or make_engine(context.get_x_argument(True)["url"])
 
+MIGRATION_LOCK = 0x6D656270  # "mebp": one migrator at a time when several services start
+
 with engine.connect() as connection:
     context.configure(connection=connection, target_metadata=SQLModel.metadata,
                       render_as_batch=connection.dialect.name == "sqlite")
     with context.begin_transaction():
+        if connection.dialect.name == "postgresql":  # released when the transaction ends
+            connection.exec_driver_sql(f"select pg_advisory_xact_lock({MIGRATION_LOCK})")
         context.run_migrations()

@@ -2,6 +2,9 @@
 memory cap. It never touches the database or Redis (their clients would count against the
 budget); it reads ``request.json`` and writes ``metrics.jsonl``, ``adapter/`` and, last,
 ``result.json``. A kill by the kernel leaves no result: the worker reads the cgroup then.
+
+Its first acts, before any import that allocates: enter the cap, tie its life to the
+worker's, and turn SIGTERM (a cancel) into "stop after this step".
 """
 
 from __future__ import annotations
@@ -9,27 +12,31 @@ from __future__ import annotations
 import errno
 import json
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
 
-from mebp_core.config import TrainConfig
 from mebp_core.engine.memory import MB, MemorySampler
 from mebp_core.engine.stop import StopOnSignals
 from mebp_core.errors import MebpError
+from mebp_core.proc import die_with_parent
+from worker.memory_cap import join_from_env
 
 REQUEST, RESULT, METRICS = "request.json", "result.json", "metrics.jsonl"
 ADAPTER, CHECKPOINT = "adapter", "checkpoint"
 ALLOCATION_FAILURES = ("can't allocate memory", "not enough memory", "out of memory")
 EXIT_STORAGE_FULL = 28  # ENOSPC: the result itself may not fit on the disk, so say it so
+PARENT_ENV = "MEBP_ENGINE_PARENT_PID"
 
 
-def run(job_dir: Path) -> dict:
+def run(job_dir: Path, stop: StopOnSignals) -> dict:
+    from mebp_core.config import TrainConfig
     from mebp_core.engine.train import train
 
     request = json.loads((job_dir / REQUEST).read_text())
     config = TrainConfig.model_validate(request["config"])
-    with MemorySampler() as sampler, StopOnSignals() as stop:
+    with MemorySampler() as sampler:
         validation = request.get("validation_data")
         result = train(config, model_dir=Path(request["model_dir"]),
                        data=Path(request["data"]), out=job_dir / ADAPTER, sampler=sampler,
@@ -63,9 +70,13 @@ def write_result(job_dir: Path, result: dict) -> None:
 
 
 def main(argv: list[str]) -> int:
+    join_from_env()
+    if PARENT_ENV in os.environ:  # a killed worker leaves no engine training on
+        die_with_parent(signal.SIGKILL, int(os.environ[PARENT_ENV]))
     job_dir = Path(argv[0])
     try:
-        result = run(job_dir)
+        with StopOnSignals() as stop:
+            result = run(job_dir, stop)
     except Exception as exc:  # noqa: BLE001  what is not a known failure is re-raised
         if disk_full(exc):
             print(f"mebp: storage full: {exc}", file=sys.stderr)

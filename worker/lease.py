@@ -9,6 +9,7 @@ import socket
 import threading
 
 from sqlalchemy import Engine, func, update
+from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session
 
 from app.crud import add_event
@@ -40,11 +41,14 @@ def claim_job(session: Session, job_id: str, worker: str) -> Job | None:
 
 
 class Heartbeat:
-    """Refreshes the job's heartbeat on a thread while the worker holds it."""
+    """Refreshes the job's heartbeat on a thread while the worker holds it. ``lost`` is set
+    when the job is no longer this worker's (the reconciler re-queued it after beats went
+    missing): the worker must then stop it and write nothing."""
 
     def __init__(self, engine: Engine, job_id: str, worker: str, interval_s: float) -> None:
         self.engine, self.job_id, self.worker, self.interval_s = engine, job_id, worker, interval_s
         self._stop = threading.Event()
+        self.lost = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mebp-heartbeat", daemon=True)
 
     def __enter__(self) -> Heartbeat:
@@ -59,10 +63,13 @@ class Heartbeat:
         while not self._stop.wait(self.interval_s):
             try:
                 with Session(self.engine) as session:
-                    session.exec(update(Job).where(Job.id == self.job_id,
-                                                   Job.status == "running",
-                                                   Job.worker == self.worker)
-                                 .values(heartbeat_at=utc_now()))
+                    beat = session.exec(update(Job).where(Job.id == self.job_id,
+                                                          Job.status == "running",
+                                                          Job.worker == self.worker)
+                                        .values(heartbeat_at=utc_now()))
                     session.commit()
-            except Exception:  # noqa: BLE001  a missed beat is retried; the job goes on
+            except SQLAlchemyError:  # the database is away: the next beat tries again
                 continue
+            if beat.rowcount == 0:  # finished, or taken from us
+                self.lost.set()
+                return

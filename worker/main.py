@@ -6,6 +6,8 @@ Redis: the worker reads everything else from the database and the storage root.
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 from rq import Worker
@@ -13,6 +15,9 @@ from rq import Worker
 from app.db import database_url, upgrade_database
 from app.queue import connect, job_queue
 from app.settings import Settings
+from app.supervisor import SUPERVISOR_ENV
+from mebp_core.proc import die_with_parent
+from worker.memory_cap import remove_idle_caps
 
 
 def work(settings: Settings, *, burst: bool = False) -> int:
@@ -20,7 +25,10 @@ def work(settings: Settings, *, burst: bool = False) -> int:
         print("mebp worker: REDIS_URL is not set (the Redis of the service to serve; "
               "`mebp serve` prints it)", file=sys.stderr)
         return 2
+    if SUPERVISOR_ENV in os.environ:  # started by `mebp serve`: stop when it does
+        die_with_parent(signal.SIGTERM, int(os.environ[SUPERVISOR_ENV]))
     settings.storage_root.mkdir(parents=True, exist_ok=True)
+    remove_idle_caps()  # cgroups of jobs whose worker died on this host
     upgrade_database(database_url(settings.database_url, settings.data_dir))
     queue = job_queue(connect(settings.redis_url), settings.queue_name)
     print(f"mebp worker: serving queue {settings.queue_name!r}", file=sys.stderr, flush=True)

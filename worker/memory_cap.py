@@ -8,7 +8,6 @@ and an ``RLIMIT_DATA`` when no cgroup can be made. ``mode`` says which one a job
 
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
 import signal
@@ -17,15 +16,18 @@ from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 GROUP_PARENT = "mebp"  # every job's cgroup lives under <hierarchy>/mebp/
+PROCS_ENV, RLIMIT_ENV = "MEBP_CAP_CGROUP_PROCS", "MEBP_CAP_RLIMIT_DATA"
 
 
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-def die_with_parent() -> None:
-    """SIGKILL this process when its parent (the worker running the job) dies, so a killed
-    worker never leaves an engine training on."""
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+def join_from_env(env: dict | None = None) -> None:
+    """In the engine process, first thing: enter the cap its worker made (named in its
+    environment), before anything it allocates goes uncounted."""
+    env = os.environ if env is None else env
+    if PROCS_ENV in env:
+        Path(env[PROCS_ENV]).write_text(str(os.getpid()))
+    if RLIMIT_ENV in env:
+        limit = int(env[RLIMIT_ENV])
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
 class MemoryCapError(RuntimeError):
@@ -41,9 +43,8 @@ class RlimitCap:
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
 
-    def enter(self) -> None:  # in the child, before exec
-        die_with_parent()
-        resource.setrlimit(resource.RLIMIT_DATA, (self.limit_bytes, self.limit_bytes))
+    def child_env(self) -> dict[str, str]:
+        return {RLIMIT_ENV: str(self.limit_bytes)}
 
     def peak_bytes(self) -> int | None:
         return None
@@ -62,9 +63,8 @@ class _CgroupCap:
     def __init__(self, path: Path, limit_bytes: int) -> None:
         self.path, self.limit_bytes = path, limit_bytes
 
-    def enter(self) -> None:  # in the child, before exec: every byte it maps is charged
-        die_with_parent()
-        (self.path / self._procs).write_text(str(os.getpid()))
+    def child_env(self) -> dict[str, str]:
+        return {PROCS_ENV: str(self.path / self._procs)}
 
     def close(self) -> None:
         """Kill whatever is left in the group and remove it (retrying while it drains)."""
@@ -179,6 +179,16 @@ def remove_stale_caps(job_id: str, root: Path = CGROUP_ROOT) -> None:
             continue
         for path in (hierarchy / GROUP_PARENT).glob(f"{job_id}-a*"):
             cap_class(path, 0).close()
+
+
+def remove_idle_caps(root: Path = CGROUP_ROOT) -> None:
+    """Remove every job cgroup no process is left in (the kernel refuses the others)."""
+    for hierarchy in filter(None, (v2_hierarchy(root), v1_hierarchy(root))):
+        for path in (hierarchy / GROUP_PARENT).glob("job-*"):
+            try:
+                path.rmdir()
+            except OSError:
+                pass
 
 
 def open_memory_cap(enforcement: str, name: str, limit_bytes: int,

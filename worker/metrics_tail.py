@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 
@@ -23,15 +22,3 @@ class MetricsTail:
         end = chunk.rfind(b"\n") + 1
         self.offset += end
         return [json.loads(line) for line in chunk[:end].splitlines() if line.strip()]
-
-
-def keep_metrics_through(path: Path, step: int) -> None:
-    """Cut a metrics file back to the lines of steps up to ``step`` (all of it for 0), as a
-    resumed run does, before anyone tails it."""
-    if not path.exists():
-        return
-    kept = [line for line in path.read_bytes().splitlines(keepends=True)
-            if line.strip() and line.endswith(b"\n") and json.loads(line)["step"] <= step]
-    staging = path.with_name(path.name + ".tmp")
-    staging.write_bytes(b"".join(kept))
-    os.replace(staging, path)

@@ -9,6 +9,7 @@ the kernel's peak and OOM count before removing the cap.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -16,6 +17,7 @@ import sys
 import time
 
 from sqlalchemy import Engine, func
+from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, delete, select
 
 from app.crud import add_event, fail_job, set_status
@@ -23,22 +25,39 @@ from app.db import database_url, make_engine
 from app.models import Adapter, Dataset, Job, Metric
 from app.registry import model_source
 from app.settings import Settings
-from app.storage import job_dir, new_id, sha256_files
+from app.storage import base_config_path, job_dir, new_id, sha256_files
 from mebp_core.cache import default_cache_dir
+from mebp_core.engine.metrics_file import keep_steps_through
 from mebp_core.lora.peft_io import ADAPTER_FILES
 from mebp_core.plan.workload import MB
+from mebp_core.proc import die_with_parent
 from mebp_core.store.resolve import resolve_model
-from worker.child import ADAPTER, CHECKPOINT, EXIT_STORAGE_FULL, METRICS, REQUEST, RESULT
+from worker.child import (
+    ADAPTER,
+    CHECKPOINT,
+    EXIT_STORAGE_FULL,
+    METRICS,
+    PARENT_ENV,
+    REQUEST,
+    RESULT,
+)
 from worker.lease import Heartbeat, claim_job, worker_name
 from worker.memory_cap import MemoryCap, open_memory_cap, remove_stale_caps
-from worker.metrics_tail import MetricsTail, keep_metrics_through
+from worker.metrics_tail import MetricsTail
 
 POLL_S = 0.2
-BASE_CONFIG = "base_config.json"
+
+
+class LeaseLost(Exception):  # noqa: N818  (a signal to stop, not an error to report)
+    """The job was re-queued under this worker (its heartbeat had gone stale): another
+    attempt owns it now, so this one stops without writing anything."""
 
 
 def run_job(job_id: str) -> str:
     """The RQ entry point (by name: ``worker.runner.run_job``); returns the final status."""
+    # RQ runs jobs in a forked "horse" in a process group of its own: without this, a worker
+    # killed outright would leave its horse (and the engine) training on, unwatched
+    die_with_parent(signal.SIGKILL)
     settings = Settings()
     engine = make_engine(database_url(settings.database_url, settings.data_dir))
     try:
@@ -61,17 +80,23 @@ class JobRun:
                 current = session.get(Job, self.job_id)
                 return "skipped" if current is None else current.status
             beat = max(1.0, self.settings.heartbeat_timeout_s / 5)
-            with Heartbeat(self.engine, self.job_id, worker, beat):
+            with Heartbeat(self.engine, self.job_id, worker, beat) as self.heartbeat:
                 try:
                     request = self._prepare(session, job)
                     self._run_capped(session, job, request)
+                except LeaseLost:
+                    return "lost"
                 except Exception as exc:  # the job ends failed; the worker keeps serving
                     session.rollback()
-                    job = session.get(Job, self.job_id)
-                    fail_job(session, job, "worker_error", f"{type(exc).__name__}: {exc}")
-                    session.commit()
+                    self._fail_if_still_ours(session, worker, exc)
                     raise
             return job.status
+
+    def _fail_if_still_ours(self, session: Session, worker: str, exc: Exception) -> None:
+        job = session.get(Job, self.job_id)
+        if job is not None and job.status == "running" and job.worker == worker:
+            fail_job(session, job, "worker_error", f"{type(exc).__name__}: {exc}")
+            session.commit()
 
     def _prepare(self, session: Session, job: Job) -> dict:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -83,7 +108,8 @@ class JobRun:
                                   group_size=config["group_size"],
                                   cache_dir=self.settings.cache_dir or default_cache_dir(),
                                   isolated=True)
-        shutil.copyfile(model_dir / "config.json", self.dir / BASE_CONFIG)
+        shutil.copyfile(model_dir / "config.json",
+                        base_config_path(self.settings.storage_root, job.id))
         validation = None if job.validation_file is None else \
             session.get(Dataset, job.validation_file).path
         request = {"config": config, "model": source, "model_dir": str(model_dir),
@@ -99,7 +125,7 @@ class JobRun:
         state = self.dir / CHECKPOINT / "state.json"
         self.resumed_from = json.loads(state.read_text())["step"] if state.is_file() else 0
         (self.dir / RESULT).unlink(missing_ok=True)
-        keep_metrics_through(self.dir / METRICS, self.resumed_from)
+        keep_steps_through(self.dir / METRICS, self.resumed_from)
         session.exec(delete(Metric).where(Metric.job_id == job.id,
                                           Metric.step > self.resumed_from))
         # steps the lost worker logged but had not copied yet
@@ -126,11 +152,18 @@ class JobRun:
                   data={"enforcement": cap.mode, "cap_mb": job.memory_budget_bytes / MB})
         session.commit()
         try:
+            session.refresh(job)
+            if job.cancel_requested:
+                set_status(session, job, "cancelled", "cancelled before the engine started")
+                session.commit()
+                return
+            env = {**os.environ, **cap.child_env(), PARENT_ENV: str(os.getpid())}
             with open(self.dir / "engine.log", "ab") as log:
                 child = subprocess.Popen([sys.executable, "-m", "worker.child", str(self.dir)],
-                                         stdout=log, stderr=subprocess.STDOUT,
-                                         preexec_fn=cap.enter)
+                                         stdout=log, stderr=subprocess.STDOUT, env=env)
                 self._follow(session, job, child, cap)
+            if self.heartbeat.lost.is_set():
+                raise LeaseLost
             self._finish(session, job, child.returncode, cap, request)
         finally:
             cap.close()
@@ -139,17 +172,29 @@ class JobRun:
                 cap: MemoryCap) -> None:
         """Copy metrics into the database until the child exits; pass a cancel on."""
         tail = MetricsTail(self.dir / METRICS, start_at_end=True)  # earlier steps: in the db
+        pending: list[dict] = []  # read but not yet committed: kept across database outages
         signalled = False
         while True:
             exited = child.poll() is not None
-            for row in tail.read_new():  # after poll: the lines of a finished child are all in
-                self._record_step(session, job, row)
-            job.peak_memory_bytes = cap.peak_bytes() or job.peak_memory_bytes
-            session.add(job)
-            session.commit()
+            if self.heartbeat.lost.is_set():  # re-queued under us: the next attempt owns it
+                child.kill()
+                child.wait()
+                return
+            pending += tail.read_new()  # after poll: a finished child's lines are all in
+            try:
+                for row in pending:
+                    self._record_step(session, job, row)
+                job.peak_memory_bytes = cap.peak_bytes() or job.peak_memory_bytes
+                session.add(job)
+                session.commit()
+                pending.clear()
+                session.refresh(job)
+            except OperationalError:  # the database is briefly away; the engine goes on
+                session.rollback()
+                time.sleep(POLL_S)
+                continue
             if exited:
                 return
-            session.refresh(job)
             if job.cancel_requested and not signalled:
                 child.send_signal(signal.SIGTERM)  # stops after the step, keeps the adapter
                 signalled = True
@@ -158,8 +203,9 @@ class JobRun:
             time.sleep(POLL_S)
 
     def _record_step(self, session: Session, job: Job, row: dict) -> None:
-        step, loss = row.pop("step"), row.pop("loss", None)
-        session.add(Metric(job_id=job.id, step=step, loss=loss, data=row))
+        step, loss = row["step"], row.get("loss")
+        data = {key: value for key, value in row.items() if key not in ("step", "loss")}
+        session.add(Metric(job_id=job.id, step=step, loss=loss, data=data))
         job.step, job.last_loss = step, loss
         if "peak_anon_mb" in row:
             job.peak_anon_bytes = int(row["peak_anon_mb"] * MB)
@@ -183,6 +229,8 @@ class JobRun:
             fail_job(session, job, "storage_full",
                      f"the storage ran out of space while the engine wrote its files (under "
                      f"{self.settings.storage_root}); nothing partial is kept")
+        elif result is None and job.cancel_requested and returncode == -signal.SIGTERM:
+            set_status(session, job, "cancelled", "cancelled before its first step")
         elif result is not None:
             message = result["message"].replace(request["data"], f"dataset {job.training_file}")
             if request["validation_data"]:

@@ -59,7 +59,8 @@ def require_api_key(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     """401 unless the request carries a known key as a bearer token, or is a read by a
-    signed-in dashboard (its cookie is SameSite=Strict; writes always need the key)."""
+    signed-in dashboard (API writes always need the key; the dashboard's own forms post with
+    its cookie, which is SameSite=Strict)."""
     if credentials is not None:
         principal = principal_for_hash(session, hash_key(credentials.credentials))
         if principal is not None:

@@ -62,9 +62,12 @@ def job_form(request: Request, session: SessionDep, principal: PagePrincipal,
              model: str = DEFAULTS["model"],
              device: str = "", budget_mb: str = "", seq_len: int = DEFAULTS["seq_len"],
              config: str = "auto", configuration: str = "auto") -> HTMLResponse:
-    form = JobForm(model=model, device=device, memory_budget_mb=budget_mb, seq_len=seq_len,
-                   config=config, configuration=configuration)
-    return _render_form(request, session, principal, form.model_dump(), None)
+    try:
+        form, error = JobForm(model=model, device=device, memory_budget_mb=budget_mb,
+                              seq_len=seq_len, config=config, configuration=configuration), None
+    except ValidationError as exc:  # a hand-edited link: start from the defaults, say why
+        form, error = JobForm(model=model), _describe(exc)
+    return _render_form(request, session, principal, form.model_dump(), error)
 
 
 @router.post("/jobs/new", response_class=HTMLResponse)
@@ -78,13 +81,17 @@ def submit_form(request: Request, session: SessionDep, settings: SettingsDep,
             training_file = store_upload(session, settings, file, declared_bytes=None,
                                          tenant=principal.tenant).id
         job = submit_job(session, form.to_job(training_file), settings,
-                         request.app.state.enqueue, tenant=principal.tenant)
+                         request.app.state.enqueue, tenant=principal.tenant,
+                         redis=request.app.state.redis)
     except (RequestValidationError, ValidationError) as exc:
         return _render_form(request, session, principal, values, _describe(exc),
                             status.HTTP_422_UNPROCESSABLE_CONTENT)
     except HTTPException as exc:  # the upload: too large, or malformed
         return _render_form(request, session, principal, values, str(exc.detail),
                             exc.status_code)
+    except ValueError as exc:  # the form's own text fields: the knobs' JSON, the budget
+        return _render_form(request, session, principal, values, f"invalid field: {exc}",
+                            status.HTTP_422_UNPROCESSABLE_CONTENT)
     return RedirectResponse(f"/jobs/{job.id}", status_code=status.HTTP_303_SEE_OTHER)
 
 

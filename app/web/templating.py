@@ -16,6 +16,9 @@ PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.mi
 templates = Jinja2Templates(directory=WEB_DIR / "templates")
 
 
+_SCRIPT_UNSAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})
+
+
 def script_json(value) -> str:
-    """JSON safe inside a <script> element (no "</" to end it early)."""
-    return json.dumps(value).replace("</", "<\\/")
+    """JSON safe inside a <script> element: no <, > or & to end it or open a comment."""
+    return json.dumps(value).translate(_SCRIPT_UNSAFE)

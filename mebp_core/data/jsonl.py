@@ -44,6 +44,10 @@ def parse_line(raw: bytes, line_no: int) -> object | None:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise RowError(f"invalid JSON: {exc.msg} (column {exc.colno})") from None
+    except RecursionError:
+        raise RowError("invalid JSON: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more digits than Python converts
+        raise RowError(f"invalid JSON: {exc}") from None
 
 
 def fit_to_seq_len(example: Example, seq_len: int) -> list[Example]:

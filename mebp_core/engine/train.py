@@ -25,6 +25,7 @@ from mebp_core.engine.checkpoints import make_checkpoints
 from mebp_core.engine.evaluate import evaluate_examples
 from mebp_core.engine.memory import MB, MemorySampler
 from mebp_core.engine.methods import make_step_function
+from mebp_core.engine.metrics_file import keep_steps_through
 from mebp_core.engine.model import EngineModel, load_engine_model
 from mebp_core.engine.optim import BlockOptimizer, make_optimizer
 from mebp_core.engine.run_state import (
@@ -151,7 +152,7 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
         if resume:
             run.resume()
             if metrics_path is not None:
-                _truncate_metrics(metrics_path, run.position.step)
+                keep_steps_through(metrics_path, run.position.step)
         log_file = open(metrics_path, "a" if resume else "w") if metrics_path else nullcontext()
         with log_file as log:
             run.loop(log, on_step, stop_requested or (lambda: False))
@@ -161,16 +162,6 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
     return TrainResult(run.position.step, run.last_loss, out, sampler.peak_anon_bytes / MB,
                        sampler.footprint_bytes / MB, run.interrupted, run.saved_checkpoint,
                        run.data.skipped_rows)
-
-
-def _truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop lines of steps after the checkpoint (a crash may have logged them) before
-    appending the resumed ones, so every step appears once."""
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line)["step"] <= last_step]
-    path.write_text("".join(line + "\n" for line in kept))
 
 
 class TrainingRun:

@@ -1,4 +1,5 @@
-"""registered models; job heartbeats and worker; one job per tenant and Idempotency-Key
+"""registered models; job heartbeats and worker; one job per tenant and Idempotency-Key;
+one metric row per job and step
 
 Revision ID: 0003
 Revises: 0002
@@ -28,13 +29,18 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("name"),
     )
     with op.batch_alter_table("jobs") as batch:
-        batch.add_column(sa.Column("heartbeat_at", sqlmodel.sql.sqltypes.UTCDateTime(), nullable=True))
+        batch.add_column(sa.Column("heartbeat_at", sqlmodel.sql.sqltypes.UTCDateTime(),
+                                   nullable=True))
         batch.add_column(sa.Column("worker", sa.String(length=128), nullable=True))
         batch.create_index("ix_jobs_tenant_idempotency_key", ["tenant", "idempotency_key"],
                            unique=True)
+    with op.batch_alter_table("metrics") as batch:
+        batch.create_index("ix_metrics_job_id_step", ["job_id", "step"], unique=True)
 
 
 def downgrade() -> None:
+    with op.batch_alter_table("metrics") as batch:
+        batch.drop_index("ix_metrics_job_id_step")
     with op.batch_alter_table("jobs") as batch:
         batch.drop_index("ix_jobs_tenant_idempotency_key")
         batch.drop_column("worker")

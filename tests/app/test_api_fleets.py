@@ -61,7 +61,8 @@ def test_devices_that_do_not_fit_run_under_their_cap_when_allowed(service):
     assert fleet["members"][0]["error_code"] == "memory_budget_exceeded"
 
 
-def test_simulated_phones_each_train_on_their_own_shard(service):
+def test_simulated_phones_each_train_on_their_own_shard(any_service):
+    service = any_service
     source = dataset(service)
     status, fleet = service.request("POST", "/v1/fleets", {
         "model": "preset:tiny", "training_file": source,
@@ -82,7 +83,8 @@ def test_simulated_phones_each_train_on_their_own_shard(service):
     assert fleet["id"] in {f["id"] for f in service.request("GET", "/v1/fleets")[1]["data"]}
 
 
-def test_fleet_input_errors_name_the_field(service):
+def test_fleet_input_errors_name_the_field(any_service):
+    service = any_service
     source = dataset(service)
     base = {"model": "preset:tiny", "training_file": source}
     cases = [({"devices": ["pixel-8", "nokia-3310"]}, ["body", "devices", "1"]),

@@ -4,6 +4,7 @@ rlimit fallback makes the allocation fail instead."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import uuid
@@ -23,8 +24,12 @@ ALLOCATE = "import sys; block = b'x' * (int(sys.argv[1]) << 20)"  # every page w
 
 
 def run_capped(cap, allocate_mb: int) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", ALLOCATE, str(allocate_mb)],
-                          preexec_fn=cap.enter, capture_output=True, text=True, timeout=60)
+    """A process that joins the cap from its environment, as the engine does, then
+    allocates."""
+    code = "from worker.memory_cap import join_from_env; join_from_env(); " + ALLOCATE
+    return subprocess.run([sys.executable, "-c", code, str(allocate_mb)],
+                          env={**os.environ, **cap.child_env()}, capture_output=True,
+                          text=True, timeout=60)
 
 
 def test_auto_takes_a_cgroup_here_preferring_v2():

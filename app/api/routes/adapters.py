@@ -15,11 +15,10 @@ from fastapi.responses import Response
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.routes.jobs import get_job_or_404
 from app.crud import latest_adapter
-from app.storage import job_dir
+from app.storage import base_config_path
 from mebp_core.lora.export import export_adapter
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
-BASE_CONFIG = "base_config.json"  # the base model's HF config, kept by the worker
 
 
 @router.get("/{job_id}/adapter", response_class=Response,
@@ -39,8 +38,7 @@ def download_adapter(job_id: str, session: SessionDep, settings: SettingsDep,
     headers = {"X-Adapter-SHA256": adapter.sha256}
     if format == "peft":
         return _zip_response(source, f"{job_id}-peft.zip", headers)
-    base_config = json.loads((job_dir(settings.storage_root, job.id) / BASE_CONFIG)
-                             .read_text())
+    base_config = json.loads(base_config_path(settings.storage_root, job.id).read_text())
     with tempfile.TemporaryDirectory() as tmp:
         out = export_adapter(source, format, Path(tmp) / format, base_config=base_config)
         if format == "gguf":

@@ -15,7 +15,7 @@ from app.planning import device_or_422, plan_job
 from app.schemas import FleetCreate, FleetPublic, FleetsPublic, JobCreate
 from app.settings import Settings
 from app.storage import dataset_path, new_id, write_shards
-from app.submit import check_references, insert_job
+from app.submit import check_references, insert_job, require_queue
 
 router = APIRouter(prefix="/fleets", tags=["fleets"])
 JOB_FIELDS = ("model", "validation_file", "memory_budget_mb", "method", "hyperparameters",
@@ -31,10 +31,31 @@ def create_fleet(body: FleetCreate, request: Request, session: SessionDep,
     common = {name: getattr(body, name) for name in JOB_FIELDS}
     check_references(session, JobCreate(**common, training_file=body.training_file),
                      principal.tenant)
+    require_queue(request.app.state.redis)
     fleet = Fleet(id=new_id("fleet"), tenant=principal.tenant, model=body.model,
                   spec={})
     files = _shards(session, settings, body, fleet.id) if body.simulated else \
         [body.training_file] * len(devices)
+    try:
+        jobs = _plan_members(session, settings, body, fleet, devices, files, principal)
+    except BaseException:
+        session.rollback()
+        if body.simulated:  # the shards written for a fleet that was not made
+            for shard in files:
+                dataset_path(settings.storage_root, shard).unlink(missing_ok=True)
+        raise
+    for job_id in jobs:
+        request.app.state.enqueue(job_id)
+    return fleet_public(session, fleet)
+
+
+def _plan_members(session: Session, settings: Settings, body: FleetCreate, fleet: Fleet,
+                  devices: list[str], files: list[str], principal) -> list[str]:
+    """One planned job per device that fits (or every device, with allow_infeasible);
+    commits the fleet and its jobs, returns the job ids to enqueue."""
+    session.add(fleet)
+    session.flush()  # the rows the jobs refer to (the fleet, the shards) go first
+    common = {name: getattr(body, name) for name in JOB_FIELDS}
     members, jobs = [], []
     for index, (device, training_file) in enumerate(zip(devices, files, strict=True)):
         job_body = JobCreate(**common, training_file=training_file, device=device)
@@ -50,9 +71,7 @@ def create_fleet(body: FleetCreate, request: Request, session: SessionDep,
     fleet.spec = {"request": body.model_dump(mode="json"), "members": members}
     session.add(fleet)
     session.commit()
-    for job_id in jobs:
-        request.app.state.enqueue(job_id)
-    return fleet_public(session, fleet)
+    return jobs
 
 
 @router.get("", response_model=FleetsPublic)

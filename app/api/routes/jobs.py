@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from fastapi.responses import StreamingResponse
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import select
+from sqlmodel import col, select, update
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.events import stream_events
@@ -18,10 +18,9 @@ from app.crud import (
     job_public,
     latest_adapter,
     metrics_after,
-    set_status,
 )
 from app.keys import Principal
-from app.models import Job
+from app.models import Job, utc_now
 from app.schemas import (
     EventPublic,
     JobCreate,
@@ -50,12 +49,14 @@ def create_job(body: JobCreate, request: Request, response: Response, session: S
         if existing is not None:
             response.status_code = status.HTTP_200_OK
             return job_public(existing, latest_adapter(session, existing.id))
-    request.app.state.redis.ping()  # Redis down: 503 before anything is written
     try:
         job = submit_job(session, body, settings, request.app.state.enqueue,
-                         tenant=principal.tenant, idempotency_key=idempotency_key)
+                         tenant=principal.tenant, redis=request.app.state.redis,
+                         idempotency_key=idempotency_key)
     except IntegrityError:  # the same key, submitted concurrently: the other one won
         session.rollback()
+        if idempotency_key is None:
+            raise
         job = find_by_idempotency_key(session, principal.tenant, idempotency_key)
         if job is None:
             raise
@@ -94,12 +95,16 @@ def cancel_job(job_id: str, session: SessionDep, principal: PrincipalDep) -> Job
     job = get_job_or_404(session, job_id, principal)
     if job.status in TERMINAL:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is already {job.status}")
-    if job.status == "running":
-        job.cancel_requested = True
-        session.add(job)
-        add_event(session, job_id=job.id, kind="cancel", message="cancel requested")
-    else:
-        set_status(session, job, "cancelled", "cancelled before it ran")
+    # only while no worker holds it; a worker may claim it between our read and this write
+    dropped = session.exec(update(Job).where(Job.id == job_id,
+                                             col(Job.status).in_(("validating", "queued")))
+                           .values(status="cancelled", finished_at=utc_now()))
+    if dropped.rowcount == 1:
+        add_event(session, job_id=job_id, kind="status", message="cancelled before it ran",
+                  data={"status": "cancelled"})
+    else:  # running: the worker stops it after the current step, keeping the adapter
+        session.exec(update(Job).where(Job.id == job_id).values(cancel_requested=True))
+        add_event(session, job_id=job_id, kind="cancel", message="cancel requested")
     session.commit()
     session.refresh(job)
     return job_public(job, latest_adapter(session, job.id))
