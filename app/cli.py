@@ -32,9 +32,12 @@ def _db_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _keys_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=["create"], help="make a key and print it once")
-    parser.add_argument("--tenant", required=True, type=_tenant,
+    parser.add_argument("action", choices=["create", "revoke"],
+                        help="create: make a key for --tenant and print it once; revoke: "
+                        "delete --key, or every key of --tenant")
+    parser.add_argument("--tenant", type=_tenant,
                         help="whose key: it sees only its tenant's datasets, jobs and fleets")
+    parser.add_argument("--key", help="revoke: this key (e.g. a rotated MEBP_API_KEY)")
     parser.add_argument("--admin", action="store_true",
                         help="may also add device profiles and register models")
     parser.add_argument("--data-dir", type=Path, help="where the SQLite database lives when "
@@ -49,9 +52,19 @@ def _tenant(text: str) -> str:
 
 
 def _run_keys(args: argparse.Namespace) -> int:
-    from app.serve import create_key
+    from app.serve import keys_command
 
-    return create_key(tenant=args.tenant, admin=args.admin, data_dir=args.data_dir)
+    if args.action == "create" and args.tenant is None:
+        return _usage("mebp keys create needs --tenant")
+    if args.action == "revoke" and (args.tenant is None) == (args.key is None):
+        return _usage("mebp keys revoke needs exactly one of --key and --tenant")
+    return keys_command(args.action, tenant=args.tenant, key=args.key, admin=args.admin,
+                        data_dir=args.data_dir)
+
+
+def _usage(message: str) -> int:
+    print(f"mebp: {message}", file=sys.stderr)
+    return 2
 
 
 def _run_serve(args: argparse.Namespace) -> int:
@@ -78,7 +91,8 @@ SERVICE_COMMANDS = {
                      "and printed)", _serve_arguments, _run_serve),
     "worker": Command("run a worker for a shared Redis (REDIS_URL), database (DATABASE_URL) "
                       "and storage (MEBP_STORAGE_DIR)", _worker_arguments, _run_worker),
-    "keys": Command("API keys: `mebp keys create --tenant T [--admin]`", _keys_arguments,
+    "keys": Command("API keys: `mebp keys create --tenant T [--admin]`, "
+                    "`mebp keys revoke --key K | --tenant T`", _keys_arguments,
                     _run_keys),
     "db": Command("the service's database", _db_arguments, _run_db),
 }

@@ -39,6 +39,19 @@ def create_key(session: Session, *, tenant: str, admin: bool = False) -> str:
     return key
 
 
+def revoke_keys(session: Session, *, tenant: str | None = None, key: str | None = None) -> int:
+    """Delete ``key``, or every key of ``tenant``; how many went. Requests with them are
+    401s from then on (a dashboard signed in with one too)."""
+    query = select(ApiKey)
+    query = query.where(ApiKey.key_hash == hash_key(key)) if key is not None else \
+        query.where(ApiKey.tenant == tenant)
+    rows = session.exec(query).all()
+    for row in rows:
+        session.delete(row)
+    session.commit()
+    return len(rows)
+
+
 def ensure_bootstrap_key(session: Session, key: str) -> None:
     """`mebp serve`'s key: an admin of the default tenant."""
     if session.exec(select(ApiKey).where(ApiKey.key_hash == hash_key(key))).first() is None:

@@ -33,12 +33,11 @@ class DevicesPublic(BaseModel):
     count: int
 
 
-class PlanCreate(BaseModel):
-    """A model and a training setting; the planner predicts every trade-off configuration."""
+class WorkloadFields(BaseModel):
+    """What the planner's predictions depend on, besides the model and the knobs."""
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(description="preset:NAME", examples=["preset:qwen2.5-0.5b"])
     seq_len: int = Field(default=256, ge=2, le=131_072)
     batch_size: int = Field(default=1, ge=1, le=1024)
     lora_rank: int = Field(default=8, ge=1, le=1024)
@@ -48,6 +47,17 @@ class PlanCreate(BaseModel):
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     quant: Literal["none", "int8", "int4"] = "int4"
     group_size: int = Field(default=64, ge=8, le=4096)
+
+    def workload(self) -> dict:
+        """These fields alone, as ``TrainConfig`` takes them."""
+        return self.model_dump(include=set(WorkloadFields.model_fields))
+
+
+class PlanCreate(WorkloadFields):
+    """A model and a training setting; the planner predicts every trade-off configuration."""
+
+    model: str = Field(description="preset:NAME or a registered model",
+                       examples=["preset:qwen2.5-0.5b"])
     device: str | None = Field(default=None, description="a device profile id")
     memory_budget_mb: float | None = Field(default=None, gt=0, le=1 << 20,
                                            description="overrides the device's budget")
@@ -96,23 +106,12 @@ class DatasetsPublic(BaseModel):
     count: int
 
 
-class Hyperparameters(BaseModel):
+class Hyperparameters(WorkloadFields):
     """Training settings; names as in ``mebp train`` (``learning_rate`` is ``--lr``)."""
 
-    model_config = ConfigDict(extra="forbid")
-
     steps: int = Field(default=10, ge=1, le=1_000_000)
-    seq_len: int = Field(default=256, ge=2, le=131_072)
-    batch_size: int = Field(default=1, ge=1, le=1024)
-    lora_rank: int = Field(default=8, ge=1, le=1024)
-    lora_alpha: float = Field(default=16.0, gt=0)
-    lora_targets: str | list[str] = "all"
-    optimizer: Literal["sgd", "adamw"] = "sgd"
     learning_rate: float = Field(default=1e-4, gt=0, le=10.0)
     weight_decay: float = Field(default=0.0, ge=0)
-    quant: Literal["none", "int8", "int4"] = "int4"
-    group_size: int = Field(default=64, ge=8, le=4096)
-    compute_dtype: Literal["float32", "bfloat16"] = "float32"
     schedule: Literal["constant", "cosine"] = "constant"
     warmup_steps: int = Field(default=0, ge=0)
     grad_accum_steps: int = Field(default=1, ge=1, le=1024)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from pathlib import Path
 
@@ -33,12 +34,14 @@ def upgrade(*, data_dir: Path | None) -> int:
     return 0
 
 
-def create_key(*, tenant: str, admin: bool, data_dir: Path | None) -> int:
-    """``mebp keys create``: a new key for a tenant, printed once (only its hash is kept)."""
+def keys_command(action: str, *, tenant: str | None, key: str | None, admin: bool,
+                 data_dir: Path | None) -> int:
+    """``mebp keys create`` prints a new key once (only its hash is kept); ``mebp keys
+    revoke`` deletes one key or a tenant's keys."""
     from sqlmodel import Session
 
     from app.db import make_engine
-    from app.keys import create_key as make_key
+    from app.keys import create_key, revoke_keys
 
     settings = load_settings(data_dir=data_dir)
     url = database_url(settings.database_url, settings.data_dir)
@@ -46,10 +49,14 @@ def create_key(*, tenant: str, admin: bool, data_dir: Path | None) -> int:
     engine = make_engine(url)
     try:
         with Session(engine) as session:
-            print(make_key(session, tenant=tenant, admin=admin))
+            if action == "create":
+                print(create_key(session, tenant=tenant, admin=admin))
+                return 0
+            revoked = revoke_keys(session, tenant=tenant, key=key)
     finally:
         engine.dispose()
-    return 0
+    print(f"mebp: revoked {revoked} key(s)", file=sys.stderr)
+    return 0 if revoked else 1
 
 
 def worker(*, data_dir: Path | None, burst: bool) -> int:

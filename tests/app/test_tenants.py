@@ -90,3 +90,15 @@ def test_a_tenant_name_is_checked(service):
                            "../Evil Corp", "--data-dir", str(service.output.parent / "data")],
                           capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 2 and "--tenant" in done.stderr
+
+
+def test_a_revoked_key_is_a_401_from_then_on(service):
+    key = create_key(service, "gamma")
+    headers = {"Authorization": f"Bearer {key}"}
+    assert httpx.get(service.url + "/v1/jobs", headers=headers).status_code == 200
+    env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
+    done = subprocess.run([sys.executable, "-m", "app.cli", "keys", "revoke", "--key", key,
+                           "--data-dir", str(service.output.parent / "data")],
+                          capture_output=True, text=True, timeout=60, env=env)
+    assert done.returncode == 0 and "revoked 1 key" in done.stderr, done.stderr
+    assert httpx.get(service.url + "/v1/jobs", headers=headers).status_code == 401

@@ -43,11 +43,7 @@ def plan_for(body: PlanCreate, settings: Settings, session: Session, where: str)
     device = device_or_422(session, body.device, where=where)
     arch = model_architecture(session, body.model, where=where)
     try:
-        config = TrainConfig(seq_len=body.seq_len, batch_size=body.batch_size,
-                             lora_rank=body.lora_rank, lora_alpha=body.lora_alpha,
-                             lora_targets=body.lora_targets, optimizer=body.optimizer,
-                             compute_dtype=body.compute_dtype, quant=body.quant,
-                             group_size=body.group_size)
+        config = TrainConfig(**body.workload())
         workload = Workload.from_config(arch, config)
     except ValidationError as exc:
         raise invalid_from(exc, where=where) from None
