@@ -235,3 +235,38 @@ def test_a_full_disk_while_writing_the_adapter_fails_the_job_and_keeps_nothing(
         assert service.finished(after["id"])["status"] in ("succeeded", "failed")
     finally:
         stop_service(service)
+
+
+def signal_tree(process: subprocess.Popen, number: int) -> list[int]:
+    family = [process.pid] + [child.pid for child in
+                              psutil.Process(process.pid).children(recursive=True)]
+    for pid in family:
+        os.kill(pid, number)
+    return family
+
+
+def test_a_worker_that_comes_back_after_its_job_was_taken_writes_nothing(
+        embedded_with_external_workers):
+    """A worker frozen past the heartbeat timeout (a partition, a stalled host) loses its job
+    to another; thawed, it finds the job taken, stops its engine and leaves the job alone."""
+    service, new_worker = embedded_with_external_workers()
+    first = new_worker()
+    dataset = service.upload("rows.jsonl", ROWS)[1]["id"]
+    job = service.request("POST", "/v1/jobs", job_body(dataset, 60, checkpoint_every=5))[1]
+    service.wait_for(job["id"], lambda j: j["progress"]["step"] >= 12, timeout_s=60)
+    frozen = signal_tree(first, signal.SIGSTOP)
+    new_worker()
+    service.wait_for(job["id"], lambda j: j["attempts"] == 2 and j["status"] == "running",
+                     timeout_s=60)
+    signal_tree(first, signal.SIGCONT)
+    done = service.finished(job["id"], timeout_s=120)
+    assert done["status"] == "succeeded" and done["attempts"] == 2, done
+    steps = [m["step"] for m in service.request("GET", f"/v1/jobs/{job['id']}/metrics")[1]["data"]]
+    assert steps == list(range(1, 61))
+    terminal = [e for e in events_of(service, job["id"])
+                if e["data"].get("status") in ("succeeded", "failed", "cancelled")]
+    assert len(terminal) == 1
+    engines = [pid for pid in frozen if psutil.pid_exists(pid) and "worker.child" in
+               " ".join(psutil.Process(pid).cmdline())]
+    assert engines == []  # the thawed attempt's engine was stopped
+    assert first.poll() is None  # and its worker serves on

@@ -56,3 +56,14 @@ def test_rows_and_line_length_are_bounded_naming_the_line(tmp_path):
     with pytest.raises(DatasetError, match=r"^data\.jsonl:3: the line is \d+ bytes, more than "
                                            r"the limit of 50"):
         check_jsonl(path, name="data.jsonl", max_line_bytes=50)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"input_ids": [' + "9" * 5000 + "]}", "invalid JSON"),
+])
+def test_hostile_json_is_a_malformed_line_not_a_crash(tmp_path, line, message):
+    path = write(tmp_path, [{"text": "fine"}, line])
+    with pytest.raises(DatasetError, match=r"^data\.jsonl:2: invalid JSON") as caught:
+        check_jsonl(path, name="data.jsonl")
+    assert message in str(caught.value)
