@@ -66,6 +66,21 @@ class _CgroupCap:
     def child_env(self) -> dict[str, str]:
         return {PROCS_ENV: str(self.path / self._procs)}
 
+    @classmethod
+    def configured(cls, path: Path, limit_bytes: int, files: dict[str, str]):
+        """The cap at ``path`` with each control file written (a name ending in ``?`` only
+        where the kernel offers it); removed again if the kernel refuses one."""
+        cap = cls(path, limit_bytes)
+        try:
+            for name, value in files.items():
+                optional, name = name.endswith("?"), name.removesuffix("?")
+                if not optional or (path / name).exists():
+                    (path / name).write_text(value)
+        except OSError:
+            cap.close()
+            raise
+        return cap
+
     def close(self) -> None:
         """Kill whatever is left in the group and remove it (retrying while it drains)."""
         for _ in range(50):
@@ -107,16 +122,10 @@ class CgroupV2Cap(_CgroupCap):
                 (node / "cgroup.subtree_control").write_text("+memory")
         path = parent / name
         path.mkdir()
-        cap = cls(path, limit_bytes)
-        try:
-            (path / "memory.max").write_text(str(limit_bytes))
-            if (path / "memory.swap.max").exists():
-                (path / "memory.swap.max").write_text("0")
-            (path / "memory.oom.group").write_text("1")
-        except OSError:
-            cap.close()
-            raise
-        return cap
+        # no swap, and an OOM kills the whole group, not one process of it
+        return cls.configured(path, limit_bytes, {"memory.max": str(limit_bytes),
+                                                  "memory.swap.max?": "0",
+                                                  "memory.oom.group": "1"})
 
     def peak_bytes(self) -> int | None:
         return self._read_int("memory.peak")
@@ -132,16 +141,10 @@ class CgroupV1Cap(_CgroupCap):
     def create(cls, hierarchy: Path, name: str, limit_bytes: int) -> CgroupV1Cap:
         path = hierarchy / GROUP_PARENT / name
         path.mkdir(parents=True)
-        cap = cls(path, limit_bytes)
-        try:
-            (path / "memory.limit_in_bytes").write_text(str(limit_bytes))
-            # memory+swap at the same limit: a capped job cannot spill into swap
-            if (path / "memory.memsw.limit_in_bytes").exists():
-                (path / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
-        except OSError:
-            cap.close()
-            raise
-        return cap
+        # memory+swap at the same limit (where swap is accounted): no spilling into swap
+        return cls.configured(path, limit_bytes, {
+            "memory.limit_in_bytes": str(limit_bytes),
+            "memory.memsw.limit_in_bytes?": str(limit_bytes)})
 
     def peak_bytes(self) -> int | None:
         return self._read_int("memory.max_usage_in_bytes")
@@ -173,22 +176,25 @@ def v1_hierarchy(root: Path = CGROUP_ROOT) -> Path | None:
 def remove_stale_caps(job_id: str, root: Path = CGROUP_ROOT) -> None:
     """Kill and remove the cgroups of a job's earlier attempts (a worker that died while
     holding one could not)."""
-    for hierarchy, cap_class in ((v2_hierarchy(root), CgroupV2Cap),
-                                 (v1_hierarchy(root), CgroupV1Cap)):
-        if hierarchy is None:
-            continue
-        for path in (hierarchy / GROUP_PARENT).glob(f"{job_id}-a*"):
-            cap_class(path, 0).close()
+    for path, cap_class in _job_groups(f"{job_id}-a*", root):
+        cap_class(path, 0).close()
 
 
 def remove_idle_caps(root: Path = CGROUP_ROOT) -> None:
     """Remove every job cgroup no process is left in (the kernel refuses the others)."""
-    for hierarchy in filter(None, (v2_hierarchy(root), v1_hierarchy(root))):
-        for path in (hierarchy / GROUP_PARENT).glob("job-*"):
-            try:
-                path.rmdir()
-            except OSError:
-                pass
+    for path, _ in _job_groups("job-*", root):
+        try:
+            path.rmdir()
+        except OSError:
+            pass
+
+
+def _job_groups(pattern: str, root: Path):
+    for hierarchy, cap_class in ((v2_hierarchy(root), CgroupV2Cap),
+                                 (v1_hierarchy(root), CgroupV1Cap)):
+        if hierarchy is not None:
+            for path in (hierarchy / GROUP_PARENT).glob(pattern):
+                yield path, cap_class
 
 
 def open_memory_cap(enforcement: str, name: str, limit_bytes: int,
