@@ -180,11 +180,17 @@ def remove_stale_caps(job_id: str, root: Path = CGROUP_ROOT) -> None:
         cap_class(path, 0).close()
 
 
-def remove_idle_caps(root: Path = CGROUP_ROOT) -> None:
-    """Remove every job cgroup no process is left in (the kernel refuses the others)."""
+IDLE_CAP_AGE_S = 600.0  # far longer than a cap waits between its making and its engine
+
+
+def remove_idle_caps(root: Path = CGROUP_ROOT, older_than_s: float = IDLE_CAP_AGE_S) -> None:
+    """Remove the job cgroups no process is left in (the kernel refuses the others) that
+    are old enough not to be one another worker has just made for an engine still starting."""
+    cutoff = time.time() - older_than_s
     for path, _ in _job_groups("job-*", root):
         try:
-            path.rmdir()
+            if path.stat().st_mtime < cutoff:
+                path.rmdir()
         except OSError:
             pass
 

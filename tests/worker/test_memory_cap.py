@@ -15,6 +15,7 @@ from worker.memory_cap import (
     MemoryCapError,
     RlimitCap,
     open_memory_cap,
+    remove_idle_caps,
     v1_hierarchy,
     v2_hierarchy,
 )
@@ -79,3 +80,16 @@ def test_asking_for_a_hierarchy_the_machine_lacks_is_an_error(tmp_path):
         open_memory_cap("cgroup-v2", "x", 64 * MB, root=tmp_path)
     cap, warning = open_memory_cap("auto", "x", 64 * MB, root=tmp_path)
     assert cap.mode == "rlimit" and "falling back to RLIMIT_DATA" in warning
+
+
+def test_the_idle_sweep_spares_a_cap_just_made_and_takes_an_old_empty_one():
+    young, _ = open_memory_cap("auto", f"job-young{uuid.uuid4().hex[:6]}-a1", 64 * MB)
+    old, _ = open_memory_cap("auto", f"job-old{uuid.uuid4().hex[:6]}-a1", 64 * MB)
+    try:
+        remove_idle_caps()
+        assert young.path.exists() and old.path.exists()  # made a moment ago: in use soon
+        remove_idle_caps(older_than_s=-1)
+        assert not young.path.exists() and not old.path.exists()
+    finally:
+        young.close()
+        old.close()
