@@ -20,10 +20,9 @@ def add_event(session: Session, *, job_id: str, kind: str, message: str,
 
 def set_status(session: Session, job: Job, status: str, message: str, *,
                data: dict | None = None) -> None:
-    """Move ``job`` to ``status`` with its timestamps and an event; the caller commits."""
+    """Move ``job`` to ``status`` (its finish time if terminal) with an event; the caller
+    commits. Running is not set here: workers claim jobs atomically (``worker.lease``)."""
     job.status = status
-    if status == "running" and job.started_at is None:
-        job.started_at = utc_now()
     if status in TERMINAL:
         job.finished_at = utc_now()
     session.add(job)
