@@ -167,7 +167,8 @@ def _run_train(args: argparse.Namespace) -> int:
                        base_model_name=args.model, on_step=_print_step,
                        stop_requested=stop.is_set)
     print(json.dumps({"steps": result.steps, "final_loss": result.final_loss,
-                      "adapter": str(result.adapter_dir), "peak_anon_mb": result.peak_anon_mb,
+                      "adapter": str(result.adapter_dir), "peak_mb": result.peak_mb,
+                      "peak_anon_mb": result.peak_anon_mb,
                       "footprint_mb": result.footprint_mb, "interrupted": result.interrupted,
                       "skipped_rows": result.skipped_rows}))
     if result.interrupted:

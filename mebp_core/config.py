@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from mebp_core.lora.spec import TARGET_SUFFIXES, LoraSpec
 
 SCHEMA_VERSION = 1
+MAX_THREADS = 256
 
 Method = Literal["mebp", "mezo", "backprop"]
 Quant = Literal["none", "int8", "int4"]
@@ -23,7 +24,7 @@ Schedule = Literal["constant", "cosine"]
 class EngineKnobs(BaseModel):
     """The memory/time trade-off knobs the engine honors (each a no-op at its default)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     # Frozen weights decompressed from the store on every use ("lazy"), or decompressed once
     # and kept in RAM ("resident"), up to resident_weight_bytes if set (block projections
@@ -43,7 +44,8 @@ class EngineKnobs(BaseModel):
     share_decompression: bool = True
     decompress_tile_bytes: int = Field(default=8 << 20, ge=1 << 16)
     loss_vocab_tile_bytes: int = Field(default=8 << 20, ge=1 << 16)
-    threads: int | None = Field(default=None, ge=1)
+    # torch's intra-op threads; the engine uses at most the host's cores
+    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
 
     @model_validator(mode="after")
     def _budget_needs_resident(self) -> EngineKnobs:
@@ -55,7 +57,7 @@ class EngineKnobs(BaseModel):
 class TrainConfig(BaseModel):
     """Everything that determines a training run; validated once at the edge."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     schema_version: int = SCHEMA_VERSION
     method: Method = "mebp"
@@ -63,11 +65,11 @@ class TrainConfig(BaseModel):
     seq_len: int = Field(default=256, ge=2, le=131_072)
     batch_size: int = Field(default=1, ge=1, le=1024)
     lora_rank: int = Field(default=8, ge=1, le=1024)
-    lora_alpha: float = Field(default=16.0, gt=0)
+    lora_alpha: float = Field(default=16.0, gt=0, le=65536)
     lora_targets: tuple[str, ...] = tuple(TARGET_SUFFIXES)
     optimizer: Optimizer = "sgd"
     lr: float = Field(default=1e-4, gt=0, le=10.0)
-    weight_decay: float = Field(default=0.0, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0, le=10.0)
     seed: int = 0
     quant: Quant = "int4"
     schedule: Schedule = "constant"

@@ -9,3 +9,11 @@ from __future__ import annotations
 
 class MebpError(Exception):
     """A problem with the user's input or environment, explained by the message."""
+
+    code = "invalid_input"  # how a job that ends with it is labelled
+
+
+class DivergedError(MebpError):
+    """Training produced a non-finite loss or adapter weight: no adapter is written."""
+
+    code = "training_diverged"

@@ -25,6 +25,7 @@ from mebp_core.engine.mebp import StepLoss, count_valid_targets, run_mebp_step
 from mebp_core.engine.mezo import derive_step_seed, run_mezo_step
 from mebp_core.engine.model import EngineModel
 from mebp_core.engine.optim import BlockOptimizer
+from mebp_core.errors import DivergedError
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # input_ids (B, T), labels (B, T)
 StepFunction = Callable[[int, Sequence[Batch], float], StepLoss]
@@ -80,7 +81,9 @@ def _mezo_step(engine: EngineModel, config: TrainConfig) -> StepFunction:
                                step_seed=derive_step_seed(config.seed, index),
                                eps=config.mezo_eps, lr=lr, weight_decay=config.weight_decay)
         if not math.isfinite(result.projected_grad):
-            raise FloatingPointError(f"step {index}: MeZO's projected gradient is not finite")
+            raise DivergedError(f"step {index}: MeZO's projected gradient is "
+                                f"{result.projected_grad} (training diverged; lower the "
+                                f"learning rate or mezo_eps)")
         valid = count_valid_targets(labels)
         return StepLoss(result.loss * valid, valid, 0)
     return step

@@ -7,6 +7,8 @@ from it, so a run resumed from a checkpoint reproduces the uninterrupted run's l
 from __future__ import annotations
 
 import json
+import math
+import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import nullcontext
@@ -35,7 +37,7 @@ from mebp_core.engine.run_state import (
     save_run_state,
 )
 from mebp_core.engine.schedule import compute_lr
-from mebp_core.errors import MebpError
+from mebp_core.errors import DivergedError, MebpError
 from mebp_core.lora.peft_io import ADAPTER_FILES
 from mebp_core.lora.spec import LoraSpec
 
@@ -52,16 +54,21 @@ class StepMetrics:
     tokens: int
     step_time_s: float
     decompress_s: float
-    peak_anon_mb: float
-    footprint_mb: float
-    step_peak_anon_mb: float
+    peak_mb: float  # the run's peak of charged memory (anonymous + shared)
+    peak_anon_mb: float  # anonymous alone, for comparison
+    footprint_mb: float  # peak_mb above what the process held before loading
+    step_peak_mb: float  # this step's charged peak
+    file_mb: float  # the peak of clean file-backed pages (the mapped store): reclaimable
     weights_live_peak_mb: float
     checkpoint_mb: float
     val_loss: float | None = None
     val_token_accuracy: float | None = None
 
     def to_json(self) -> str:
-        return json.dumps({k: v for k, v in asdict(self).items() if v is not None})
+        """Strict JSON: a non-finite figure (a diverged validation loss) is left out."""
+        return json.dumps({k: v for k, v in asdict(self).items()
+                           if v is not None and (not isinstance(v, float) or math.isfinite(v))},
+                          allow_nan=False)
 
 
 @dataclass
@@ -69,6 +76,7 @@ class TrainResult:
     steps: int  # optimizer steps completed, resumed ones included
     final_loss: float | None
     adapter_dir: Path
+    peak_mb: float
     peak_anon_mb: float
     footprint_mb: float
     interrupted: bool = False
@@ -136,7 +144,7 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
     checkpoint and the adapter trained so far, and returns with ``interrupted`` set.
     """
     if config.knobs.threads:
-        torch.set_num_threads(config.knobs.threads)
+        torch.set_num_threads(min(config.knobs.threads, os.cpu_count() or 1))
     if resume and checkpoint_dir is None:
         raise TrainError("--resume needs the checkpoint directory of the interrupted run")
     check_replaceable(out, ADAPTER_FILES)  # before hours of training, not after
@@ -156,12 +164,22 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
         log_file = open(metrics_path, "a" if resume else "w") if metrics_path else nullcontext()
         with log_file as log:
             run.loop(log, on_step, stop_requested or (lambda: False))
+        check_finite_adapter(engine, run.position.step)
         engine.save_adapter(out, base_model_name)
     finally:
         engine.close()
-    return TrainResult(run.position.step, run.last_loss, out, sampler.peak_anon_bytes / MB,
-                       sampler.footprint_bytes / MB, run.interrupted, run.saved_checkpoint,
-                       run.data.skipped_rows)
+    return TrainResult(run.position.step, run.last_loss, out, sampler.peak_bytes / MB,
+                       sampler.peak_anon_bytes / MB, sampler.footprint_bytes / MB,
+                       run.interrupted, run.saved_checkpoint, run.data.skipped_rows)
+
+
+def check_finite_adapter(engine: EngineModel, step: int) -> None:
+    """Refuse to write an adapter a device would load as garbage."""
+    for path, (a, b) in engine.adapter_tensors().items():
+        if not (torch.isfinite(a).all() and torch.isfinite(b).all()):
+            raise DivergedError(f"after step {step}: the LoRA weights of {path} are not "
+                                f"finite (training diverged; lower the learning rate or "
+                                f"weight decay); no adapter is written")
 
 
 class TrainingRun:
@@ -226,12 +244,17 @@ class TrainingRun:
         elapsed = time.perf_counter() - start
         self.position = RunPosition(step, self.position.batches_consumed + len(micro_batches))
         self.last_loss = result.loss_sum / max(result.valid_tokens, 1)
+        if not math.isfinite(self.last_loss):
+            raise DivergedError(f"step {step}: the loss is {self.last_loss} (training "
+                                f"diverged; lower the learning rate or weight decay)")
         metrics = StepMetrics(
             step=step, loss=self.last_loss, lr=lr, tokens=result.valid_tokens,
             step_time_s=elapsed, decompress_s=working_set.decompress_s,
+            step_peak_mb=self.sampler.take_step_peak() / MB,
+            peak_mb=self.sampler.peak_bytes / MB,
             peak_anon_mb=self.sampler.peak_anon_bytes / MB,
             footprint_mb=self.sampler.footprint_bytes / MB,
-            step_peak_anon_mb=self.sampler.take_step_peak() / MB,
+            file_mb=self.sampler.peak_file_bytes / MB,
             weights_live_peak_mb=working_set.peak_bytes / MB,
             checkpoint_mb=self.checkpoints.peak_nbytes / MB)
         if self.data.validation and (self._due(self.config.eval_every, step)

@@ -86,8 +86,23 @@ def save_peft_adapter(
     config = build_adapter_config(spec, base_model_name_or_path, target_modules)
     with staged_directory(out) as staging:
         save_file(tensors, str(staging / WEIGHTS_NAME), metadata=metadata)
+        sort_safetensors_header(staging / WEIGHTS_NAME)
         (staging / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return out
+
+
+def sort_safetensors_header(path: Path) -> None:
+    """Rewrite the header in place with its keys sorted, so identical tensors give identical
+    bytes: safetensors writes its metadata map in a per-process hash order. The header keeps
+    its length (space padding is part of the format), so no offset moves."""
+    with open(path, "r+b") as file:
+        length = int.from_bytes(file.read(8), "little")
+        header = json.loads(file.read(length))
+        canonical = json.dumps(header, sort_keys=True, separators=(",", ":")).encode()
+        if len(canonical) > length:  # cannot happen for a header safetensors wrote
+            raise AdapterError(f"{path}: unexpected safetensors header layout")
+        file.seek(8)
+        file.write(canonical.ljust(length))
 
 
 def read_adapter_config(directory: Path) -> dict:

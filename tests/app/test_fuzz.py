@@ -25,7 +25,7 @@ def test_the_api_survives_schemathesis_within_its_schema(tmp_path, model_cache):
              "--header", f"Authorization: Bearer {service.api_key}", "--checks", CHECKS,
              "--max-examples", str(EXAMPLES_PER_OPERATION), "--generation-deterministic",
              "--no-color"],
-            capture_output=True, text=True, timeout=900,
+            capture_output=True, text=True, timeout=900, cwd=tmp_path,  # its cache too
             env={**os.environ, "SCHEMATHESIS_HOOKS": ""})
         report = done.stdout[-4000:]
         assert done.returncode == 0, report

@@ -15,7 +15,7 @@ import transformers
 
 from mebp_core.store.presets import save_preset_as_hf
 
-METRIC_KEYS = {"step", "loss", "step_time_s", "peak_anon_mb", "footprint_mb"}
+METRIC_KEYS = {"step", "loss", "step_time_s", "peak_mb", "peak_anon_mb", "footprint_mb"}
 
 
 def run_mebp(*args: str, cache: Path) -> subprocess.CompletedProcess:

@@ -1,0 +1,89 @@
+"""A run whose loss or adapter becomes non-finite fails with ``DivergedError`` and writes no
+adapter; adapters of identical runs are identical bytes."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from mebp_core.config import TrainConfig
+from mebp_core.engine.memory import MemorySampler
+from mebp_core.engine.train import train
+from mebp_core.errors import DivergedError
+
+
+@pytest.fixture(scope="module")
+def token_data(tmp_path_factory):
+    gen = torch.Generator().manual_seed(1)
+    path = tmp_path_factory.mktemp("data") / "tokens.jsonl"
+    rows = [{"input_ids": torch.randint(0, 300, (24,), generator=gen).tolist()}
+            for _ in range(8)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def run(packed, data, out, **overrides):
+    config = TrainConfig(**{"steps": 3, "seq_len": 16, "lora_rank": 4, "quant": "none",
+                            "lr": 0.05, **overrides})
+    metrics = out.with_name(out.name + ".metrics.jsonl")
+    train(config, model_dir=packed, data=data, out=out, sampler=MemorySampler(),
+          metrics_path=metrics)
+    return metrics
+
+
+@pytest.mark.parametrize("method", ["mebp", "mezo"])
+def test_a_diverging_run_fails_and_writes_no_adapter(packed_models, token_data, tmp_path,
+                                                     method):
+    # the largest decay and rate a request may ask for: each step multiplies the weights
+    # by about -99, so the loss overflows within a few dozen steps
+    out = tmp_path / "adapter"
+    with pytest.raises(DivergedError, match="diverged") as caught:
+        run(packed_models["llama", "none"], token_data, out, method=method, steps=200, lr=10.0,
+            weight_decay=10.0)
+    assert caught.value.code == "training_diverged"
+    assert not out.exists()
+    lines = (tmp_path / "adapter.metrics.jsonl").read_text().splitlines()
+    assert 0 < len(lines) < 200  # it stopped where it diverged, logging finite steps only
+    assert all(json.loads(line)["loss"] < float("inf") for line in lines)
+
+
+def test_non_finite_settings_are_refused():
+    for field in ("lr", "weight_decay", "lora_alpha", "mezo_eps"):
+        for value in (float("nan"), float("inf")):
+            with pytest.raises(ValueError, match="finite"):
+                TrainConfig(**{field: value})
+
+
+SAVE_ADAPTER = """
+import hashlib, sys, torch
+from mebp_core.lora.peft_io import save_peft_adapter
+from mebp_core.lora.spec import LoraSpec
+gen = torch.Generator().manual_seed(0)
+tensors = {f"model.layers.{i}.self_attn.{p}": (torch.randn(4, 16, generator=gen),
+                                               torch.randn(16, 4, generator=gen))
+           for i in range(2) for p in ("q_proj", "v_proj")}
+save_peft_adapter(sys.argv[1], tensors, LoraSpec(rank=4, alpha=8, targets="all"),
+                  "preset:tiny", model_type="llama")
+"""
+
+
+def test_identical_adapters_are_identical_bytes(tmp_path):
+    """safetensors writes its metadata in a per-process hash order: each save runs in a
+    process of its own, as jobs do."""
+    digests = set()
+    for index in range(6):
+        out = tmp_path / f"adapter-{index}"
+        subprocess.run([sys.executable, "-c", SAVE_ADAPTER, str(out)], check=True)
+        digests.add(hashlib.sha256((out / "adapter_model.safetensors").read_bytes())
+                    .hexdigest())
+        header_length = int.from_bytes((out / "adapter_model.safetensors").read_bytes()[:8],
+                                       "little")
+        header = (out / "adapter_model.safetensors").read_bytes()[8:8 + header_length]
+        keys = list(json.loads(header)["__metadata__"])
+        assert keys == sorted(keys)
+    assert len(digests) == 1
