@@ -18,16 +18,19 @@ def database_url(explicit: str | None, data_dir: Path) -> str:
 
 
 SQLITE_BUSY_TIMEOUT_S = 30
+POOL_SIZE, POOL_OVERFLOW = 5, 10  # connections kept, and opened on demand beyond them
+POOL_CONNECTIONS = POOL_SIZE + POOL_OVERFLOW
 
 
 def make_engine(url: str) -> Engine:
     if url.startswith("postgresql://"):
         url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+    pool = {"pool_pre_ping": True, "pool_size": POOL_SIZE, "max_overflow": POOL_OVERFLOW}
     if not url.startswith("sqlite"):
-        return create_engine(url, pool_pre_ping=True)
+        return create_engine(url, **pool)
     # the API, the workers and the reconciler write at once: wait for the lock rather than
     # fail, and let readers go on beside a writer (WAL)
-    engine = create_engine(url, pool_pre_ping=True, connect_args={
+    engine = create_engine(url, **pool, connect_args={
         "check_same_thread": False, "timeout": SQLITE_BUSY_TIMEOUT_S})
     event.listen(engine, "connect", _sqlite_wal)
     return engine

@@ -6,9 +6,9 @@ import hashlib
 import secrets
 from dataclasses import dataclass
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, delete, select
 
-from app.models import ApiKey
+from app.models import ApiKey, DashboardSession
 
 BOOTSTRAP_TENANT = "default"
 ADMIN, USER = "admin", "user"
@@ -41,13 +41,15 @@ def create_key(session: Session, *, tenant: str, admin: bool = False) -> str:
 
 def revoke_keys(session: Session, *, tenant: str | None = None, key: str | None = None) -> int:
     """Delete ``key``, or every key of ``tenant``; how many went. Requests with them are
-    401s from then on (a dashboard signed in with one too)."""
+    401s from then on, and the dashboard sessions signed in with them end."""
     query = select(ApiKey)
     query = query.where(ApiKey.key_hash == hash_key(key)) if key is not None else \
         query.where(ApiKey.tenant == tenant)
     rows = session.exec(query).all()
     for row in rows:
         session.delete(row)
+    session.exec(delete(DashboardSession).where(
+        col(DashboardSession.key_hash).in_([row.key_hash for row in rows])))
     session.commit()
     return len(rows)
 

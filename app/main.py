@@ -8,23 +8,31 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import APIRouter, Depends, FastAPI, status
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from redis.exceptions import RedisError
-from rq import Worker
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlmodel import Session
 
+from app.api.body_limit import BodyLimit
 from app.api.deps import require_api_key
+from app.api.errors import validation_error_response
+from app.api.event_hub import EventHub
+from app.api.events import StreamSlots
+from app.api.request_sessions import SessionSlots
 from app.api.routes import adapters, datasets, devices, fleets, jobs, models, plans
+from app.api.url_guard import RefuseNulInUrl
 from app.db import database_url, make_engine
 from app.devices import sync_builtin_devices
+from app.disk_space import out_of_space, storage_state
 from app.keys import ensure_bootstrap_key
-from app.queue import connect, enqueue_job, job_queue
+from app.queue import connect, count_live_workers, enqueue_job, job_queue
 from app.reconciler import Reconciler
 from app.schemas import ErrorMessage
 from app.settings import Settings
+from app.uploads import storage_full
 from app.web import auth, explorer, monitor
 from app.web.auth import SignInRequired
 from app.web.templating import PLOTLY_JS, STATIC_DIR
@@ -34,7 +42,8 @@ ERRORS = {code: {"model": ErrorMessage, "description": text} for code, text in (
     (400, "the body could not be parsed"), (401, "no key, or not a known one"),
     (403, "an admin key is needed"), (404, "no such resource for this tenant"),
     (409, "it exists already, or the job has finished"),
-    (413, "the upload is larger than the limit"),
+    (413, "the body or upload is larger than the limit"),
+    (429, "a per-tenant or per-key limit is reached (queued jobs, open streams); retry later"),
     (503, "Redis or the database is unavailable; retry"),
     (507, "the service's storage is full"))}
 UNAVAILABLE = {RedisError: "the job queue (Redis) is unavailable; retry shortly",
@@ -57,7 +66,9 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         reconciler = Reconciler(engine, queue, settings).start() if reconcile else None
+        event_hub.start()  # one poller feeds every event stream of this process
         yield
+        await event_hub.stop()
         if reconciler is not None:
             reconciler.stop()
 
@@ -67,6 +78,9 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
                   "adapters, fleets, device profiles and the memory/time planner.")
     app.state.settings, app.state.engine, app.state.redis = settings, engine, redis
     app.state.enqueue = lambda job_id: _enqueue_or_defer(queue, job_id)
+    app.state.session_slots = SessionSlots(engine)
+    app.state.event_hub = event_hub = EventHub(engine)
+    app.state.stream_slots = StreamSlots(settings.max_streams_per_key)
 
     @app.get("/static/plotly.min.js", include_in_schema=False)
     def plotly_js() -> FileResponse:
@@ -79,6 +93,10 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
         "/signin", status_code=status.HTTP_303_SEE_OTHER))
     for error, message in UNAVAILABLE.items():
         app.add_exception_handler(error, _unavailable(message))
+    app.add_exception_handler(RequestValidationError, validation_error_response)
+    app.add_exception_handler(OSError, _storage_full)
+    app.add_middleware(RefuseNulInUrl)
+    app.add_middleware(BodyLimit, settings=settings)  # before anything reads a body
     app.add_exception_handler(IntegrityError, lambda request, exc: JSONResponse(
         {"detail": "it conflicts with what exists (made at the same moment?); retry"},
         status_code=status.HTTP_409_CONFLICT))
@@ -91,18 +109,20 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
     @app.get("/v1/health", tags=["health"], responses={503: {"description": "degraded"}})
     @app.get("/healthz", include_in_schema=False)
     def health() -> JSONResponse:
-        """Unauthenticated: the database, Redis and how many workers are listening."""
-        report = {"database": "ok", "redis": "ok", "workers": None}
+        """Unauthenticated: the database, Redis, free storage and how many workers are
+        listening."""
+        report = {"database": "ok", "redis": "ok", "storage": storage_state(settings),
+                  "workers": None}
         try:
             with engine.connect() as connection:
                 connection.execute(text("select 1"))
         except (OperationalError, InterfaceError):
             report["database"] = "unavailable"
         try:
-            report["workers"] = Worker.count(queue=queue)
+            report["workers"] = count_live_workers(queue)  # not the dead still listed
         except RedisError:
             report["redis"] = "unavailable"
-        healthy = report["database"] == report["redis"] == "ok"
+        healthy = report["database"] == report["redis"] == report["storage"] == "ok"
         return JSONResponse({"status": "ok" if healthy else "degraded", **report},
                             status_code=200 if healthy else 503)
 
@@ -115,6 +135,14 @@ def _enqueue_or_defer(queue, job_id: str) -> None:
         enqueue_job(queue, job_id)
     except RedisError as exc:
         log.warning("job %s stays queued in the database until Redis is back: %s", job_id, exc)
+
+
+def _storage_full(request, exc: OSError) -> JSONResponse:
+    """A full disk under any route is a 507, as for uploads; other OS errors stay 500s."""
+    if not out_of_space(exc):
+        raise exc
+    answer = storage_full()
+    return JSONResponse({"detail": answer.detail}, status_code=answer.status_code)
 
 
 def _unavailable(message: str):

@@ -138,3 +138,15 @@ class Adapter(SQLModel, table=True):
     sha256: str = Field(max_length=64)
     bytes: int = Field(sa_column=Column(BigInteger, nullable=False))
     created_at: datetime = Field(default_factory=utc_now)
+
+
+class DashboardSession(SQLModel, table=True):
+    """A signed-in browser: the cookie holds a random id, the table only its sha256."""
+
+    __tablename__ = "dashboard_sessions"
+
+    id_hash: str = Field(primary_key=True, max_length=64)
+    tenant: str = Field(index=True, max_length=64)
+    key_hash: str = Field(index=True, max_length=128)  # the key it signed in with
+    created_at: datetime = Field(default_factory=utc_now)
+    expires_at: datetime = Field(index=True)

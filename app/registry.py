@@ -34,13 +34,51 @@ def model_architecture(session: Session, name: str, *, where: str = "body") -> A
         raise invalid("model", str(exc), name, where=where) from None
 
 
+class ModelPathError(ValueError):
+    """A registered model's directory, or a file in it, lies outside the model roots or
+    cannot be read as one."""
+
+
 def confined_model_path(settings: Settings, path: str) -> Path:
-    """``path`` resolved (symlinks too), or a 422 unless it lies inside a model root."""
-    resolved = Path(path).resolve()
-    roots = settings.model_root_paths
-    if not any(resolved.is_relative_to(root) for root in roots):
-        where = ", ".join(map(str, roots)) or "none are configured"
-        raise invalid("path", f"outside the model roots ({where}; MEBP_MODEL_ROOTS)", path)
+    """``path`` resolved, or a 422 on ``path`` unless it is a model directory inside a
+    model root whose files all resolve inside the roots too."""
+    try:
+        return confine_model_dir(settings.model_root_paths, path)
+    except ModelPathError as exc:
+        raise invalid("path", str(exc), path) from None
+
+
+def confine_model_dir(roots: list[Path], path: str) -> Path:
+    """``path`` with its symlinks resolved, checked for every file the engine may read: a
+    ``config.json`` symlinked out of the roots would otherwise be read from anywhere. The
+    worker checks again before it reads, as the directory may have changed since."""
+    where = ", ".join(map(str, roots)) or "none are configured"
+    resolved = _resolve(Path(path))
+    if not _inside(resolved, roots):
+        raise ModelPathError(f"outside the model roots ({where}; MEBP_MODEL_ROOTS)")
+    try:
+        entries = list(resolved.iterdir()) if resolved.is_dir() else []
+    except OSError as exc:
+        raise ModelPathError(f"cannot list the directory: {exc.strerror}") from None
+    if not any(entry.name == "config.json" for entry in entries):
+        raise ModelPathError("not a Hugging Face model directory (no config.json)")
+    for entry in entries:
+        target = _resolve(entry)
+        if not _inside(target, roots):
+            raise ModelPathError(f"{entry.name} resolves outside the model roots ({where})")
     if not (resolved / "config.json").is_file():
-        raise invalid("path", "not a Hugging Face model directory (no config.json)", path)
+        raise ModelPathError("config.json is not a regular file")
     return resolved
+
+
+def _resolve(path: Path) -> Path:
+    try:
+        return path.resolve(strict=True)
+    except RuntimeError:  # Python 3.11 reports a symlink loop so
+        raise ModelPathError(f"{path.name}: a symlink loop") from None
+    except OSError as exc:
+        raise ModelPathError(f"{path.name[:64]}: {exc.strerror}") from None
+
+
+def _inside(path: Path, roots: list[Path]) -> bool:
+    return any(path.is_relative_to(root) for root in roots)

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 
-from mebp_core.config import EngineKnobs
+from app.api.request_model import RequestModel
+from mebp_core import config as core
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=256)]
+MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+MetadataValue = Annotated[str, StringConstraints(max_length=1024)]
+Metadata = Annotated[dict[MetadataKey, MetadataValue], Field(
+    max_length=32, description="up to 32 string pairs (keys up to 64 characters, values up "
+    "to 1024)")]
+LoraTargets = Annotated[str, StringConstraints(max_length=256)] | Annotated[
+    list[Annotated[str, StringConstraints(min_length=1, max_length=64)]], Field(max_length=16)]
 
 
 class ErrorMessage(BaseModel):
@@ -33,16 +43,19 @@ class DevicesPublic(BaseModel):
     count: int
 
 
-class WorkloadFields(BaseModel):
-    """What the planner's predictions depend on, besides the model and the knobs."""
+class EngineKnobs(RequestModel, core.EngineKnobs):
+    """The engine's knobs as a request carries them: finite numbers, no booleans for
+    counts."""
 
-    model_config = ConfigDict(extra="forbid")
+
+class WorkloadFields(RequestModel):
+    """What the planner's predictions depend on, besides the model and the knobs."""
 
     seq_len: int = Field(default=256, ge=2, le=131_072)
     batch_size: int = Field(default=1, ge=1, le=1024)
     lora_rank: int = Field(default=8, ge=1, le=1024)
-    lora_alpha: float = Field(default=16.0, gt=0)
-    lora_targets: str | list[str] = "all"
+    lora_alpha: float = Field(default=16.0, gt=0, le=65536)
+    lora_targets: LoraTargets = "all"
     optimizer: Literal["sgd", "adamw"] = "sgd"
     compute_dtype: Literal["float32", "bfloat16"] = "float32"
     quant: Literal["none", "int8", "int4"] = "int4"
@@ -56,9 +69,9 @@ class WorkloadFields(BaseModel):
 class PlanCreate(WorkloadFields):
     """A model and a training setting; the planner predicts every trade-off configuration."""
 
-    model: str = Field(description="preset:NAME or a registered model",
-                       examples=["preset:qwen2.5-0.5b"])
-    device: str | None = Field(default=None, description="a device profile id")
+    model: Name = Field(description="preset:NAME or a registered model",
+                        examples=["preset:qwen2.5-0.5b"])
+    device: Name | None = Field(default=None, description="a device profile id")
     memory_budget_mb: float | None = Field(default=None, gt=0, le=1 << 20,
                                            description="overrides the device's budget")
     margin: float = Field(default=0.10, ge=0, le=1)
@@ -111,7 +124,7 @@ class Hyperparameters(WorkloadFields):
 
     steps: int = Field(default=10, ge=1, le=1_000_000)
     learning_rate: float = Field(default=1e-4, gt=0, le=10.0)
-    weight_decay: float = Field(default=0.0, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0, le=10.0)
     schedule: Literal["constant", "cosine"] = "constant"
     warmup_steps: int = Field(default=0, ge=0)
     grad_accum_steps: int = Field(default=1, ge=1, le=1024)
@@ -123,14 +136,12 @@ class Hyperparameters(WorkloadFields):
         "(default MEBP_CHECKPOINT_EVERY)"))
 
 
-class JobCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = Field(description="preset:NAME", examples=["preset:qwen2.5-0.5b"])
-    training_file: str = Field(description="a dataset id from POST /v1/datasets")
-    validation_file: str | None = None
-    device: str | None = Field(default=None, description="a device profile id",
-                               examples=["iphone-15-pro-max"])
+class JobCreate(RequestModel):
+    model: Name = Field(description="preset:NAME", examples=["preset:qwen2.5-0.5b"])
+    training_file: Name = Field(description="a dataset id from POST /v1/datasets")
+    validation_file: Name | None = None
+    device: Name | None = Field(default=None, description="a device profile id",
+                                examples=["iphone-15-pro-max"])
     memory_budget_mb: float | None = Field(default=None, gt=0, le=1 << 20,
                                            description="overrides the device's budget")
     method: Literal["mebp", "mezo", "backprop"] = "mebp"
@@ -139,7 +150,7 @@ class JobCreate(BaseModel):
         default="auto", description='"auto" (the fastest configuration predicted to fit) or '
         "explicit trade-off knobs")
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
-    metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+    metadata: Metadata = Field(default_factory=dict)
     allow_infeasible: bool = Field(default=False, description="run even when the planner "
                                    "predicts the budget is too small: the kernel cap decides")
 
@@ -214,23 +225,19 @@ class MetricsPublic(BaseModel):
     count: int
 
 
-class SimulatedDevices(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    device: str = Field(description="the profile of every simulated phone")
+class SimulatedDevices(RequestModel):
+    device: Name = Field(description="the profile of every simulated phone")
     count: int = Field(ge=1, le=256, description="phones, each trained on its own shard")
 
 
-class FleetCreate(BaseModel):
+class FleetCreate(RequestModel):
     """One model and dataset across device profiles, or across N simulated phones of one
     profile each holding its own shard of the data: one job per device."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    model: str = Field(examples=["preset:qwen2.5-0.5b"])
-    training_file: str
-    validation_file: str | None = None
-    devices: list[str] | None = Field(default=None, min_length=1, max_length=64,
+    model: Name = Field(examples=["preset:qwen2.5-0.5b"])
+    training_file: Name
+    validation_file: Name | None = None
+    devices: list[Name] | None = Field(default=None, min_length=1, max_length=64,
                                       examples=[["iphone-15-pro-max", "pixel-8"]])
     simulated: SimulatedDevices | None = None
     memory_budget_mb: float | None = Field(default=None, gt=0, le=1 << 20,
@@ -239,7 +246,7 @@ class FleetCreate(BaseModel):
     hyperparameters: Hyperparameters = Hyperparameters()
     config: Literal["auto"] | EngineKnobs = "auto"
     seed: int = Field(default=0, ge=0, le=2**63 - 1)
-    metadata: dict[str, str] = Field(default_factory=dict, max_length=32)
+    metadata: Metadata = Field(default_factory=dict)
     allow_infeasible: bool = Field(default=False, description="also run the devices the "
                                    "planner predicts will not fit (the kernel cap decides)")
 
@@ -295,10 +302,8 @@ class FleetsPublic(BaseModel):
 ID_PATTERN = r"^[a-z0-9]+([._-][a-z0-9]+)*$"
 
 
-class DeviceCreate(BaseModel):
+class DeviceCreate(RequestModel):
     """A device profile an admin adds (the built-in ones come from devices.json)."""
-
-    model_config = ConfigDict(extra="forbid")
 
     id: str = Field(pattern=ID_PATTERN, max_length=64, examples=["pixel-9a"])
     name: str = Field(min_length=1, max_length=128)
@@ -307,12 +312,11 @@ class DeviceCreate(BaseModel):
     chip: str | None = Field(default=None, max_length=128)
     relative_compute: float | None = Field(default=None, gt=0, le=1000, description=(
         "compute against the iPhone 15 Pro Max (1.0), for on-device time estimates"))
-    sources: list[str] = Field(default_factory=list, max_length=16)
+    sources: list[Annotated[str, StringConstraints(max_length=1024)]] = Field(
+        default_factory=list, max_length=16)
 
 
-class ModelCreate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class ModelCreate(RequestModel):
     name: str = Field(pattern=ID_PATTERN, max_length=64, examples=["my-qwen"])
     path: str = Field(min_length=1, max_length=1024,
                       description="a Hugging Face model directory inside the model roots")

@@ -1,5 +1,6 @@
 """``mebp serve``: the whole service on one machine (API, workers, and an embedded Redis when
-``REDIS_URL`` is unset), printing its URL and API key; ``mebp worker`` and ``mebp db``."""
+``REDIS_URL`` is unset; workers and Redis restarted when they exit), printing its URL and API
+key; ``mebp worker`` and ``mebp db``."""
 
 from __future__ import annotations
 

@@ -44,7 +44,22 @@ class Settings(BaseSettings):
     max_upload_bytes: int = Field(default=256 << 20, ge=1)  # after decompression
     max_upload_rows: int = Field(default=1_000_000, ge=1)
     max_line_bytes: int = Field(default=1 << 20, ge=16)
+    # any other request body (JSON, forms), refused before it is read or its key checked
+    max_request_bytes: int = Field(default=1 << 20, ge=1024)
+    # health is degraded (503) when the storage root or data dir has less free than this
+    min_free_storage_bytes: int = Field(default=8 << 20, ge=0)
+    # kept in reserve on the data dir's disk, freed so a job that filled it can be recorded
+    storage_reserve_bytes: int = Field(default=8 << 20, ge=0)
     threads: int | None = Field(default=None, ge=1)
+    # event streams one key (its API clients and dashboard tabs together) holds open at once
+    max_streams_per_key: int = Field(default=16, ge=1, le=10_000)
+    # fairness: a tenant's jobs waiting (more are a 429; the default admits the largest
+    # simulated fleet) and running at once (more wait while other tenants' jobs go first);
+    # the API and every worker must share these
+    max_queued_jobs_per_tenant: int = Field(default=256, ge=1)
+    max_running_jobs_per_tenant: int = Field(default=2, ge=1)
+    # a dashboard sign-in ends at sign-out, when its key is revoked, or after this long
+    session_ttl_s: int = Field(default=12 * 3600, ge=1, le=30 * 86400)
     # faults: a running job whose heartbeat is older than this has lost its worker; it is
     # re-queued (resuming from its last checkpoint) up to max_attempts times
     heartbeat_timeout_s: float = Field(default=30.0, ge=2)

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from fastapi import HTTPException, status
 from redis import Redis
-from sqlmodel import Session
+from sqlalchemy import func
+from sqlmodel import Session, col, select
 
 from app.api.errors import invalid
 from app.crud import add_event, set_status
@@ -35,6 +37,25 @@ def require_queue(redis: Redis) -> None:
     redis.ping()
 
 
+QUEUE_FULL_RETRY_S = 30  # a guess: the queue drains as the tenant's jobs start
+
+
+def require_queue_room(session: Session, settings: Settings, *, tenant: str,
+                       adding: int = 1) -> None:
+    """429 unless the tenant's queued jobs plus ``adding`` stay within
+    ``max_queued_jobs_per_tenant`` (checked before anything is written)."""
+    queued = session.exec(select(func.count()).select_from(Job).where(
+        Job.tenant == tenant, col(Job.status).in_(("validating", "queued")))).one()
+    limit = settings.max_queued_jobs_per_tenant
+    if queued + adding > limit:
+        more = "another job" if adding == 1 else f"{adding} more jobs"
+        advice = "retry once some have started" if adding <= limit else "make fewer at once"
+        raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
+                            f"tenant {tenant!r} has {queued} jobs queued; {more} would pass "
+                            f"its limit of {limit} (MEBP_MAX_QUEUED_JOBS_PER_TENANT): {advice}",
+                            headers={"Retry-After": str(QUEUE_FULL_RETRY_S)})
+
+
 def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *, tenant: str,
                fleet_id: str | None = None, idempotency_key: str | None = None) -> Job:
     job = Job(id=new_id("job"), tenant=tenant, status="validating", model=body.model,
@@ -56,9 +77,11 @@ def submit_job(session: Session, body: JobCreate, settings: Settings,
                enqueue: Callable[[str], None], *, tenant: str, redis: Redis,
                idempotency_key: str | None = None) -> Job:
     """Plan ``body`` and queue it; a 422 (``RequestValidationError``) when a field is wrong or
-    the budget is predicted too small without ``allow_infeasible``."""
+    the budget is predicted too small without ``allow_infeasible``, a 429 when the tenant's
+    queue is full."""
     check_references(session, body, tenant)
     require_queue(redis)
+    require_queue_room(session, settings, tenant=tenant)
     planned = plan_job(body, settings, session)
     if not planned.feasible and not body.allow_infeasible:
         raise planned.infeasible_error()

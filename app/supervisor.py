@@ -1,5 +1,6 @@
-"""The workers `mebp serve` runs: started as `mebp worker` subprocesses, restarted when one
-exits, and stopped with RQ's warm, then cold, shutdown."""
+"""The processes `mebp serve` keeps running: its workers (`mebp worker` subprocesses, stopped
+with RQ's warm, then cold, shutdown) and the embedded Redis; each is started again when it
+exits, after a growing delay while it keeps exiting soon after it started."""
 
 from __future__ import annotations
 
@@ -9,27 +10,85 @@ import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 
 from app.settings import Settings
 
 log = logging.getLogger("mebp.supervisor")
 SUPERVISOR_ENV = "MEBP_SUPERVISOR_PID"
 STOP_WAIT_S = 5.0
-CHECK_EVERY_S = 1.0
+CHECK_EVERY_S = 0.5
+# a process that exits sooner than this after its start is failing to start, not ending a
+# long run: it is restarted after a delay doubling from 1 s to MAX_RESTART_DELAY_S
+QUICK_EXIT_S = 10.0
+MAX_RESTART_DELAY_S = 30.0
+
+
+class Child:
+    """One process kept running: ``start`` makes it, and again whenever it has exited."""
+
+    def __init__(self, name: str, start: Callable[[], subprocess.Popen]) -> None:
+        self.name, self._start = name, start
+        self.delay_s = 0.0
+        self._restart_at: float | None = None
+        self.process = start()
+        self.started_at = time.monotonic()
+
+    def keep_running(self) -> None:
+        if self.process.poll() is None:
+            return
+        now = time.monotonic()
+        if self._restart_at is None:
+            quick = now - self.started_at < QUICK_EXIT_S
+            self.delay_s = min(MAX_RESTART_DELAY_S, max(1.0, 2 * self.delay_s)) if quick else 0.0
+            self._restart_at = now + self.delay_s
+            log.warning("%s %d exited with code %s; starting another in %.0f s", self.name,
+                        self.process.pid, self.process.returncode, self.delay_s)
+        if now >= self._restart_at:
+            self._restart_at = None
+            self.started_at = now  # a start that raises counts as a quick exit
+            self.process = self._start()
+            log.warning("%s restarted as %d", self.name, self.process.pid)
+
+
+class Watcher:
+    """A thread restarting ``children`` that exit, until stopped."""
+
+    def __init__(self, name: str, children: list[Child]) -> None:
+        self.children = children
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name=name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join()
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(CHECK_EVERY_S):
+            for child in self.children:
+                if self._stopping.is_set():
+                    return
+                try:
+                    child.keep_running()
+                except Exception:  # noqa: BLE001  (the watch must outlive one failed start)
+                    log.exception("could not restart %s", child.name)
 
 
 class WorkerPool:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.processes = [self._start() for _ in range(settings.workers)]
-        self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._watch, name="mebp-workers", daemon=True)
-        self._thread.start()
+        self.children = [Child("worker", self._start) for _ in range(settings.workers)]
+        self._watcher = Watcher("mebp-workers", self.children)
+
+    @property
+    def processes(self) -> list[subprocess.Popen]:
+        return [child.process for child in self.children]
 
     def stop(self) -> None:
         """RQ's warm shutdown (finish the job), then its cold one (abandon it), then a kill."""
-        self._stopping.set()
-        self._thread.join()
+        self._watcher.stop()
         for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):
             for process in self.processes:
                 if process.poll() is None:
@@ -39,14 +98,6 @@ class WorkerPool:
                     process.wait(timeout=STOP_WAIT_S)
                 except subprocess.TimeoutExpired:
                     pass
-
-    def _watch(self) -> None:
-        while not self._stopping.wait(CHECK_EVERY_S):
-            for index, process in enumerate(self.processes):
-                if process.poll() is not None and not self._stopping.is_set():
-                    log.warning("worker %d exited with code %s; starting another", process.pid,
-                                process.returncode)
-                    self.processes[index] = self._start()
 
     def _start(self) -> subprocess.Popen:
         settings = self.settings

@@ -46,12 +46,14 @@ def run(job_dir: Path, stop: StopOnSignals) -> dict:
                        stop_requested=stop.is_set)
     return {"status": "cancelled" if result.interrupted else "succeeded",
             "steps": result.steps, "final_loss": result.final_loss,
-            "peak_anon_mb": result.peak_anon_mb, "footprint_mb": result.footprint_mb}
+            "peak_mb": result.peak_mb, "peak_anon_mb": result.peak_anon_mb,
+            "footprint_mb": result.footprint_mb}
 
 
 def disk_full(exc: BaseException) -> bool:
-    """ENOSPC, as an OSError or wrapped by a writer (safetensors reports it as text)."""
-    return (isinstance(exc, OSError) and exc.errno == errno.ENOSPC) or \
+    """ENOSPC (or a quota's EDQUOT), as an OSError or wrapped by a writer (safetensors
+    reports it as text)."""
+    return (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or \
         f"os error {errno.ENOSPC}" in str(exc) or "No space left on device" in str(exc)
 
 
@@ -90,7 +92,7 @@ def failure(exc: Exception) -> dict:
     """The result of a run that failed in a way the user can act on; anything else (a bug)
     propagates with its traceback, and the worker reports the engine crashed."""
     if isinstance(exc, MebpError):
-        return {"status": "failed", "code": "invalid_input", "message": str(exc)}
+        return {"status": "failed", "code": exc.code, "message": str(exc)}
     allocation = isinstance(exc, MemoryError) or (
         isinstance(exc, RuntimeError) and any(text in str(exc).lower()
                                               for text in ALLOCATION_FAILURES))

@@ -9,15 +9,57 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 
-from rq import Worker
+import redis
+from rq import Worker, worker_registration
 
 from app.db import database_url, upgrade_database
-from app.queue import connect, job_queue
+from app.queue import WORKER_HEARTBEAT_S, connect, job_queue
 from app.settings import Settings
 from app.supervisor import SUPERVISOR_ENV
 from mebp_core.proc import die_with_parent
 from worker.memory_cap import remove_idle_caps
+
+REDIS_WAIT_MAX_S = 5.0
+
+
+class ServiceWorker(Worker):
+    """RQ's worker, heartbeating every WORKER_HEARTBEAT_S idle or busy (so a dead one drops
+    out of the API's count soon), listed again after Redis restarted empty, and back on the
+    queue within seconds of Redis returning."""
+
+    max_connection_wait_time = REDIS_WAIT_MAX_S
+
+    def __init__(self, queues, **kwargs) -> None:
+        # RQ blocks on the queue for worker_ttl - 15 s between idle heartbeats
+        kwargs.setdefault("worker_ttl", WORKER_HEARTBEAT_S + 15)
+        kwargs.setdefault("job_monitoring_interval", WORKER_HEARTBEAT_S)
+        super().__init__(queues, **kwargs)
+
+    def heartbeat(self, timeout=None, pipeline=None) -> None:
+        if pipeline is not None:
+            super().heartbeat(timeout, pipeline)
+            worker_registration.register(self, pipeline)
+            return
+        with self.connection.pipeline() as own:
+            super().heartbeat(timeout, own)
+            worker_registration.register(self, own)
+            own.execute()
+
+
+def wait_for_redis(connection: redis.Redis) -> None:
+    """Block until Redis answers, rather than exit and be restarted in a loop while it is
+    down (`mebp serve` restarts its embedded Redis; a shared one comes back by itself)."""
+    wait_s = 0.5
+    while True:
+        try:
+            connection.ping()
+            return
+        except redis.ConnectionError as exc:
+            print(f"mebp worker: waiting for Redis: {exc}", file=sys.stderr, flush=True)
+        time.sleep(wait_s)
+        wait_s = min(REDIS_WAIT_MAX_S, 2 * wait_s)
 
 
 def work(settings: Settings, *, burst: bool = False) -> int:
@@ -31,6 +73,8 @@ def work(settings: Settings, *, burst: bool = False) -> int:
     remove_idle_caps()  # cgroups of jobs whose worker died on this host
     upgrade_database(database_url(settings.database_url, settings.data_dir))
     queue = job_queue(connect(settings.redis_url), settings.queue_name)
+    wait_for_redis(queue.connection)
     print(f"mebp worker: serving queue {settings.queue_name!r}", file=sys.stderr, flush=True)
-    Worker([queue], connection=queue.connection).work(burst=burst, logging_level="WARNING")
+    ServiceWorker([queue], connection=queue.connection).work(burst=burst,
+                                                             logging_level="WARNING")
     return 0

@@ -22,6 +22,7 @@ from sqlmodel import Session, delete, select
 
 from app.crud import add_event, fail_job, set_status
 from app.db import database_url, make_engine
+from app.disk_space import keep_reserve, out_of_space, release_reserve
 from app.models import Adapter, Dataset, Job, Metric
 from app.registry import model_source
 from app.settings import Settings
@@ -40,12 +41,19 @@ from worker.child import (
     PARENT_ENV,
     REQUEST,
     RESULT,
+    disk_full,
 )
 from worker.lease import Heartbeat, claim_job, worker_name
 from worker.memory_cap import MemoryCap, open_memory_cap, remove_stale_caps
 from worker.metrics_tail import MetricsTail
 
 POLL_S = 0.2
+STORAGE_FULL_TRIES = 10  # a second apart, recording a storage_full failure on a full disk
+
+
+def storage_full(exc: BaseException) -> bool:
+    """Out of space on a disk or the database's, or the engine's writer said so as text."""
+    return out_of_space(exc) or disk_full(exc)
 
 
 class LeaseLost(Exception):  # noqa: N818  (a signal to stop, not an error to report)
@@ -75,28 +83,57 @@ class JobRun:
     def run(self) -> str:
         worker = worker_name()
         with Session(self.engine) as session:
-            job = claim_job(session, self.job_id, worker)
+            # the delivered id only says a worker is free: the fairest queued job runs
+            job = claim_job(session, worker,
+                            max_running_per_tenant=self.settings.max_running_jobs_per_tenant)
             if job is None:
                 current = session.get(Job, self.job_id)
                 return "skipped" if current is None else current.status
+            self.job_id, self.dir = job.id, job_dir(self.settings.storage_root, job.id)
             beat = max(1.0, self.settings.heartbeat_timeout_s / 5)
             with Heartbeat(self.engine, self.job_id, worker, beat) as self.heartbeat:
                 try:
+                    keep_reserve(self.settings.data_dir, self.settings.storage_reserve_bytes)
                     request = self._prepare(session, job)
                     self._run_capped(session, job, request)
                 except LeaseLost:
                     return "lost"
                 except Exception as exc:  # the job ends failed; the worker keeps serving
                     session.rollback()
-                    self._fail_if_still_ours(session, worker, exc)
+                    if storage_full(exc):  # wherever it filled: a known end, not a bug
+                        self._fail_storage_full(session, worker, exc)
+                        return "failed"
+                    self._fail_if_still_ours(session, worker, "worker_error",
+                                             f"{type(exc).__name__}: {exc}")
                     raise
             return job.status
 
-    def _fail_if_still_ours(self, session: Session, worker: str, exc: Exception) -> None:
+    def _fail_if_still_ours(self, session: Session, worker: str, code: str,
+                            message: str) -> None:
         job = session.get(Job, self.job_id)
         if job is not None and job.status == "running" and job.worker == worker:
-            fail_job(session, job, "worker_error", f"{type(exc).__name__}: {exc}")
+            fail_job(session, job, code, message)
             session.commit()
+
+    def _fail_storage_full(self, session: Session, worker: str, exc: Exception) -> None:
+        """Drop this job's partial files (nothing partial is kept, and a database on the
+        same full disk may need the room), then record the failure, retrying briefly."""
+        for partial in (self.dir / CHECKPOINT, self.dir / ADAPTER,
+                        *self.dir.glob(f".{ADAPTER}.tmp-*")):
+            shutil.rmtree(partial, ignore_errors=True)
+        reason = "the database's disk is full" if isinstance(exc, OperationalError) else \
+            "no space left on the device"
+        message = f"the storage ran out of space ({reason}); nothing partial is kept"
+        for attempt in range(STORAGE_FULL_TRIES):
+            try:
+                self._fail_if_still_ours(session, worker, "storage_full", message)
+                return
+            except OperationalError as again:
+                session.rollback()
+                if not storage_full(again) or attempt == STORAGE_FULL_TRIES - 1:
+                    raise  # left running: the reconciler ends it once its heartbeat is stale
+                release_reserve(self.settings.data_dir)  # the room kept for this write
+                time.sleep(1.0)
 
     def _prepare(self, session: Session, job: Job) -> dict:
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -189,8 +226,12 @@ class JobRun:
                 session.commit()
                 pending.clear()
                 session.refresh(job)
-            except OperationalError:  # the database is briefly away; the engine goes on
+            except OperationalError as exc:  # the database is briefly away; the engine goes on
                 session.rollback()
+                if storage_full(exc):  # its disk is full: not brief, the job ends
+                    child.kill()
+                    child.wait()
+                    raise
                 time.sleep(POLL_S)
                 continue
             if exited:

@@ -1,76 +1,144 @@
 """Server-Sent Events for a job: its events and per-step metrics as they reach the database.
 
 Each message's id is ``<last event id>.<last metric id>``, so a client reconnecting with
-``Last-Event-ID`` resumes where it left off. The stream ends after the job's terminal event.
+``Last-Event-ID`` resumes where it left off; a value that is not two decimal numbers within
+an id's range (huge, negative, not a number) starts over from the beginning. The stream
+ends after the job's terminal event. Streams are fed by the process's ``EventHub``; each key
+holds at most ``max_streams_per_key`` of them at once.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
-from collections.abc import AsyncIterator
+import re
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
 
+from fastapi import HTTPException, status
 from sqlalchemy import Engine
-from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
-from app.crud import TERMINAL, events_after, metrics_after
-from app.models import Job
+from app.api.event_hub import Batch, EventHub, read_batches
 
-POLL_S = 0.25
 HEARTBEAT_S = 15.0
+RETRY_AFTER_S = 10
+MAX_ID = 2**31 - 1  # ids are INTEGER columns: 32 bits on PostgreSQL
+_CURSOR = re.compile(r"([0-9]{1,10})\.([0-9]{1,10})")
 
 
 def parse_cursor(last_event_id: str | None) -> tuple[int, int]:
-    try:
-        event, metric = (last_event_id or "0.0").split(".")
-        return int(event), int(metric)
-    except ValueError:
+    match = _CURSOR.fullmatch(last_event_id or "")
+    if match is None or max(int(match[1]), int(match[2])) > MAX_ID:
         return 0, 0
+    return int(match[1]), int(match[2])
 
 
-async def stream_events(engine: Engine, job_id: str,
+class StreamSlots:
+    """How many event streams each key holds open in this process (safe from any thread)."""
+
+    def __init__(self, per_key: int) -> None:
+        self.per_key = per_key
+        self._open: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def acquire(self, key: str) -> bool:
+        with self._lock:
+            if self._open[key] >= self.per_key:
+                return False
+            self._open[key] += 1
+            return True
+
+    def release(self, key: str) -> None:
+        with self._lock:
+            self._open[key] -= 1
+            if self._open[key] <= 0:
+                del self._open[key]
+
+
+class EventStreamResponse(StreamingResponse):
+    """Gives back its slot however it ends: the job ended, the client left, or an error."""
+
+    def __init__(self, content: AsyncIterator[str], release: Callable[[], None]) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache"})
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+def open_event_stream(state, job_id: str, key: str,
+                      last_event_id: str | None) -> EventStreamResponse:
+    """The stream, or a 429 when ``key`` holds as many as it may (``state``: the app's)."""
+    slots: StreamSlots = state.stream_slots
+    if not slots.acquire(key):
+        raise HTTPException(
+            status.HTTP_429_TOO_MANY_REQUESTS,
+            f"this key already has {slots.per_key} event streams open, the most it may "
+            "(MEBP_MAX_STREAMS_PER_KEY); close one, or retry later",
+            headers={"Retry-After": str(RETRY_AFTER_S)})
+    return EventStreamResponse(
+        stream_events(state.event_hub, state.engine, job_id, last_event_id),
+        release=lambda: slots.release(key))
+
+
+async def stream_events(hub: EventHub, engine: Engine, job_id: str,
                         last_event_id: str | None) -> AsyncIterator[str]:
-    """Async, so an open stream holds no thread between polls; each poll's reads run in the
-    thread pool."""
-    cursors = parse_cursor(last_event_id)
-    quiet_since = time.monotonic()
-    while True:
-        messages, cursors, status = await run_in_threadpool(_read_batch, engine, job_id,
-                                                            *cursors)
-        for kind, data, cursor in messages:
-            yield _message(kind, data, cursor)
-        if status is not None:  # read after the job's row: nothing written before the end
-            yield _message("end", {"status": status}, f"{cursors[0]}.{cursors[1]}")
-            return
-        if messages:
-            quiet_since = time.monotonic()
-        elif time.monotonic() - quiet_since > HEARTBEAT_S:
-            quiet_since = time.monotonic()
-            yield ": keep-alive\n\n"
-        await asyncio.sleep(POLL_S)
+    """Catch up with one read of its own from the client's cursor, then follow the hub."""
+    cursor = _Cursor(*parse_cursor(last_event_id))
+    with hub.subscribe(job_id) as subscription:
+        batch: Batch | None = await _catch_up(engine, job_id, cursor)
+        hub.follow(job_id, batch.cursors)
+        while True:
+            if batch is None:
+                yield ": keep-alive\n\n"
+            else:
+                for message in cursor.render(batch):
+                    yield message
+                if batch.status is not None:
+                    yield _message("end", {"status": batch.status}, cursor.id)
+                    return
+            batch = await subscription.next(HEARTBEAT_S)
+            if subscription.take_lag():
+                batch = await _catch_up(engine, job_id, cursor)
 
 
-def _read_batch(engine: Engine, job_id: str, event_cursor: int,
-                metric_cursor: int) -> tuple[list, tuple[int, int], str | None]:
-    """New metrics and events, each message with its own resume point, and the job's
-    terminal status if it has one."""
-    with Session(engine) as session:
-        job = session.get(Job, job_id)
-        status = "gone" if job is None else job.status if job.status in TERMINAL else None
-        messages = []
-        for metric in metrics_after(session, job_id, metric_cursor):
-            metric_cursor = metric.id
-            messages.append(("metric", {"step": metric.step, "loss": metric.loss,
-                                        **metric.data, "at": metric.at.isoformat()},
-                             f"{event_cursor}.{metric_cursor}"))
-        for event in events_after(session, job_id, event_cursor):
-            event_cursor = event.id
-            messages.append((event.kind, {"message": event.message, **event.data,
-                                          "at": event.at.isoformat()},
-                             f"{event_cursor}.{metric_cursor}"))
-    return messages, (event_cursor, metric_cursor), status
+async def _catch_up(engine: Engine, job_id: str, cursor: _Cursor) -> Batch:
+    return (await run_in_threadpool(read_batches, engine, {job_id: cursor.pair}))[job_id]
+
+
+class _Cursor:
+    """Where one stream is; rows it already sent (from its own read and the hub's) are
+    dropped by id."""
+
+    def __init__(self, event_id: int, metric_id: int) -> None:
+        self.event_id, self.metric_id = event_id, metric_id
+
+    @property
+    def pair(self) -> tuple[int, int]:
+        return self.event_id, self.metric_id
+
+    @property
+    def id(self) -> str:
+        return f"{self.event_id}.{self.metric_id}"
+
+    def render(self, batch: Batch) -> Iterator[str]:
+        for message in batch.messages:
+            if message.metric_id:
+                if message.metric_id <= self.metric_id:
+                    continue
+                self.metric_id = message.metric_id
+            elif message.event_id <= self.event_id:
+                continue
+            else:
+                self.event_id = message.event_id
+            yield _message(message.kind, message.data, self.id)
 
 
 def _message(kind: str, data: dict, cursor: str) -> str:

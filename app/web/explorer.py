@@ -19,6 +19,7 @@ from app.schemas import PlanCreate
 from app.submit import submit_job
 from app.uploads import store_upload
 from app.web.auth import PagePrincipal
+from app.web.csrf import FormToken
 from app.web.job_form import JobForm
 from app.web.measured import measured_points
 from app.web.templating import script_json, templates
@@ -70,7 +71,7 @@ def job_form(request: Request, session: SessionDep, principal: PagePrincipal,
     return _render_form(request, session, principal, form.model_dump(), error)
 
 
-@router.post("/jobs/new", response_class=HTMLResponse)
+@router.post("/jobs/new", response_class=HTMLResponse, dependencies=[FormToken])
 def submit_form(request: Request, session: SessionDep, settings: SettingsDep,
                 principal: PagePrincipal,
                 form: Annotated[JobForm, Form()], file: UploadFile | None = None):

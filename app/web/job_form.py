@@ -9,6 +9,47 @@ from pydantic import BaseModel, Field, field_validator
 
 from app.schemas import Hyperparameters, JobCreate
 
+# the knobs are one flat object; anything larger or deeper is not a configuration, and
+# json.loads would recurse once per level (a RecursionError, not a message)
+MAX_CONFIG_CHARS = 16 << 10
+MAX_CONFIG_DEPTH = 8
+
+
+def parse_config(text: str) -> str | dict:
+    """``"auto"`` or the knobs' JSON; ``ValueError`` naming the field when it is not that."""
+    if text in ("", "auto"):
+        return "auto"
+    if len(text) > MAX_CONFIG_CHARS:
+        raise ValueError(f"config: longer than {MAX_CONFIG_CHARS} characters")
+    if _nesting_depth(text) > MAX_CONFIG_DEPTH:
+        raise ValueError(f"config: nested deeper than {MAX_CONFIG_DEPTH} levels")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"config: not JSON ({exc.msg}, column {exc.colno})") from None
+
+
+def _nesting_depth(text: str) -> int:
+    """How deep JSON's brackets nest, outside strings, without parsing it."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
 
 class JobForm(BaseModel):
     model: str
@@ -34,8 +75,9 @@ class JobForm(BaseModel):
         return None if value == "" else value
 
     def to_job(self, training_file: str) -> JobCreate:
-        """Raises pydantic's ``ValidationError`` naming the field, as the API would."""
-        config = "auto" if self.config in ("", "auto") else json.loads(self.config)
+        """Raises pydantic's ``ValidationError`` naming the field, as the API would, or
+        ``ValueError`` for the form's own text fields."""
+        config = parse_config(self.config)
         return JobCreate(
             model=self.model, training_file=training_file, device=self.device or None,
             validation_file=self.validation_file or None,

@@ -12,6 +12,7 @@ from app.api.routes.jobs import cancel_job, read_job
 from app.crud import job_public, latest_adapter
 from app.models import Job, Metric
 from app.web.auth import PagePrincipal, SessionRequired
+from app.web.csrf import FormToken
 from app.web.templating import script_json, templates
 
 router = APIRouter(include_in_schema=False)
@@ -39,7 +40,7 @@ def job_page(job_id: str, request: Request, session: SessionDep,
                                       {"job": job, "job_json": script_json(job)})
 
 
-@router.post("/jobs/{job_id}/cancel")
+@router.post("/jobs/{job_id}/cancel", dependencies=[FormToken])
 def cancel_from_page(job_id: str, session: SessionDep,
                      principal: PagePrincipal) -> RedirectResponse:
     try:

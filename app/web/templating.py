@@ -9,11 +9,14 @@ from pathlib import Path
 import plotly
 from fastapi.templating import Jinja2Templates
 
+from app.sessions import CSRF_FIELD
+
 WEB_DIR = Path(__file__).resolve().parent
 STATIC_DIR = WEB_DIR / "static"
 PLOTLY_JS = Path(plotly.__file__).resolve().parent / "package_data" / "plotly.min.js"
 
 templates = Jinja2Templates(directory=WEB_DIR / "templates")
+templates.env.globals["csrf_field"] = CSRF_FIELD  # its value: request.state
 
 
 _SCRIPT_UNSAFE = str.maketrans({"<": "\\u003c", ">": "\\u003e", "&": "\\u0026"})

@@ -1,27 +1,60 @@
-"""``/v1/datasets``: JSONL uploads (plain or gzip), checked line by line before they are kept."""
+"""``/v1/datasets``: JSONL uploads (plain or gzip), checked line by line as they arrive, only
+after the key is checked, and kept once whole and valid."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, HTTPException, Request, UploadFile, status
+from fastapi import APIRouter, HTTPException, Request, status
+from fastapi.concurrency import run_in_threadpool
+from python_multipart.exceptions import MultipartParseError
 from sqlmodel import Session, select
+from starlette.requests import ClientDisconnect
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
+from app.api.multipart import MultipartField, batched
 from app.keys import Principal
 from app.models import Dataset
 from app.schemas import DatasetPublic, DatasetsPublic
-from app.uploads import store_upload
+from app.uploads import CHUNK_BYTES, DatasetUpload
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 
+# the body is read by the route itself (after the key is checked), so it is documented here
+UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
+    "type": "object", "required": ["file"], "title": "DatasetUpload",
+    "properties": {"file": {"type": "string", "contentMediaType": "application/octet-stream",
+                            "title": "File"}}}}}}}
+VALIDATION_ERROR = {422: {"description": "Validation Error", "content": {"application/json": {
+    "schema": {"$ref": "#/components/schemas/HTTPValidationError"}}}}}
 
-@router.post("", response_model=DatasetPublic, status_code=status.HTTP_201_CREATED)
-def upload_dataset(file: UploadFile, request: Request, session: SessionDep,
-                   settings: SettingsDep, principal: PrincipalDep) -> Dataset:
+
+@router.post("", response_model=DatasetPublic, status_code=status.HTTP_201_CREATED,
+             openapi_extra=UPLOAD_BODY, responses=VALIDATION_ERROR)
+async def upload_dataset(request: Request, session: SessionDep, settings: SettingsDep,
+                         principal: PrincipalDep) -> Dataset:
     """Upload a JSONL file (multipart field ``file``): rows of ``{"text"}``,
     ``{"prompt", "completion"}``, ``{"messages"}`` or ``{"input_ids"[, "labels"]}``."""
-    declared = request.headers.get("content-length", "")
-    return store_upload(session, settings, file, tenant=principal.tenant,
-                        declared_bytes=int(declared) if declared.isdigit() else None)
+    # the key is checked: hold no connection (nor a request's session slot) while it streams
+    await run_in_threadpool(session.close)
+    with DatasetUpload(settings) as upload:
+        form = MultipartField(request.headers.get("content-type", ""), "file", upload.start)
+        try:
+            async for batch in batched(request.stream(), CHUNK_BYTES):
+                await run_in_threadpool(form.write, batch)
+            await run_in_threadpool(form.finish)
+        except MultipartParseError as exc:
+            raise HTTPException(status.HTTP_400_BAD_REQUEST,
+                                f"the multipart body could not be parsed: {exc}") from None
+        except ClientDisconnect:
+            raise HTTPException(status.HTTP_400_BAD_REQUEST,
+                                "the body ended early: the client went away") from None
+        return await run_in_threadpool(_keep, upload, session, principal.tenant)
+
+
+def _keep(upload: DatasetUpload, session: Session, tenant: str) -> Dataset:
+    try:
+        return upload.keep(session, tenant=tenant)
+    finally:
+        session.close()  # a short use: its connection goes back before the response
 
 
 @router.get("", response_model=DatasetsPublic)

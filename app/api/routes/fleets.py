@@ -15,7 +15,7 @@ from app.planning import device_or_422, plan_job
 from app.schemas import FleetCreate, FleetPublic, FleetsPublic, JobCreate
 from app.settings import Settings
 from app.storage import dataset_path, new_id, write_shards
-from app.submit import check_references, insert_job, require_queue
+from app.submit import check_references, insert_job, require_queue, require_queue_room
 
 router = APIRouter(prefix="/fleets", tags=["fleets"])
 JOB_FIELDS = ("model", "validation_file", "memory_budget_mb", "method", "hyperparameters",
@@ -32,6 +32,8 @@ def create_fleet(body: FleetCreate, request: Request, session: SessionDep,
     check_references(session, JobCreate(**common, training_file=body.training_file),
                      principal.tenant)
     require_queue(request.app.state.redis)
+    # one job per device at most: counted before the shards are written or anything planned
+    require_queue_room(session, settings, tenant=principal.tenant, adding=len(devices))
     fleet = Fleet(id=new_id("fleet"), tenant=principal.tenant, model=body.model,
                   spec={})
     files = _shards(session, settings, body, fleet.id) if body.simulated else \

@@ -5,12 +5,12 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
-from fastapi.responses import StreamingResponse
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import col, select, update
+from sqlmodel import Session, col, select, update
+from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
-from app.api.events import stream_events
+from app.api.events import open_event_stream
 from app.crud import (
     TERMINAL,
     add_event,
@@ -22,6 +22,7 @@ from app.crud import (
 from app.keys import Principal
 from app.models import Job, utc_now
 from app.schemas import (
+    ErrorMessage,
     EventPublic,
     JobCreate,
     JobPublic,
@@ -111,18 +112,32 @@ def cancel_job(job_id: str, session: SessionDep, principal: PrincipalDep) -> Job
 
 
 @router.get("/{job_id}/events", response_model=list[EventPublic],
-            responses={200: {"content": {"text/event-stream": {}}}})
-def read_events(job_id: str, request: Request, session: SessionDep,
-                principal: PrincipalDep):
+            responses={200: {"content": {"text/event-stream": {}}},
+                       429: {"model": ErrorMessage, "description": "this key has "
+                             "MEBP_MAX_STREAMS_PER_KEY event streams open already"}})
+async def read_events(job_id: str, request: Request, session: SessionDep,
+                      principal: PrincipalDep):
     """The job's events; with ``Accept: text/event-stream``, a live stream of events and
-    per-step metrics that ends when the job does."""
-    get_job_or_404(session, job_id, principal)
-    if "text/event-stream" in request.headers.get("accept", ""):
-        return StreamingResponse(
-            stream_events(request.app.state.engine, job_id,
-                          request.headers.get("last-event-id")),
-            media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-    return [EventPublic.model_validate(event) for event in events_after(session, job_id, 0)]
+    per-step metrics that ends when the job does (``Last-Event-ID`` resumes)."""
+    # the key is checked: give its connection back at once, so that no request waits for a
+    # thread while holding one (a burst of streams emptied the pool) and no stream holds one
+    session.close()
+    state = request.app.state
+    streaming = "text/event-stream" in request.headers.get("accept", "")
+    events = await run_in_threadpool(_job_events, state.engine, job_id, principal,
+                                     rows=not streaming)
+    if not streaming:
+        return events
+    return open_event_stream(state, job_id, principal.key_hash,
+                             request.headers.get("last-event-id"))
+
+
+def _job_events(engine, job_id: str, principal: Principal, *, rows: bool) -> list[EventPublic]:
+    """A 404 unless the job is the principal's; its events if ``rows``."""
+    with Session(engine) as session:
+        get_job_or_404(session, job_id, principal)
+        return [EventPublic.model_validate(event)
+                for event in events_after(session, job_id, 0)] if rows else []
 
 
 @router.get("/{job_id}/metrics", response_model=MetricsPublic)

@@ -35,7 +35,7 @@
                                        y: [rows.map((m) => m.loss), valRows.map((m) => m.val_loss)]},
                         [0, 1]);
     const ends = rows.map((m) => (elapsed += m.step_time_s));
-    Plotly.extendTraces("memory-chart", {x: [ends], y: [rows.map((m) => m.step_peak_anon_mb)]},
+    Plotly.extendTraces("memory-chart", {x: [ends], y: [rows.map((m) => m.step_peak_mb ?? m.step_peak_anon_mb)]},
                         [0]);
     Plotly.extendTraces("time-chart", {x: [rows.map((m) => m.step)],
                                        y: [rows.map((m) => m.step_time_s)]}, [0]);

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mebp_core.data.check import check_jsonl
+from mebp_core.data.check import JsonlChecker, check_jsonl
 from mebp_core.data.example import DatasetError
 
 
@@ -53,8 +53,8 @@ def test_rows_and_line_length_are_bounded_naming_the_line(tmp_path):
     assert check_jsonl(path, max_rows=3, max_line_bytes=200).rows == 3
     with pytest.raises(DatasetError, match=r"^data\.jsonl:3: more than the limit of 2 rows"):
         check_jsonl(path, name="data.jsonl", max_rows=2)
-    with pytest.raises(DatasetError, match=r"^data\.jsonl:3: the line is \d+ bytes, more than "
-                                           r"the limit of 50"):
+    with pytest.raises(DatasetError, match=r"^data\.jsonl:3: the line is longer than "
+                                           r"the limit of 50 bytes"):
         check_jsonl(path, name="data.jsonl", max_line_bytes=50)
 
 
@@ -67,3 +67,22 @@ def test_hostile_json_is_a_malformed_line_not_a_crash(tmp_path, line, message):
     with pytest.raises(DatasetError, match=r"^data\.jsonl:2: invalid JSON") as caught:
         check_jsonl(path, name="data.jsonl")
     assert message in str(caught.value)
+
+
+def test_pieces_of_any_size_check_as_the_whole_file_does(tmp_path):
+    rows = [{"text": "a"}, "", {"prompt": "p", "completion": "c"}, {"input_ids": [1, 2]}]
+    path = write(tmp_path, rows)
+    content = path.read_bytes().replace(b"\n", b"\r\n")
+    for size in (1, 2, 7, len(content)):
+        checker = JsonlChecker("up.jsonl", max_line_bytes=40)
+        for start in range(0, len(content), size):
+            checker.feed(content[start:start + size])
+        assert checker.finish().kinds == check_jsonl(path).kinds
+
+
+def test_an_overlong_line_is_refused_before_it_has_all_arrived():
+    checker = JsonlChecker("up.jsonl", max_line_bytes=1000)
+    checker.feed(b'{"text": "fine"}\n')
+    with pytest.raises(DatasetError, match=r"^up\.jsonl:2: the line is longer than"):
+        for _ in range(100):  # 100 KB of one line, offered a kilobyte at a time
+            checker.feed(b"x" * 1024)
