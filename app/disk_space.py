@@ -7,22 +7,22 @@ room again."""
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import shutil
 from pathlib import Path
 
 from app.settings import Settings
+from mebp_core.errors import out_of_space as files_out_of_space
 
 RESERVE_NAME = ".mebp-disk-reserve"
-NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
 
 
 def out_of_space(exc: BaseException) -> bool:
-    """A file's ENOSPC (or a quota's EDQUOT), or a database's disk full, as SQLAlchemy
-    raises it (SQLite: "database or disk is full"; PostgreSQL: SQLSTATE 53100)."""
-    if isinstance(exc, OSError):
-        return exc.errno in NO_SPACE_ERRNOS
+    """A file's ENOSPC or EDQUOT (``mebp_core.errors.out_of_space``), or a database's disk
+    full, as SQLAlchemy raises it (SQLite: "database or disk is full"; PostgreSQL: SQLSTATE
+    53100)."""
+    if files_out_of_space(exc):
+        return True
     orig = getattr(exc, "orig", None)
     return orig is not None and ("database or disk is full" in str(orig)
                                  or getattr(orig, "sqlstate", None) == "53100")

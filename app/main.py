@@ -15,6 +15,7 @@ from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlmodel import Session
+from starlette.concurrency import run_in_threadpool
 
 from app.api.body_limit import BodyLimit
 from app.api.deps import require_api_key
@@ -32,7 +33,7 @@ from app.queue import connect, count_live_workers, enqueue_job, job_queue
 from app.reconciler import Reconciler
 from app.schemas import ErrorMessage
 from app.settings import Settings
-from app.uploads import storage_full
+from app.uploads import storage_full_error
 from app.web import auth, explorer, monitor
 from app.web.auth import SignInRequired
 from app.web.templating import PLOTLY_JS, STATIC_DIR
@@ -108,9 +109,16 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
 
     @app.get("/v1/health", tags=["health"], responses={503: {"description": "degraded"}})
     @app.get("/healthz", include_in_schema=False)
-    def health() -> JSONResponse:
+    async def health() -> JSONResponse:
         """Unauthenticated: the database, Redis, free storage and how many workers are
         listening."""
+        async with app.state.session_slots.hold():
+            report = await run_in_threadpool(check_health)
+        healthy = report["database"] == report["redis"] == report["storage"] == "ok"
+        return JSONResponse({"status": "ok" if healthy else "degraded", **report},
+                            status_code=200 if healthy else 503)
+
+    def check_health() -> dict:
         report = {"database": "ok", "redis": "ok", "storage": storage_state(settings),
                   "workers": None}
         try:
@@ -122,9 +130,7 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
             report["workers"] = count_live_workers(queue)  # not the dead still listed
         except RedisError:
             report["redis"] = "unavailable"
-        healthy = report["database"] == report["redis"] == report["storage"] == "ok"
-        return JSONResponse({"status": "ok" if healthy else "degraded", **report},
-                            status_code=200 if healthy else 503)
+        return report
 
     return app
 
@@ -141,7 +147,7 @@ def _storage_full(request, exc: OSError) -> JSONResponse:
     """A full disk under any route is a 507, as for uploads; other OS errors stay 500s."""
     if not out_of_space(exc):
         raise exc
-    answer = storage_full()
+    answer = storage_full_error()
     return JSONResponse({"detail": answer.detail}, status_code=answer.status_code)
 
 

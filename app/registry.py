@@ -49,9 +49,10 @@ def confined_model_path(settings: Settings, path: str) -> Path:
 
 
 def confine_model_dir(roots: list[Path], path: str) -> Path:
-    """``path`` with its symlinks resolved, checked for every file the engine may read: a
-    ``config.json`` symlinked out of the roots would otherwise be read from anywhere. The
-    worker checks again before it reads, as the directory may have changed since."""
+    """``path`` with its symlinks resolved, checked for every file the engine may read, in
+    subdirectories too: a ``config.json`` symlinked out of the roots would otherwise be read
+    from anywhere. The worker checks again before it reads, as the directory may have
+    changed since it was registered."""
     where = ", ".join(map(str, roots)) or "none are configured"
     resolved = _resolve(Path(path))
     if not _inside(resolved, roots):
@@ -62,13 +63,27 @@ def confine_model_dir(roots: list[Path], path: str) -> Path:
         raise ModelPathError(f"cannot list the directory: {exc.strerror}") from None
     if not any(entry.name == "config.json" for entry in entries):
         raise ModelPathError("not a Hugging Face model directory (no config.json)")
-    for entry in entries:
+    for entry in _walk(resolved, entries):
         target = _resolve(entry)
         if not _inside(target, roots):
-            raise ModelPathError(f"{entry.name} resolves outside the model roots ({where})")
+            raise ModelPathError(f"{entry.relative_to(resolved)} resolves outside the model "
+                                 f"roots ({where})")
     if not (resolved / "config.json").is_file():
         raise ModelPathError("config.json is not a regular file")
     return resolved
+
+
+def _walk(directory: Path, entries: list[Path], depth: int = 4) -> list[Path]:
+    """``entries`` and, a few levels down, what real subdirectories hold (a symlinked one
+    is checked where it points, not followed)."""
+    found = list(entries)
+    for entry in entries:
+        if depth and entry.is_dir() and not entry.is_symlink():
+            try:
+                found += _walk(directory, list(entry.iterdir()), depth - 1)
+            except OSError as exc:
+                raise ModelPathError(f"cannot list {entry.name}: {exc.strerror}") from None
+    return found
 
 
 def _resolve(path: Path) -> Path:

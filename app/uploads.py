@@ -31,12 +31,9 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 
 def store_upload(session: Session, settings: Settings, file: UploadFile, *,
-                 declared_bytes: int | None = None, tenant: str) -> Dataset:
+                 tenant: str) -> Dataset:
     """An upload already received as a file (the dashboard's form): 413 past the size
     limit, 422 naming the first bad line, 507 on a full disk; nothing is left behind."""
-    if declared_bytes is not None and \
-            declared_bytes > settings.max_upload_bytes + MULTIPART_OVERHEAD_BYTES:
-        raise too_large(settings.max_upload_bytes)
     with DatasetUpload(settings) as upload:
         write = upload.start(file.filename)
         while chunk := file.file.read(CHUNK_BYTES):
@@ -50,7 +47,7 @@ def too_large(limit: int) -> HTTPException:
                          f"(decompressed; MEBP_MAX_UPLOAD_BYTES)")
 
 
-def storage_full() -> HTTPException:
+def storage_full_error() -> HTTPException:
     return HTTPException(status.HTTP_507_INSUFFICIENT_STORAGE,
                          "the service's storage is full; try again later")
 
@@ -62,7 +59,7 @@ def _storage_errors() -> Iterator[None]:
     except (OSError, OperationalError) as exc:
         if not out_of_space(exc):
             raise
-        raise storage_full() from None
+        raise storage_full_error() from None
 
 
 class DatasetUpload:

@@ -6,6 +6,10 @@ exits with 2; anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+import errno
+
+NO_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
 
 class MebpError(Exception):
     """A problem with the user's input or environment, explained by the message."""
@@ -17,3 +21,13 @@ class DivergedError(MebpError):
     """Training produced a non-finite loss or adapter weight: no adapter is written."""
 
     code = "training_diverged"
+
+
+def out_of_space(exc: BaseException) -> bool:
+    """ENOSPC (or a quota's EDQUOT) as an OSError, or as text from a writer that wraps it
+    (safetensors reports "No space left on device (os error 28)")."""
+    if isinstance(exc, OSError):
+        return exc.errno in NO_SPACE_ERRNOS
+    text = str(exc)
+    return "No space left on device" in text or "Disk quota exceeded" in text or \
+        any(f"os error {number}" in text for number in NO_SPACE_ERRNOS)

@@ -9,7 +9,6 @@ worker's, and turn SIGTERM (a cancel) into "stop after this step".
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import signal
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from mebp_core.engine.memory import MB, MemorySampler
 from mebp_core.engine.stop import StopOnSignals
-from mebp_core.errors import MebpError
+from mebp_core.errors import MebpError, out_of_space
 from mebp_core.proc import die_with_parent
 from worker.memory_cap import join_from_env
 
@@ -50,13 +49,6 @@ def run(job_dir: Path, stop: StopOnSignals) -> dict:
             "footprint_mb": result.footprint_mb}
 
 
-def disk_full(exc: BaseException) -> bool:
-    """ENOSPC (or a quota's EDQUOT), as an OSError or wrapped by a writer (safetensors
-    reports it as text)."""
-    return (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or \
-        f"os error {errno.ENOSPC}" in str(exc) or "No space left on device" in str(exc)
-
-
 def read_peak_rss_bytes() -> int:
     """The kernel's high-water mark of this process's resident memory (VmHWM)."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -80,7 +72,7 @@ def main(argv: list[str]) -> int:
         with StopOnSignals() as stop:
             result = run(job_dir, stop)
     except Exception as exc:  # noqa: BLE001  what is not a known failure is re-raised
-        if disk_full(exc):
+        if out_of_space(exc):
             print(f"mebp: storage full: {exc}", file=sys.stderr)
             return EXIT_STORAGE_FULL
         result = failure(exc)

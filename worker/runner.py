@@ -24,7 +24,7 @@ from app.crud import add_event, fail_job, set_status
 from app.db import database_url, make_engine
 from app.disk_space import keep_reserve, out_of_space, release_reserve
 from app.models import Adapter, Dataset, Job, Metric
-from app.registry import model_source
+from app.registry import PRESET, ModelPathError, confine_model_dir, model_source
 from app.settings import Settings
 from app.storage import base_config_path, job_dir, new_id, sha256_files
 from mebp_core.cache import default_cache_dir
@@ -41,7 +41,6 @@ from worker.child import (
     PARENT_ENV,
     REQUEST,
     RESULT,
-    disk_full,
 )
 from worker.lease import Heartbeat, claim_job, worker_name
 from worker.memory_cap import MemoryCap, open_memory_cap, remove_stale_caps
@@ -49,11 +48,6 @@ from worker.metrics_tail import MetricsTail
 
 POLL_S = 0.2
 STORAGE_FULL_TRIES = 10  # a second apart, recording a storage_full failure on a full disk
-
-
-def storage_full(exc: BaseException) -> bool:
-    """Out of space on a disk or the database's, or the engine's writer said so as text."""
-    return out_of_space(exc) or disk_full(exc)
 
 
 class LeaseLost(Exception):  # noqa: N818  (a signal to stop, not an error to report)
@@ -98,9 +92,14 @@ class JobRun:
                     self._run_capped(session, job, request)
                 except LeaseLost:
                     return "lost"
+                except ModelPathError as exc:  # the registered directory changed since
+                    session.rollback()
+                    self._fail_if_still_ours(session, worker, "invalid_input",
+                                             f"model {job.model}: {exc}")
+                    return "failed"
                 except Exception as exc:  # the job ends failed; the worker keeps serving
                     session.rollback()
-                    if storage_full(exc):  # wherever it filled: a known end, not a bug
+                    if out_of_space(exc):  # wherever it filled: a known end, not a bug
                         self._fail_storage_full(session, worker, exc)
                         return "failed"
                     self._fail_if_still_ours(session, worker, "worker_error",
@@ -130,7 +129,7 @@ class JobRun:
                 return
             except OperationalError as again:
                 session.rollback()
-                if not storage_full(again) or attempt == STORAGE_FULL_TRIES - 1:
+                if not out_of_space(again) or attempt == STORAGE_FULL_TRIES - 1:
                     raise  # left running: the reconciler ends it once its heartbeat is stale
                 release_reserve(self.settings.data_dir)  # the room kept for this write
                 time.sleep(1.0)
@@ -141,6 +140,8 @@ class JobRun:
         add_event(session, job_id=job.id, kind="log", message=f"preparing {job.model}")
         session.commit()
         source = model_source(session, job.model)  # preset:NAME, or a registered path
+        if not source.startswith(PRESET):
+            confine_model_dir(self.settings.model_root_paths, source)
         model_dir = resolve_model(source, quant=config["quant"],
                                   group_size=config["group_size"],
                                   cache_dir=self.settings.cache_dir or default_cache_dir(),
@@ -228,7 +229,7 @@ class JobRun:
                 session.refresh(job)
             except OperationalError as exc:  # the database is briefly away; the engine goes on
                 session.rollback()
-                if storage_full(exc):  # its disk is full: not brief, the job ends
+                if out_of_space(exc):  # its disk is full: not brief, the job ends
                     child.kill()
                     child.wait()
                     raise

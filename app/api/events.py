@@ -16,12 +16,12 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 
 from fastapi import HTTPException, status
-from sqlalchemy import Engine
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.api.event_hub import Batch, EventHub, read_batches
+from app.api.request_sessions import SessionSlots
 
 HEARTBEAT_S = 15.0
 RETRY_AFTER_S = 10
@@ -84,16 +84,16 @@ def open_event_stream(state, job_id: str, key: str,
             "(MEBP_MAX_STREAMS_PER_KEY); close one, or retry later",
             headers={"Retry-After": str(RETRY_AFTER_S)})
     return EventStreamResponse(
-        stream_events(state.event_hub, state.engine, job_id, last_event_id),
+        stream_events(state.event_hub, state.session_slots, job_id, last_event_id),
         release=lambda: slots.release(key))
 
 
-async def stream_events(hub: EventHub, engine: Engine, job_id: str,
+async def stream_events(hub: EventHub, slots: SessionSlots, job_id: str,
                         last_event_id: str | None) -> AsyncIterator[str]:
     """Catch up with one read of its own from the client's cursor, then follow the hub."""
     cursor = _Cursor(*parse_cursor(last_event_id))
     with hub.subscribe(job_id) as subscription:
-        batch: Batch | None = await _catch_up(engine, job_id, cursor)
+        batch: Batch | None = await _catch_up(slots, job_id, cursor)
         hub.follow(job_id, batch.cursors)
         while True:
             if batch is None:
@@ -106,11 +106,13 @@ async def stream_events(hub: EventHub, engine: Engine, job_id: str,
                     return
             batch = await subscription.next(HEARTBEAT_S)
             if subscription.take_lag():
-                batch = await _catch_up(engine, job_id, cursor)
+                batch = await _catch_up(slots, job_id, cursor)
 
 
-async def _catch_up(engine: Engine, job_id: str, cursor: _Cursor) -> Batch:
-    return (await run_in_threadpool(read_batches, engine, {job_id: cursor.pair}))[job_id]
+async def _catch_up(slots: SessionSlots, job_id: str, cursor: _Cursor) -> Batch:
+    async with slots.hold():
+        return (await run_in_threadpool(read_batches, slots.engine,
+                                        {job_id: cursor.pair}))[job_id]
 
 
 class _Cursor:

@@ -12,15 +12,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 from sqlalchemy import Engine
 from sqlmodel import Session
+from starlette.concurrency import run_in_threadpool
 
 from app.db import POOL_CONNECTIONS
 
-# the connections kept for the API's own background users: the event hub, the reconciler
-# and the health check
-RESERVED_CONNECTIONS = 3
+# the connections kept for the API's background threads: the event hub and the reconciler
+RESERVED_CONNECTIONS = 2
 
 
 class RequestSession(Session):
@@ -40,9 +41,17 @@ class RequestSession(Session):
 
 
 class SessionSlots:
+    """Every database use on a request's path takes a slot: a request's session for its
+    life (``session``), or a short read of its own (``hold``)."""
+
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._slots = asyncio.Semaphore(POOL_CONNECTIONS - RESERVED_CONNECTIONS)
+
+    @asynccontextmanager
+    async def hold(self) -> AsyncIterator[None]:
+        async with self._slots:
+            yield
 
     async def session(self) -> AsyncIterator[Session]:
         await self._slots.acquire()
@@ -53,4 +62,5 @@ class SessionSlots:
         try:
             yield session
         finally:
-            session.close()
+            # on a thread: a rollback waiting on a stalled database must not stall the loop
+            await run_in_threadpool(session.close)

@@ -3,13 +3,12 @@ phone as a point, and a click away from running one."""
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from fastapi import APIRouter, Form, HTTPException, Request, UploadFile, status
+from fastapi import APIRouter, HTTPException, Request, UploadFile, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import ValidationError
 from sqlmodel import select
+from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import SessionDep, SettingsDep
 from app.api.routes.plans import plan_for
@@ -19,7 +18,7 @@ from app.schemas import PlanCreate
 from app.submit import submit_job
 from app.uploads import store_upload
 from app.web.auth import PagePrincipal
-from app.web.csrf import FormToken
+from app.web.csrf import SameOrigin, require_form_token
 from app.web.job_form import JobForm
 from app.web.measured import measured_points
 from app.web.templating import script_json, templates
@@ -71,16 +70,27 @@ def job_form(request: Request, session: SessionDep, principal: PagePrincipal,
     return _render_form(request, session, principal, form.model_dump(), error)
 
 
-@router.post("/jobs/new", response_class=HTMLResponse, dependencies=[FormToken])
-def submit_form(request: Request, session: SessionDep, settings: SettingsDep,
-                principal: PagePrincipal,
-                form: Annotated[JobForm, Form()], file: UploadFile | None = None):
-    values = form.model_dump()
+@router.post("/jobs/new", response_class=HTMLResponse, dependencies=[SameOrigin])
+async def submit_form(request: Request, session: SessionDep, settings: SettingsDep,
+                      principal: PagePrincipal):
+    """No form parameters: FastAPI would read (and spool) the body before the origin and the
+    session were checked. The form is parsed here, after both, then its token checked."""
+    await request.form(max_files=1, max_fields=64)
+    await require_form_token(request)
+    return await run_in_threadpool(_submit_form, request, session, settings, principal,
+                                   await request.form())
+
+
+def _submit_form(request: Request, session, settings, principal, fields) -> HTMLResponse:
+    values = {name: value for name, value in fields.items() if isinstance(value, str)}
+    file = fields.get("file")
     try:
+        form = JobForm.model_validate({k: v for k, v in values.items()
+                                       if k in JobForm.model_fields})
+        values = form.model_dump()
         training_file = form.training_file
-        if file is not None and file.filename:
-            training_file = store_upload(session, settings, file, declared_bytes=None,
-                                         tenant=principal.tenant).id
+        if isinstance(file, UploadFile) and file.filename:
+            training_file = store_upload(session, settings, file, tenant=principal.tenant).id
         job = submit_job(session, form.to_job(training_file), settings,
                          request.app.state.enqueue, tenant=principal.tenant,
                          redis=request.app.state.redis)

@@ -122,6 +122,19 @@ def test_an_unauthenticated_upload_is_answered_before_its_body_is_read(service):
     assert not [path for path in stored_files(service) if path.name.startswith(".")]
 
 
+def test_the_dashboard_form_reads_no_body_before_the_session_and_origin(service):
+    """The job form takes an upload too: without a session, or from another origin, it is
+    answered before a byte of the body is read."""
+    first = next(multipart([])) + b'{"text": "' + b"x" * MB
+    status, _ = answer_before_the_body_ends(service, "/jobs/new",
+                                            {**MULTIPART, "Origin": service.url}, first)
+    assert status == 303  # to the sign-in page
+    status, _ = answer_before_the_body_ends(service, "/jobs/new",
+                                            {**MULTIPART, "Origin": "http://evil.example"},
+                                            first)
+    assert status == 403
+
+
 def test_an_authenticated_upload_over_the_limit_stops_at_the_limit(service):
     before = stored_files(service)
     first = next(multipart([])) + (b'{"text": "row"}\n' * (MB // 16))  # 1 MB of good rows

@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import json
 import subprocess
-import time
 from pathlib import Path
 
 import httpx
@@ -115,12 +114,10 @@ def test_a_full_data_dir_is_degraded_health_and_the_running_job_ends(tmp_path, m
         filler = fill(data)
         answer = health(service)
         assert answer.status_code == 503 and answer.json()["storage"] == "full", answer.text
-        started = time.monotonic()
-        done = service.finished(job["id"], timeout_s=90)
+        done = service.finished(job["id"], timeout_s=90)  # not left running
         assert done["status"] == "failed", done
         assert done["error"]["code"] == "storage_full", done["error"]
-        assert time.monotonic() - started < 90
-        assert health(service).status_code == 503  # the room the failure used is not free
+        assert health(service).status_code == 503
         filler.unlink()
         assert health(service).status_code == 200
     finally:

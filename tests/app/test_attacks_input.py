@@ -155,3 +155,27 @@ def test_registered_models_cannot_reach_outside_the_roots(service, model_root, t
         status, error = service.request("POST", "/v1/models", {"name": "bad", "path": path})
         assert status == 422, (path, error)
         assert error["detail"][0]["loc"] == ["body", "path"], error
+
+
+def test_a_registered_model_changed_to_reach_outside_fails_its_job(service, model_root,
+                                                                   tmp_path):
+    """Checked at registration and again by the worker before it reads a byte."""
+    import shutil
+
+    swapped = model_root / "swapped"
+    shutil.copytree(model_root / "tiny-hf", swapped)
+    status, _ = service.request("POST", "/v1/models", {"name": "swapped",
+                                                       "path": str(swapped)})
+    assert status == 201
+    outside = tmp_path / "config.json"
+    outside.write_text((swapped / "config.json").read_text())
+    (swapped / "config.json").unlink()
+    (swapped / "config.json").symlink_to(outside)
+    status, dataset = service.upload("rows.jsonl", ROWS)
+    status, job = service.request("POST", "/v1/jobs", {
+        "model": "swapped", "training_file": dataset["id"], "device": "pixel-8",
+        "hyperparameters": {"steps": 2, "seq_len": 32}})
+    assert status == 201, job
+    done = service.finished(job["id"])
+    assert done["status"] == "failed" and done["error"]["code"] == "invalid_input", done
+    assert "outside the model roots" in done["error"]["message"]

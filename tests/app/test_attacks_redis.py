@@ -91,11 +91,9 @@ def private_service(tmp_path, model_cache):
 def test_the_embedded_redis_killed_while_idle_is_restarted_and_serves_jobs(private_service):
     service = private_service(FAST_RECOVERY)
     killed = kill_embedded_redis(service)
-    started = time.monotonic()
     wait_until(lambda: (redis := embedded_redis(service)) and redis.pid != killed,
                RESTART_WITHIN_S, "a new embedded redis-server", service)
     wait_until(lambda: health(service)[0] == 200, RESTART_WITHIN_S, "health 200", service)
-    assert time.monotonic() - started < RESTART_WITHIN_S
     log = service.output.read_text()
     assert re.search(rf"embedded Redis {killed} exited with code -9", log), log[-2000:]
     dataset = service.upload("rows.jsonl", ROWS)[1]["id"]

@@ -183,7 +183,8 @@ def test_a_session_expires_after_its_ttl(tmp_path, model_cache):
                                    headers={"Origin": service.url})
         cookie = response.cookies[COOKIE]
         assert "max-age=4" in response.headers["set-cookie"].lower()
-        assert signed_in(service, cookie) or time.monotonic() - signed_in_at > 4
+        if time.monotonic() - signed_in_at < 3:  # on a slow machine it may be gone already
+            assert signed_in(service, cookie)
         time.sleep(max(0.0, signed_in_at + 5 - time.monotonic()))
         assert not signed_in(service, cookie)
     finally:

@@ -28,11 +28,10 @@ from service_harness import (
 )
 from sqlmodel import Session
 
-from app.db import database_url, make_engine
+from app.db import POOL_CONNECTIONS, database_url, make_engine
 from app.keys import create_key
 
 STREAMS_PER_KEY = 20
-POOL_CONNECTIONS = 15  # SQLAlchemy's default pool: 5, and 10 more on overflow
 ROWS = b"".join(json.dumps({"text": f"row {i} of a dataset"}).encode() + b"\n"
                 for i in range(8))
 JOB = {"model": "preset:tiny", "device": "iphone-15-pro-max",

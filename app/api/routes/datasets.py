@@ -6,6 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from python_multipart.exceptions import MultipartParseError
+from sqlalchemy import Engine
 from sqlmodel import Session, select
 from starlette.requests import ClientDisconnect
 
@@ -47,14 +48,14 @@ async def upload_dataset(request: Request, session: SessionDep, settings: Settin
         except ClientDisconnect:
             raise HTTPException(status.HTTP_400_BAD_REQUEST,
                                 "the body ended early: the client went away") from None
-        return await run_in_threadpool(_keep, upload, session, principal.tenant)
+        async with request.app.state.session_slots.hold():
+            return await run_in_threadpool(_keep, upload, request.app.state.engine,
+                                           principal.tenant)
 
 
-def _keep(upload: DatasetUpload, session: Session, tenant: str) -> Dataset:
-    try:
+def _keep(upload: DatasetUpload, engine: Engine, tenant: str) -> Dataset:
+    with Session(engine, expire_on_commit=False) as session:
         return upload.keep(session, tenant=tenant)
-    finally:
-        session.close()  # a short use: its connection goes back before the response
 
 
 @router.get("", response_model=DatasetsPublic)

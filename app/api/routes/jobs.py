@@ -124,8 +124,9 @@ async def read_events(job_id: str, request: Request, session: SessionDep,
     session.close()
     state = request.app.state
     streaming = "text/event-stream" in request.headers.get("accept", "")
-    events = await run_in_threadpool(_job_events, state.engine, job_id, principal,
-                                     rows=not streaming)
+    async with state.session_slots.hold():
+        events = await run_in_threadpool(_job_events, state.engine, job_id, principal,
+                                         rows=not streaming)
     if not streaming:
         return events
     return open_event_stream(state, job_id, principal.key_hash,
