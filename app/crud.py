@@ -63,7 +63,8 @@ def job_public(job: Job, adapter: Adapter | None) -> JobPublic:
         enforcement=job.enforcement, attempts=job.attempts, worker=job.worker,
         progress=JobProgress(step=job.step, total_steps=job.total_steps, loss=job.last_loss,
                              peak_memory_mb=_mb(job.peak_memory_bytes),
-                             peak_anon_mb=_mb(job.peak_anon_bytes)),
+                             peak_anon_mb=_mb(job.peak_anon_bytes),
+                             cgroup_peak_usage_mb=_mb(job.cgroup_peak_bytes)),
         error=error,
         adapter=None if adapter is None else {
             "id": adapter.id, "sha256": adapter.sha256, "bytes": adapter.bytes,

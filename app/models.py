@@ -84,7 +84,10 @@ class Job(SQLModel, table=True):
     total_steps: int = 0
     last_loss: float | None = None
     peak_anon_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))
+    # anonymous + shared: what the kernel charges and cannot reclaim
     peak_memory_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))
+    # the cgroup's own peak usage, reclaimable file pages included
+    cgroup_peak_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))
     attempts: int = 0
     worker: str | None = Field(default=None, max_length=128)  # host:pid running it
     heartbeat_at: datetime | None = None  # refreshed while it runs; stale means worker lost

@@ -165,8 +165,13 @@ class JobProgress(BaseModel):
     step: int
     total_steps: int
     loss: float | None
-    peak_memory_mb: float | None = Field(description="the job's peak as the kernel counted it")
-    peak_anon_mb: float | None = Field(description="the engine process's peak anonymous memory")
+    peak_memory_mb: float | None = Field(description=(
+        "the job's peak of memory the kernel charges and cannot reclaim: anonymous plus "
+        "shared (the engine's RssAnon + RssShmem, sampled every 2 ms)"))
+    peak_anon_mb: float | None = Field(description="its anonymous part alone")
+    cgroup_peak_usage_mb: float | None = Field(default=None, description=(
+        "the job cgroup's own peak usage, which also counts reclaimable file pages (the "
+        "memory-mapped store): an upper bound"))
 
 
 JobStatus = Literal["validating", "queued", "running", "succeeded", "failed", "cancelled"]

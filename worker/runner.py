@@ -222,7 +222,7 @@ class JobRun:
             try:
                 for row in pending:
                     self._record_step(session, job, row)
-                job.peak_memory_bytes = cap.peak_bytes() or job.peak_memory_bytes
+                job.cgroup_peak_bytes = cap.peak_bytes() or job.cgroup_peak_bytes
                 session.add(job)
                 session.commit()
                 pending.clear()
@@ -251,12 +251,14 @@ class JobRun:
         job.step, job.last_loss = step, loss
         if "peak_anon_mb" in row:
             job.peak_anon_bytes = int(row["peak_anon_mb"] * MB)
+        if "peak_mb" in row:  # the charged figure (anonymous + shared), the run's peak so far
+            job.peak_memory_bytes = int(row["peak_mb"] * MB)
 
     def _finish(self, session: Session, job: Job, returncode: int, cap: MemoryCap,
                 request: dict) -> None:
         result_path = self.dir / RESULT
         result = json.loads(result_path.read_text()) if result_path.is_file() else None
-        job.peak_memory_bytes = cap.peak_bytes() or job.peak_memory_bytes
+        job.cgroup_peak_bytes = cap.peak_bytes() or job.cgroup_peak_bytes
         if result is not None and result["status"] in ("succeeded", "cancelled"):
             self._keep_adapter(session, job)
             message = "succeeded" if result["status"] == "succeeded" else \
@@ -287,7 +289,10 @@ class JobRun:
 
     def _fail_over_budget(self, session: Session, job: Job, cap: MemoryCap) -> None:
         cap_mb = job.memory_budget_bytes / MB
-        peak = job.peak_memory_bytes or job.peak_anon_bytes
+        # killed at the cap: the cgroup's usage then is memory it could not reclaim, and
+        # the engine's last sampled figure predates the allocation that failed
+        peak = max(job.peak_memory_bytes or 0,
+                   (job.cgroup_peak_bytes or 0) if cap.oom_killed() else 0) or None
         peak_mb = None if peak is None else round(peak / MB, 1)
         suggestion = (job.plan or {}).get("smallest_budget_mb")
         message = (f"{'killed by the kernel at' if cap.oom_killed() else 'ran out of'} the "

@@ -66,10 +66,13 @@ def test_a_job_runs_under_its_device_budget_and_its_adapter_loads_in_peft(any_se
     progress = job["progress"]
     assert progress["step"] == progress["total_steps"] == 4 and progress["loss"] > 0
     assert 0 < progress["peak_memory_mb"] <= 1024
+    assert progress["peak_anon_mb"] <= progress["peak_memory_mb"]  # charged: anon + shared
+    assert progress["cgroup_peak_usage_mb"] > 0  # the cgroup's own counter, apart
     assert job["started_at"] <= job["finished_at"]
     metrics = service.request("GET", f"/v1/jobs/{job['id']}/metrics")[1]
     assert [m["step"] for m in metrics["data"]] == [1, 2, 3, 4]
-    assert all(m["data"]["peak_anon_mb"] > 0 for m in metrics["data"])
+    assert all(0 < m["data"]["peak_anon_mb"] <= m["data"]["peak_mb"] for m in metrics["data"])
+    assert abs(progress["peak_memory_mb"] - metrics["data"][-1]["data"]["peak_mb"]) <= 0.1
 
     response = service.client.get(f"/v1/jobs/{job['id']}/adapter")
     assert response.status_code == 200 and response.headers["content-type"] == "application/zip"
