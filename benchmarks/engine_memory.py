@@ -211,7 +211,7 @@ def measure_all(args: argparse.Namespace, bare_torch_mb: float) -> list[dict]:
                 for row in group:
                     log(f"{tag}: mebp {row['config']}")
                     run = measure_mebp(models[preset], seq_len, row["config"], args)
-                    run["above_bare_torch_mb"] = run.get("peak_anon_mb", 0) - bare_torch_mb
+                    run["above_bare_torch_mb"] = run.get("peak_mb", 0) - bare_torch_mb
                     row["mebp_runs"].append(run)
                 if hfs[preset] is not None:
                     log(f"{tag}: transformers + PEFT")

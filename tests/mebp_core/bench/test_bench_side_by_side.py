@@ -18,8 +18,9 @@ def fake_worker(calls):
         method = argv[3]
         repeat = sum(1 for call in calls if call == method)
         calls.append(method)
-        return {"kind": method, "s_per_step": TIMES[method][repeat], "peak_anon_mb": 300.0,
-                "post_import_anon_mb": 200.0, "footprint_mb": 100.0, "threads": 1}
+        return {"kind": method, "s_per_step": TIMES[method][repeat], "peak_mb": 310.0,
+                "peak_anon_mb": 300.0, "post_import_mb": 210.0, "footprint_mb": 100.0,
+                "threads": 1}
     return run_worker
 
 
@@ -49,13 +50,13 @@ def test_methods_interleave_and_ratios_use_the_same_repeats_baseline(fake_runs):
 def test_without_the_baseline_there_is_no_ratio_to_it(fake_runs):
     report = run_side_by_side(SideBySideSpec(methods=("mebp", "mezo"), cosine_seeds=0))
     assert all(row["time_ratio_to_baseline"] is None for row in report["rows"])
-    assert "| mebp | 300 | 100 | 3.000 | - |" in format_table(report)
+    assert "| mebp | 310 | 100 | 3.000 | - |" in format_table(report)
 
 
 def test_table_lists_every_method_with_its_ratio(fake_runs):
     table = format_table(run_side_by_side(SideBySideSpec(cosine_seeds=0)))
-    assert "| transformers+PEFT bf16 | 300 | 100 | 2.000 | 1.00x |" in table
-    assert "| mebp | 300 | 100 | 3.000 | 1.50x |" in table
+    assert "| transformers+PEFT bf16 | 310 | 100 | 2.000 | 1.00x |" in table
+    assert "| mebp | 310 | 100 | 3.000 | 1.50x |" in table
     assert "mebp over mezo s per step: 1.50x" in table
 
 

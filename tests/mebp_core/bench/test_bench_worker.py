@@ -12,7 +12,8 @@ from mebp_core.bench.side_by_side import preset_hf_dir
 from mebp_core.store.resolve import resolve_model
 
 COMMON_KEYS = {"kind", "seq_len", "steps_completed", "step_times_s", "s_per_step", "losses",
-               "peak_anon_mb", "post_import_anon_mb", "footprint_mb", "step_peak_anon_mb",
+               "peak_mb", "post_import_mb", "peak_anon_mb", "post_import_anon_mb", "footprint_mb",
+               "step_peak_mb",
                "threads"}
 
 
@@ -39,7 +40,8 @@ def test_each_method_prints_one_result_line(tiny_dirs, kind):
     assert result["kind"] == kind and result["steps_completed"] == 2
     assert result["s_per_step"] == result["step_times_s"][1]  # the warm-up step is not timed
     assert result["footprint_mb"] == pytest.approx(
-        result["peak_anon_mb"] - result["post_import_anon_mb"])
+        result["peak_mb"] - result["post_import_mb"])
+    assert result["peak_anon_mb"] <= result["peak_mb"]
     assert result["footprint_mb"] > 0 and result["threads"] == 1
     assert all(4.0 < loss < 7.0 for loss in result["losses"])  # ~ln(320) on random tokens
 
