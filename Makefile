@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 
 # The dashboard tests drive Debian's chromium; it is installed here where missing.
 test: setup browser
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 lint: setup
 	$(VENV)/bin/ruff check mebp_core app worker tests benchmarks
