@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from fastapi import HTTPException, status
 from redis import Redis
-from sqlalchemy import func
+from sqlalchemy import func, text
 from sqlmodel import Session, col, select
 
 from app.api.errors import invalid
@@ -43,7 +43,8 @@ QUEUE_FULL_RETRY_S = 30  # a guess: the queue drains as the tenant's jobs start
 def require_queue_room(session: Session, settings: Settings, *, tenant: str,
                        adding: int = 1) -> None:
     """429 unless the tenant's queued jobs plus ``adding`` stay within
-    ``max_queued_jobs_per_tenant`` (checked before anything is written)."""
+    ``max_queued_jobs_per_tenant``: checked early (before planning or writing), and again
+    with ``adding=0`` once the new rows are in, under ``lock_queue``, which makes it exact."""
     queued = session.exec(select(func.count()).select_from(Job).where(
         Job.tenant == tenant, col(Job.status).in_(("validating", "queued")))).one()
     limit = settings.max_queued_jobs_per_tenant
@@ -54,6 +55,15 @@ def require_queue_room(session: Session, settings: Settings, *, tenant: str,
                             f"tenant {tenant!r} has {queued} jobs queued; {more} would pass "
                             f"its limit of {limit} (MEBP_MAX_QUEUED_JOBS_PER_TENANT): {advice}",
                             headers={"Retry-After": str(QUEUE_FULL_RETRY_S)})
+
+
+def lock_queue(session: Session, tenant: str) -> None:
+    """Submissions of one tenant take turns from here to their commit, so the count after
+    their insert sees every other one. PostgreSQL: a transaction-scoped advisory lock;
+    SQLite runs one writer at a time already (the insert waits for the other's commit)."""
+    if session.get_bind().dialect.name == "postgresql":
+        session.connection().execute(text("select pg_advisory_xact_lock(hashtext(:key))"),
+                                     {"key": f"mebp-queue:{tenant}"})
 
 
 def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *, tenant: str,
@@ -85,7 +95,9 @@ def submit_job(session: Session, body: JobCreate, settings: Settings,
     planned = plan_job(body, settings, session)
     if not planned.feasible and not body.allow_infeasible:
         raise planned.infeasible_error()
+    lock_queue(session, tenant)
     job = insert_job(session, body, planned, tenant=tenant, idempotency_key=idempotency_key)
+    require_queue_room(session, settings, tenant=tenant, adding=0)  # exact, under the lock
     session.commit()
     enqueue(job.id)
     session.refresh(job)

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import json
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from datetime import datetime
 
 import httpx
+import pytest
 from service_harness import (
     REDIS_TEST_URL,
     create_key,
@@ -122,3 +125,25 @@ def test_two_workers_never_run_two_jobs_of_a_tenant_at_its_limit_of_one(tmp_path
         finally:
             other.close()
             stop_service(service)
+
+
+@pytest.mark.parametrize("deployment", ["embedded", "shared"])
+def test_concurrent_submissions_never_pass_the_queued_limit(tmp_path, model_cache, deployment):
+    """Twelve submissions at once against a limit of 3 (no worker, so all stay queued): the
+    count after the insert, taken in turn per tenant, lets exactly 3 in."""
+    with ExitStack() as stack:
+        env = {"MEBP_MAX_QUEUED_JOBS_PER_TENANT": "3"}
+        if deployment == "shared":
+            env |= {"DATABASE_URL": stack.enter_context(temporary_postgres_database()),
+                    "REDIS_URL": REDIS_TEST_URL,
+                    "MEBP_QUEUE_NAME": f"mebp-test-{uuid.uuid4().hex[:8]}"}
+        service = start_service(tmp_path, model_cache, env, workers=0)
+        stack.callback(stop_service, service)
+        dataset = service.upload("a.jsonl", ROWS)[1]["id"]
+        with ThreadPoolExecutor(12) as pool:
+            statuses = list(pool.map(
+                lambda _: service.client.post("/v1/jobs", json=job_body(dataset, 2)).status_code,
+                range(12)))
+        assert sorted(statuses) == [201] * 3 + [429] * 9, statuses
+        queued = service.client.get("/v1/jobs", params={"status": "queued"}).json()
+        assert queued["count"] == 3

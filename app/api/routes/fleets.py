@@ -15,7 +15,13 @@ from app.planning import device_or_422, plan_job
 from app.schemas import FleetCreate, FleetPublic, FleetsPublic, JobCreate
 from app.settings import Settings
 from app.storage import dataset_path, new_id, write_shards
-from app.submit import check_references, insert_job, require_queue, require_queue_room
+from app.submit import (
+    check_references,
+    insert_job,
+    lock_queue,
+    require_queue,
+    require_queue_room,
+)
 
 router = APIRouter(prefix="/fleets", tags=["fleets"])
 JOB_FIELDS = ("model", "validation_file", "memory_budget_mb", "method", "hyperparameters",
@@ -57,6 +63,7 @@ def _plan_members(session: Session, settings: Settings, body: FleetCreate, fleet
     commits the fleet and its jobs, returns the job ids to enqueue."""
     session.add(fleet)
     session.flush()  # the rows the jobs refer to (the fleet, the shards) go first
+    lock_queue(session, principal.tenant)
     common = {name: getattr(body, name) for name in JOB_FIELDS}
     members, jobs = [], []
     for index, (device, training_file) in enumerate(zip(devices, files, strict=True)):
@@ -72,6 +79,7 @@ def _plan_members(session: Session, settings: Settings, body: FleetCreate, fleet
                         "plan": planned.plan, "job_id": None if job is None else job.id})
     fleet.spec = {"request": body.model_dump(mode="json"), "members": members}
     session.add(fleet)
+    require_queue_room(session, settings, tenant=principal.tenant, adding=0)  # exact now
     session.commit()
     return jobs
 
