@@ -6,8 +6,7 @@ framing (their gzip is measured again after decompression, by ``app.uploads``)."
 
 from __future__ import annotations
 
-import json
-
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.settings import Settings
@@ -34,7 +33,7 @@ class BodyLimit:
         limit, setting = self.limit_for(scope)
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > limit:
-            await _send_too_large(send, limit, setting)
+            await _too_large(limit, setting)(scope, receive, send)
             return
         received = 0
         started = answered = False  # the app's response began; the 413 was sent instead
@@ -48,7 +47,7 @@ class BodyLimit:
                 received += len(message.get("body", b""))
                 if received > limit:
                     if not started:
-                        await _send_too_large(send, limit, setting)
+                        await _too_large(limit, setting)(scope, receive, send)
                         answered = True
                     return {"type": "http.disconnect"}  # the app stops reading here
             return message
@@ -67,10 +66,6 @@ class BodyLimit:
                 raise
 
 
-async def _send_too_large(send: Send, limit: int, setting: str) -> None:
-    body = json.dumps({"detail": f"the request body is larger than the limit of {limit} "
-                                 f"bytes ({setting})"}).encode()
-    await send({"type": "http.response.start", "status": 413,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(body)).encode())]})
-    await send({"type": "http.response.body", "body": body})
+def _too_large(limit: int, setting: str) -> JSONResponse:
+    return JSONResponse({"detail": f"the request body is larger than the limit of {limit} "
+                                   f"bytes ({setting})"}, 413)

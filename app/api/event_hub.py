@@ -31,8 +31,8 @@ QUEUE_BATCHES = 256  # a stream this far behind (a stalled client) re-reads on i
 class Message:
     kind: str
     data: dict
-    event_id: int = 0  # the row's id: an event's, or a metric's
-    metric_id: int = 0
+    event_id: int = 0  # the event row's id (0 for a metric)
+    metric_id: int = 0  # the metric row's id (0 for an event)
 
 
 @dataclass(frozen=True)

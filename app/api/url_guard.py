@@ -7,9 +7,9 @@ its id (404); a query parameter holding one is a 422 naming it, like any invalid
 
 from __future__ import annotations
 
-import json
 from urllib.parse import parse_qsl
 
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 
@@ -21,21 +21,13 @@ class RefuseNulInUrl:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         if "\x00" in scope["path"]:
-            return await _answer(send, 404, {"detail": "no such resource: the path holds a "
-                                                       "NUL character"})
+            return await JSONResponse({"detail": "no such resource: the path holds a NUL "
+                                                 "character"}, 404)(scope, receive, send)
         query = scope.get("query_string", b"").decode("latin-1")
         bad = [name for name, value in parse_qsl(query, keep_blank_values=True)
                if "\x00" in name or "\x00" in value]
         if bad:
-            return await _answer(send, 422, {"detail": [{
+            return await JSONResponse({"detail": [{
                 "type": "value_error", "loc": ["query", bad[0].replace("\x00", "\\x00")],
-                "msg": "must not contain NUL characters"}]})
+                "msg": "must not contain NUL characters"}]}, 422)(scope, receive, send)
         return await self.app(scope, receive, send)
-
-
-async def _answer(send: Send, status: int, body: dict) -> None:
-    payload = json.dumps(body).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"),
-                            (b"content-length", str(len(payload)).encode())]})
-    await send({"type": "http.response.body", "body": payload})

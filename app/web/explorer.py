@@ -75,10 +75,10 @@ async def submit_form(request: Request, session: SessionDep, settings: SettingsD
                       principal: PagePrincipal):
     """No form parameters: FastAPI would read (and spool) the body before the origin and the
     session were checked. The form is parsed here, after both, then its token checked."""
-    await request.form(max_files=1, max_fields=64)
-    await require_form_token(request)
+    fields = await request.form(max_files=1, max_fields=64)
+    await require_form_token(request)  # reads the same parsed form
     return await run_in_threadpool(_submit_form, request, session, settings, principal,
-                                   await request.form())
+                                   fields)
 
 
 def _submit_form(request: Request, session, settings, principal, fields) -> HTMLResponse:

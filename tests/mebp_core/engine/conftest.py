@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import torch
 from engine_fixtures import FAMILIES, save_tiny_model
 
 from mebp_core.store.pack import pack_model
@@ -32,3 +34,14 @@ def packed_models(tiny_models, tmp_path_factory) -> dict[tuple[str, str], Path]:
             return self[key]
 
     return Packed(cache)
+
+
+@pytest.fixture(scope="module")
+def token_data(tmp_path_factory) -> Path:
+    """Four rows of random token ids, for runs that need data, not a text."""
+    gen = torch.Generator().manual_seed(0)
+    path = tmp_path_factory.mktemp("data") / "tokens.jsonl"
+    rows = [{"input_ids": torch.randint(0, 300, (20,), generator=gen).tolist()}
+            for _ in range(4)]
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path

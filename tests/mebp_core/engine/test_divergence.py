@@ -6,22 +6,11 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from mebp_core.config import TrainConfig
 from mebp_core.engine.memory import MemorySampler
 from mebp_core.engine.train import train
 from mebp_core.errors import DivergedError
-
-
-@pytest.fixture(scope="module")
-def token_data(tmp_path_factory):
-    gen = torch.Generator().manual_seed(1)
-    path = tmp_path_factory.mktemp("data") / "tokens.jsonl"
-    rows = [{"input_ids": torch.randint(0, 300, (24,), generator=gen).tolist()}
-            for _ in range(8)]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
 
 
 def run(packed, data, out, **overrides):

@@ -13,16 +13,6 @@ from mebp_core.engine.memory import MemorySampler
 from mebp_core.engine.train import train
 
 
-@pytest.fixture(scope="module")
-def token_data(tmp_path_factory):
-    gen = torch.Generator().manual_seed(0)
-    path = tmp_path_factory.mktemp("data") / "tokens.jsonl"
-    rows = [{"input_ids": torch.randint(0, 300, (20,), generator=gen).tolist()}
-            for _ in range(4)]
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
-
-
 def train_adapter(method, packed, data, out, **overrides):
     settings = dict(method=method, steps=3, seq_len=32, batch_size=2, lr=0.05, lora_rank=4,
                     quant="none", compute_dtype="float32")
