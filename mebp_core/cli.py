@@ -214,7 +214,8 @@ def _train_config(args: argparse.Namespace):
             checkpoint_blocks=args.checkpoint_blocks, checkpoint_storage=args.checkpoint_storage,
             lora_hidden=args.lora_hidden, share_decompression=args.share_decompression,
             decompress_tile_bytes=args.decompress_tile_bytes,
-            loss_vocab_tile_bytes=args.loss_vocab_tile_bytes, threads=args.threads))
+            loss_vocab_tile_bytes=args.loss_vocab_tile_bytes, bf16_matmul=args.bf16_matmul,
+            threads=args.threads))
 
 
 def _add_knob_arguments(knobs) -> None:
@@ -239,6 +240,9 @@ def _add_knob_arguments(knobs) -> None:
                        metavar="SIZE", help="rows decompressed at once by a lazy projection")
     knobs.add_argument("--loss-vocab-tile-bytes", type=parse_size, default=8 << 20,
                        metavar="SIZE", help="output-head rows per loss chunk")
+    knobs.add_argument("--bf16-matmul", choices=["auto", "native", "float32"], default="auto",
+                       help="with --compute-dtype bfloat16: matmuls in bf16 or in float32 on "
+                       "bf16 tiles (auto: native only where the CPU has bf16 instructions)")
     knobs.add_argument("--threads", type=int, help="torch intra-op threads")
     knobs.add_argument("--plan-budget-mb", type=positive_float, metavar="MB",
                        help="let the planner pick the knobs: the fastest configuration "

@@ -18,6 +18,7 @@ Optimizer = Literal["sgd", "adamw"]
 CheckpointStorage = Literal["ram", "mmap"]
 FrozenWeights = Literal["lazy", "resident"]
 LoraHidden = Literal["recompute", "store"]
+Bf16Matmul = Literal["auto", "native", "float32"]
 Schedule = Literal["constant", "cosine"]
 
 
@@ -44,6 +45,10 @@ class EngineKnobs(BaseModel):
     share_decompression: bool = True
     decompress_tile_bytes: int = Field(default=8 << 20, ge=1 << 16)
     loss_vocab_tile_bytes: int = Field(default=8 << 20, ge=1 << 16)
+    # With compute_dtype bfloat16: run matmuls in bfloat16 ("native") or in float32 on
+    # bf16-stored operands, upcast a bounded tile at a time ("float32"); "auto" picks native
+    # only on CPUs with bf16 matmul instructions (mebp_core.cpu). Storage stays bf16 either way.
+    bf16_matmul: Bf16Matmul = "auto"
     # torch's intra-op threads; the engine uses at most the host's cores
     threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
 

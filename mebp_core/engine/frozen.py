@@ -5,6 +5,11 @@ rows and drops each right after its matmul. During a block's backward phase (``s
 each projection is decompressed once, used by the block's recompute and again by its backward
 matmul, and released as soon as that backward has run. Weights made resident (``keep_resident``) are
 decompressed once and used in place from then on.
+
+Where the matmuls run in float32 on bfloat16 storage (``mebp_core.cpu.matmul_dtype``), lazy
+tiles are decompressed straight to float32, while resident and shared weights stay bfloat16
+and are upcast one bounded tile at a time; inputs are upcast per call and outputs cast back,
+so everything that outlives a matmul stays bfloat16.
 """
 
 from __future__ import annotations
@@ -139,6 +144,15 @@ class WeightWorkingSet:
         self.acquire(block, weight.numel() * weight.element_size())
         return weight
 
+    def upcast(self, rows: torch.Tensor, dtype: torch.dtype, block: int = -1) -> torch.Tensor:
+        """A ``dtype`` copy of some rows of a held (resident or shared) weight, in the tile
+        arena: live until the next tile, and dropped like one."""
+        self._tiles.reset()
+        tile = self._tiles.take(rows.numel(), dtype).view(rows.shape)
+        tile.copy_(rows)
+        self.acquire(block, tile.numel() * tile.element_size())
+        return tile
+
     def drop(self, weight: torch.Tensor, block: int = -1) -> None:
         self.release(block, weight.numel() * weight.element_size())
 
@@ -170,10 +184,14 @@ class WeightWorkingSet:
 
 
 class FrozenLinear(nn.Module):
-    """``y = x W^T + b`` with ``W`` read from the packed store on demand."""
+    """``y = x W^T + b`` with ``W`` read from the packed store on demand.
+
+    ``dtype`` is the storage dtype (inputs, outputs, resident and shared weights);
+    ``matmul_dtype`` the one the matmuls run in (lazy tiles are decompressed to it)."""
 
     def __init__(self, store, weight_name: str, bias: torch.Tensor | None, *,
-                 working_set: WeightWorkingSet, dtype: torch.dtype, tile_bytes: int) -> None:
+                 working_set: WeightWorkingSet, dtype: torch.dtype, tile_bytes: int,
+                 matmul_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.store = store
         self.weight_name = weight_name
@@ -181,16 +199,20 @@ class FrozenLinear(nn.Module):
         self.register_buffer("bias", bias, persistent=False)
         self.working_set = working_set
         self.dtype = dtype
+        self.matmul_dtype = matmul_dtype or dtype
         self.block = block_index(weight_name)
-        row_bytes = self.in_features * dtype.itemsize
+        row_bytes = self.in_features * self.matmul_dtype.itemsize
         self.tile_rows = max(1, min(self.out_features, tile_bytes // row_bytes))
 
     def extra_repr(self) -> str:
         return f"{self.weight_name}, in={self.in_features}, out={self.out_features}"
 
     def decompress(self, rows: slice | None = None, keep: bool = False) -> torch.Tensor:
+        """Rows of the weight: a lazy tile in the matmul dtype, or (``keep``) the block's
+        shared copy in the storage dtype."""
         return self.working_set.decompress(
-            self.store, self.weight_name, self.dtype, rows=rows, block=self.block, keep=keep)
+            self.store, self.weight_name, self.dtype if keep else self.matmul_dtype,
+            rows=rows, block=self.block, keep=keep)
 
     def drop(self, weight: torch.Tensor) -> None:
         self.working_set.drop(weight, self.block)
@@ -200,44 +222,61 @@ class FrozenLinear(nn.Module):
         return y if self.bias is None else y + self.bias
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        resident = self.working_set.resident.get(self.weight_name)
-        if resident is not None:
-            return x @ resident.T
+        weight = self.working_set.resident.get(self.weight_name)
         shared = self.working_set.shared
-        if shared is not None:
+        if weight is None and shared is not None:
             weight = shared.get(self.weight_name)
             if weight is None:
                 weight = shared[self.weight_name] = self.decompress(keep=True)
+        if weight is None:
+            return self._tiled_forward(x, self.decompress)
+        if weight.dtype == self.matmul_dtype:
             return x @ weight.T
-        y = x.new_empty(*x.shape[:-1], self.out_features)  # (..., out)
+        return self._tiled_forward(x, self._upcaster(weight))
+
+    def matmul_transposed(self, grad_y: torch.Tensor) -> torch.Tensor:
+        """``grad_y @ W``: the input gradient, consuming the shared weight if there is one."""
+        weight = self.working_set.resident.get(self.weight_name)
+        shared = self.working_set.shared
+        consumed = weight is None and shared is not None and self.weight_name in shared
+        if consumed:
+            weight = shared.pop(self.weight_name)
+        if weight is None:
+            return self._tiled_backward(grad_y, self.decompress)
+        if weight.dtype == self.matmul_dtype:
+            grad_x = grad_y @ weight
+        else:
+            grad_x = self._tiled_backward(grad_y, self._upcaster(weight))
+        if consumed:
+            self.drop(weight)
+        return grad_x
+
+    def _upcaster(self, weight: torch.Tensor):
+        return lambda rows: self.working_set.upcast(weight[rows], self.matmul_dtype, self.block)
+
+    def _row_tiles(self):
         for start in range(0, self.out_features, self.tile_rows):
-            rows = slice(start, min(start + self.tile_rows, self.out_features))
-            tile = self.decompress(rows)
-            y[..., rows] = x @ tile.T
+            yield slice(start, min(start + self.tile_rows, self.out_features))
+
+    def _tiled_forward(self, x: torch.Tensor, tile_of) -> torch.Tensor:
+        y = x.new_empty(*x.shape[:-1], self.out_features)  # (..., out)
+        x_m = x.to(self.matmul_dtype)
+        for rows in self._row_tiles():
+            tile = tile_of(rows)
+            y[..., rows] = x_m @ tile.T
             self.drop(tile)
             del tile
         return y
 
-    def matmul_transposed(self, grad_y: torch.Tensor) -> torch.Tensor:
-        """``grad_y @ W``: the input gradient, consuming the shared weight if there is one."""
-        resident = self.working_set.resident.get(self.weight_name)
-        if resident is not None:
-            return grad_y @ resident
-        shared = self.working_set.shared
-        if shared is not None and self.weight_name in shared:
-            weight = shared.pop(self.weight_name)
-            grad_x = grad_y @ weight
-            self.drop(weight)
-            return grad_x
+    def _tiled_backward(self, grad_y: torch.Tensor, tile_of) -> torch.Tensor:
         grad_x = None
-        for start in range(0, self.out_features, self.tile_rows):
-            rows = slice(start, min(start + self.tile_rows, self.out_features))
-            tile = self.decompress(rows)
-            part = grad_y[..., rows] @ tile
+        for rows in self._row_tiles():
+            tile = tile_of(rows)
+            part = grad_y[..., rows].to(self.matmul_dtype) @ tile
             grad_x = part if grad_x is None else grad_x.add_(part)
             self.drop(tile)
             del tile, part
-        return grad_x
+        return grad_x.to(grad_y.dtype)
 
 
 class _FrozenMatmul(torch.autograd.Function):

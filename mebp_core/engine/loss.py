@@ -79,7 +79,8 @@ def compute_head_loss(hidden: torch.Tensor, targets: torch.Tensor, *, store, hea
                       working_set: WeightWorkingSet, with_grad: bool = True) -> HeadLoss:
     """Sum of token cross-entropies of ``hidden @ W_head^T`` against ``targets``.
 
-    hidden (N, D) final-normed states; targets (N,) next-token ids or IGNORE_INDEX.
+    hidden (N, D) final-normed states; targets (N,) next-token ids or IGNORE_INDEX; ``dtype``
+    is what the matmuls run in (the hidden states are cast to it).
     """
     valid = targets != IGNORE_INDEX
     n_valid = int(valid.sum())
@@ -102,17 +103,21 @@ def compute_head_loss(hidden: torch.Tensor, targets: torch.Tensor, *, store, hea
 
 def iter_vocab_tiles(store, head_name: str, dtype: torch.dtype, tile_bytes: int,
                      working_set: WeightWorkingSet) -> Iterator[tuple[int, torch.Tensor]]:
-    """(first row, rows) of the output projection, one bounded tile at a time; each tile is
-    released when the next is asked for (a resident head is sliced, not copied)."""
+    """(first row, rows) of the output projection in ``dtype``, one bounded tile at a time;
+    each tile is released when the next is asked for (a resident head is sliced, not copied,
+    unless it must be cast)."""
     vocab, dim = store.info(head_name).shape
     tile_rows = max(1, min(vocab, tile_bytes // (dim * dtype.itemsize)))
     resident = working_set.resident.get(head_name)
     for start in range(0, vocab, tile_rows):
         rows = slice(start, min(start + tile_rows, vocab))
-        if resident is not None:
+        if resident is not None and resident.dtype == dtype:
             yield start, resident[rows]
             continue
-        weight = working_set.decompress(store, head_name, dtype, rows=rows)
+        if resident is not None:
+            weight = working_set.upcast(resident[rows], dtype)
+        else:
+            weight = working_set.decompress(store, head_name, dtype, rows=rows)
         try:
             yield start, weight
         finally:

@@ -81,7 +81,8 @@ def compute_logits(engine: EngineModel, input_ids: torch.Tensor) -> torch.Tensor
     with torch.no_grad():
         normed = engine.arch.final_norm(hidden)
         logits = torch.empty(*normed.shape[:-1], engine.store.info(head).shape[0])
-        for start, weight in iter_vocab_tiles(engine.store, head, engine.dtype,
+        normed = normed.to(engine.matmul_dtype)
+        for start, weight in iter_vocab_tiles(engine.store, head, engine.matmul_dtype,
                                               engine.knobs.loss_vocab_tile_bytes,
                                               engine.working_set):
             logits[..., start : start + weight.shape[0]] = (normed @ weight.T).float()
@@ -182,7 +183,8 @@ def _head_loss(engine: EngineModel, normed: torch.Tensor, labels: torch.Tensor, 
     targets = shift_targets(labels).reshape(-1)
     return compute_head_loss(
         normed.reshape(-1, normed.shape[-1]), targets,
-        store=engine.store, head_name=engine.arch.head_weight_name, dtype=engine.dtype,
+        store=engine.store, head_name=engine.arch.head_weight_name,
+        dtype=engine.matmul_dtype,
         tile_bytes=engine.knobs.loss_vocab_tile_bytes,
         softcap=engine.arch.logit_softcap,
         working_set=engine.working_set, with_grad=with_grad)

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from mebp_core.config import EngineKnobs
+from mebp_core.cpu import matmul_dtype
 from mebp_core.engine.frozen import FrozenEmbedding, FrozenLinear, WeightWorkingSet
 from mebp_core.errors import MebpError
 from mebp_core.lora.linear import (
@@ -73,9 +74,10 @@ class EngineModel:
 
     store: object
     arch: nn.Module
-    dtype: torch.dtype
+    dtype: torch.dtype  # storage: activations, checkpoints, held weights
     knobs: EngineKnobs
     working_set: WeightWorkingSet
+    matmul_dtype: torch.dtype  # what the matmuls run in (float32 on bf16 without native bf16)
     lora: dict[str, LoraLinear] = field(default_factory=dict)
     lora_spec: LoraSpec | None = None
     _contexts: dict[int, object] = field(default_factory=dict)
@@ -97,8 +99,8 @@ class EngineModel:
     def context(self, seq_len: int):
         if seq_len not in self._contexts:
             self._contexts.clear()
-            self._contexts[seq_len] = self.arch.make_context(seq_len, torch.device("cpu"),
-                                                             self.dtype)
+            self._contexts[seq_len] = self.arch.make_context(
+                seq_len, torch.device("cpu"), self.dtype, matmul_dtype=self.matmul_dtype)
         return self._contexts[seq_len]
 
     def block_parameters(self, block: int) -> list[nn.Parameter]:
@@ -130,21 +132,23 @@ def load_engine_model(model_dir: str | Path, *, compute_dtype: str = "float32",
     """Open a packed model directory and build the engine's view of it (copies no weights)."""
     knobs = knobs or EngineKnobs()
     dtype = DTYPES[compute_dtype]
+    matmul = DTYPES[matmul_dtype(compute_dtype, knobs.bf16_matmul)]
     store = open_store(model_dir)
     with torch.device("meta"), _skipped_init():
         arch = build_model(store.config)
     working_set = WeightWorkingSet()
-    _bind_frozen_modules(arch, store, dtype, working_set, knobs)
+    _bind_frozen_modules(arch, store, dtype, working_set, knobs, matmul)
     _load_small_tensors(arch, store, dtype)
     for p in arch.parameters():
         p.requires_grad_(False)
-    engine = EngineModel(store, arch, dtype, knobs, working_set)
+    engine = EngineModel(store, arch, dtype, knobs, working_set, matmul)
     if knobs.frozen_weights == "resident":
         _keep_weights_resident(engine, knobs.resident_weight_bytes)
     if lora_spec is not None or init_adapter is not None:
         _attach_lora(engine, lora_spec, seed, init_adapter)
         for module in engine.lora.values():
             module.store_hidden = knobs.lora_hidden == "store"
+            module.matmul_dtype = matmul
     return engine
 
 
@@ -174,7 +178,8 @@ def _skipped_init():
 
 
 def _bind_frozen_modules(arch: nn.Module, store, dtype: torch.dtype,
-                         working_set: WeightWorkingSet, knobs: EngineKnobs) -> None:
+                         working_set: WeightWorkingSet, knobs: EngineKnobs,
+                         matmul: torch.dtype) -> None:
     names = set(store.names())
     head = arch.head_weight_name
     for path, module in list(arch.named_modules()):
@@ -187,7 +192,8 @@ def _bind_frozen_modules(arch: nn.Module, store, dtype: torch.dtype,
             if module.bias is not None:
                 bias = store.dequantize(f"{path}.bias", dtype)
             frozen = FrozenLinear(store, weight_name, bias, working_set=working_set,
-                                  dtype=dtype, tile_bytes=knobs.decompress_tile_bytes)
+                                  dtype=dtype, tile_bytes=knobs.decompress_tile_bytes,
+                                  matmul_dtype=matmul)
             arch.set_submodule(path, frozen)
         elif isinstance(module, nn.Embedding):
             weight_name = f"{path}.weight"

@@ -47,13 +47,14 @@ class LoraLinear(nn.Module):
         self.lora_B = LoraWeight(lora_b)  # (out, r)
         self.scaling = float(scaling)
         self.store_hidden = False  # keep h = x A^T for backward instead of recomputing it
+        self.matmul_dtype: torch.dtype | None = None  # None: the input's dtype
         self.in_features = lora_a.shape[1]
         self.out_features = lora_b.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)  # (..., out)
         return y + lora_delta(x, self.lora_A.weight, self.lora_B.weight, self.scaling,
-                              self.store_hidden)
+                              self.store_hidden, self.matmul_dtype)
 
 
 def read_features(module: object, path: str) -> tuple[int, int]:

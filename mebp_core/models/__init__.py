@@ -11,8 +11,9 @@ The engine relies on this contract of ``Model``:
 
 - ``Model(args)`` builds cheaply under ``torch.device("meta")``;
 - ``embed(input_ids) -> h`` with ``h`` of shape (B, T, D), any embedding scale included;
-- ``make_context(seq_len, device, dtype) -> BlockContext``: rotary tables and masks for
-  every layer type, computed once per sequence length (``mebp_core.models.base``);
+- ``make_context(seq_len, device, dtype, matmul_dtype=None) -> BlockContext``: rotary
+  tables and masks for every layer type, computed once per sequence length, and the dtype
+  attention runs in (``mebp_core.models.base``);
 - ``model.layers[i](h, ctx) -> h``: one transformer block;
 - ``final_norm(h) -> h``;
 - ``head_weight_name``: the HF tensor name of the output projection (the embedding when tied);

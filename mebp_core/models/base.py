@@ -134,10 +134,12 @@ class BlockContext:
     """Per-sequence-length tables shared by all blocks, keyed by layer type.
 
     ``masks[t]`` is None for plain causal attention (SDPA's fast ``is_causal`` path).
+    ``matmul_dtype``, when set and wider than the activations, is what attention runs in.
     """
 
     cos_sin: dict[str, tuple[torch.Tensor, torch.Tensor]]  # each (T, head_dim)
     masks: dict[str, torch.Tensor | None]  # each (T, T) bool or None
+    matmul_dtype: torch.dtype | None = None
 
 
 def make_block_context(
@@ -148,6 +150,7 @@ def make_block_context(
     seq_len: int,
     device: torch.device,
     dtype: torch.dtype,
+    matmul_dtype: torch.dtype | None = None,
 ) -> BlockContext:
     cos_sin = {
         layer_type: compute_cos_sin(spec, head_dim, seq_len, device, dtype)
@@ -156,7 +159,7 @@ def make_block_context(
     masks: dict[str, torch.Tensor | None] = {FULL_ATTENTION: None, SLIDING_ATTENTION: None}
     if sliding_window is not None and seq_len > sliding_window:
         masks[SLIDING_ATTENTION] = make_sliding_mask(seq_len, sliding_window, device)
-    return BlockContext(cos_sin=cos_sin, masks=masks)
+    return BlockContext(cos_sin=cos_sin, masks=masks, matmul_dtype=matmul_dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -172,13 +175,49 @@ def apply_rotary(
 
 
 def attend(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, mask: torch.Tensor | None, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mask: torch.Tensor | None,
+    scale: float,
+    matmul_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """Causal GQA attention: q (B, H, T, hd), k/v (B, KV, T, hd) -> (B, T, H * hd)."""
-    out = F.scaled_dot_product_attention(
+    """Causal GQA attention: q (B, H, T, hd), k/v (B, KV, T, hd) -> (B, T, H * hd), in
+    ``matmul_dtype`` if given and different from q's (the result is cast back)."""
+    if matmul_dtype is None or matmul_dtype == q.dtype:
+        out = _sdpa(q, k, v, mask, scale)
+    else:
+        out = _UpcastAttention.apply(q, k, v, mask, scale, matmul_dtype)
+    return out.transpose(1, 2).flatten(2)
+
+
+def _sdpa(q, k, v, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
+    return F.scaled_dot_product_attention(
         q, k, v, attn_mask=mask, is_causal=mask is None, scale=scale, enable_gqa=True
     )  # (B, H, T, hd)
-    return out.transpose(1, 2).flatten(2)
+
+
+class _UpcastAttention(torch.autograd.Function):
+    """Attention computed in a wider dtype than its inputs: it saves only the narrow q, k, v
+    and recomputes the wide attention in backward (the narrow copies are what memory holds)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mask, scale: float, dtype: torch.dtype) -> torch.Tensor:
+        ctx.save_for_backward(q, k, v, mask)
+        ctx.scale, ctx.dtype = scale, dtype
+        return _sdpa(q.to(dtype), k.to(dtype), v.to(dtype), mask, scale).to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        q, k, v, mask = ctx.saved_tensors
+        wide = [t.to(ctx.dtype).requires_grad_(True) for t in (q, k, v)]
+        with torch.enable_grad():
+            out = _sdpa(*wide, mask, ctx.scale)
+            # a scalar's backward: a tensor gradient would import sympy for its shape check
+            grads = torch.autograd.grad(torch.sum(out * grad_out.to(ctx.dtype)), wide)
+        return (*(g.to(t.dtype) for g, t in zip(grads, (q, k, v), strict=True)),
+                None, None, None)
 
 
 def split_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
@@ -240,7 +279,13 @@ class CausalLM(nn.Module):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)  # (B, T, D)
 
-    def make_context(self, seq_len: int, device: torch.device, dtype: torch.dtype) -> BlockContext:
+    def make_context(
+        self,
+        seq_len: int,
+        device: torch.device,
+        dtype: torch.dtype,
+        matmul_dtype: torch.dtype | None = None,
+    ) -> BlockContext:
         return make_block_context(
             rope=self.args.rope,
             sliding_window=self.args.sliding_window,
@@ -248,6 +293,7 @@ class CausalLM(nn.Module):
             seq_len=seq_len,
             device=device,
             dtype=dtype,
+            matmul_dtype=matmul_dtype,
         )
 
     def final_norm(self, h: torch.Tensor) -> torch.Tensor:

@@ -139,7 +139,8 @@ class Attention(nn.Module):
         v = split_heads(self.v_proj(x), self.head_dim)  # (B, KV, T, hd)
         q, k = apply_rotary(q, k, *ctx.cos_sin[self.layer_type])
         # attn_logit_softcapping is ignored, as transformers' Gemma3 does (it is None in releases)
-        out = attend(q, k, v, mask=ctx.masks[self.layer_type], scale=self.scale)  # (B, T, H*hd)
+        out = attend(q, k, v, mask=ctx.masks[self.layer_type], scale=self.scale,
+                     matmul_dtype=ctx.matmul_dtype)  # (B, T, H*hd)
         return self.o_proj(out)
 
 

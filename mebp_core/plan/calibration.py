@@ -18,6 +18,7 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mebp_core.cpu import cpu_model
 from mebp_core.errors import MebpError
 
 CALIBRATION_VERSION = 3
@@ -72,16 +73,6 @@ def _interpolate_tokens(rates: dict[str, float], tokens: int) -> float:
         return rates[str(points[0])] * tokens / points[0]
     low, high, frac = _bracket(points, tokens)
     return rates[str(low)] * (1 - frac) + rates[str(high)] * frac
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def host_key(threads: int | None) -> str:

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch
 
+from mebp_core.cpu import cpu_flags
+
 SOURCE = Path(__file__).with_name("dequant.c")
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC")
 _FUNCTIONS = {
@@ -37,20 +39,10 @@ def set_native_enabled(enabled: bool) -> None:
     _enabled = enabled
 
 
-def _cpu_signature() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def _library_path(cache_dir: Path) -> Path:
     digest = hashlib.sha256()
-    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(), _cpu_signature().encode(),
-                 platform.machine().encode()):
+    for part in (SOURCE.read_bytes(), " ".join(FLAGS).encode(),
+                 " ".join(sorted(cpu_flags())).encode(), platform.machine().encode()):
         digest.update(part)
     return cache_dir / "kernels" / f"dequant-{digest.hexdigest()[:16]}.so"
 

@@ -47,12 +47,13 @@ def save_tiny_model(family: str, directory: Path, seed: int = 0) -> Path:
 LORA = LoraSpec(rank=4, alpha=8.0, targets="all")
 
 
-def load_with_random_lora(packed_dir, *, seed: int = 1, compute_dtype: str = "float32"):
+def load_with_random_lora(packed_dir, *, seed: int = 1, compute_dtype: str = "float32",
+                          knobs=None):
     """An engine whose LoRA B is non-zero too, so every LoRA gradient is non-trivial."""
     from mebp_core.engine.model import load_engine_model
 
     engine = load_engine_model(packed_dir, lora_spec=LORA, seed=seed,
-                               compute_dtype=compute_dtype)
+                               compute_dtype=compute_dtype, knobs=knobs)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for module in engine.lora.values():

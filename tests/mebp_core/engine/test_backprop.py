@@ -8,6 +8,7 @@ import pytest
 import torch
 from engine_fixtures import FAMILIES, load_with_random_lora, random_batch
 
+from mebp_core.config import EngineKnobs
 from mebp_core.engine.backprop import (
     ResidentEmbedding,
     ResidentLinear,
@@ -94,12 +95,14 @@ def test_resident_forward_equals_lazy_forward(packed_models):
 
 
 def test_bfloat16_backprop_close_to_mebp(packed_models):
+    """The plain-backprop reference runs its matmuls in bf16, so MeBP does too here."""
     packed = packed_models["qwen3", "int4"]
     input_ids, labels = random_batch(300, seed=5)
     scale = 1.0 / count_valid_targets(labels)
-    lazy = load_with_random_lora(packed, compute_dtype="bfloat16")
+    native = EngineKnobs(bf16_matmul="native")
+    lazy = load_with_random_lora(packed, compute_dtype="bfloat16", knobs=native)
     expected = run_mebp_step(lazy, input_ids, labels, make_checkpoints("ram"), loss_scale=scale)
-    engine = load_with_random_lora(packed, compute_dtype="bfloat16")
+    engine = load_with_random_lora(packed, compute_dtype="bfloat16", knobs=native)
     make_resident(engine)
     actual = run_backprop_step(engine, input_ids, labels, loss_scale=scale)
     assert actual.loss_sum == pytest.approx(expected.loss_sum, rel=1e-2)

@@ -1,0 +1,45 @@
+"""CPU capabilities from /proc/cpuinfo, and the dtype bf16 matmuls run in."""
+
+from __future__ import annotations
+
+import pytest
+
+from mebp_core.cpu import cpu_flags, cpu_model, matmul_dtype, native_bf16_matmul
+
+AVX2_HOST = """processor\t: 0
+vendor_id\t: AuthenticAMD
+model name\t: AMD EPYC
+flags\t\t: fpu sse sse2 avx avx2 fma f16c
+"""
+AMX_HOST = """processor\t: 0
+model name\t: Intel(R) Xeon(R) Platinum
+flags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile
+"""
+ARM_BF16_HOST = """processor\t: 0
+BogoMIPS\t: 2100.00
+Features\t: fp asimd evtstrm aes sve bf16 i8mm
+"""
+ARM_HOST = """processor\t: 0
+Features\t: fp asimd evtstrm aes crc32
+"""
+
+
+@pytest.mark.parametrize(("cpuinfo", "native"), [
+    (AVX2_HOST, False), (AMX_HOST, True), (ARM_BF16_HOST, True), (ARM_HOST, False), ("", False)])
+def test_native_bf16_is_read_from_the_instruction_flags(cpuinfo, native):
+    assert native_bf16_matmul(cpuinfo) is native
+
+
+def test_this_hosts_flags_and_model_are_read():
+    flags = cpu_flags()
+    assert flags & {"fpu", "fp", "sse2", "asimd"}, "no base ISA flag found in /proc/cpuinfo"
+    assert cpu_model()
+
+
+def test_only_bfloat16_is_ever_upcast():
+    assert matmul_dtype("float32", "float32") == "float32"
+    assert matmul_dtype("float32", "auto") == "float32"
+    assert matmul_dtype("bfloat16", "native") == "bfloat16"
+    assert matmul_dtype("bfloat16", "float32") == "float32"
+    auto = "bfloat16" if native_bf16_matmul() else "float32"
+    assert matmul_dtype("bfloat16", "auto") == auto
