@@ -62,16 +62,18 @@ class MemoryCgroup:
         return {p[0]: int(p[1]) for p in pairs if len(p) == 2 and p[1].lstrip("-").isdigit()}
 
     def sample(self) -> None:
-        """Track the peak anon and file charge (from memory.stat) while the child runs."""
+        """Track the peak charge the kernel cannot reclaim (anonymous + shared memory, from
+        memory.stat) and the file cache beside it, while the child runs."""
         stat = self._read_keyed("memory.stat")
         anon = stat.get("anon", stat.get("rss", 0) + stat.get("rss_huge", 0))
-        file = stat.get("file", stat.get("cache", 0))
-        self.samples["peak_anon"] = max(self.samples.get("peak_anon", 0), anon)
+        charged = anon + stat.get("shmem", 0)
+        file = stat.get("file", stat.get("cache", 0)) - stat.get("shmem", 0)  # shmem is cache
+        self.samples["peak_charged"] = max(self.samples.get("peak_charged", 0), charged)
         self.samples["peak_file"] = max(self.samples.get("peak_file", 0), file)
 
     def stats(self) -> dict:
         out = {"version": self.version, "cap_mb": self.cap_bytes / MB,
-               "sampled_peak_anon_mb": self.samples.get("peak_anon", 0) / MB,
+               "sampled_peak_charged_mb": self.samples.get("peak_charged", 0) / MB,
                "sampled_peak_file_mb": self.samples.get("peak_file", 0) / MB}
         if self.version == 1:
             out.update(self._stats_v1())

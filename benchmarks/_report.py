@@ -80,7 +80,7 @@ def mebp_table(report: dict) -> list[str]:
 def cgroup_table(report: dict) -> list[str]:
     lines = [
         "| preset | seq | config | cap MB | steps done | exit code | cgroup max usage MB "
-        "| sampled peak anon / file MB | failcnt | oom kills | child peak MB | s/step |",
+        "| sampled peak anon+shmem / file MB | failcnt | oom kills | child peak MB | s/step |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for row in report["rows"]:
@@ -92,7 +92,7 @@ def cgroup_table(report: dict) -> list[str]:
             f"| {row['preset']} | {row['seq_len']} | {row.get('config', 'default')} "
             f"| {_fmt(cg.get('cap_mb'))} "
             f"| {run.get('steps_completed', 0)}/{row['steps']} | {run['exit_code']} "
-            f"| {_fmt(cg.get('max_usage_mb'))} | {_fmt(cg.get('sampled_peak_anon_mb'))} / "
+            f"| {_fmt(cg.get('max_usage_mb'))} | {_fmt(cg.get('sampled_peak_charged_mb'))} / "
             f"{_fmt(cg.get('sampled_peak_file_mb'))} | {cg.get('failcnt', '-')} "
             f"| {cg.get('oom_kill', '-')} | {_fmt(run.get('peak_mb'))} "
             f"| {_fmt(run.get('s_per_step'), 2)} |")

@@ -5,11 +5,11 @@
         --json /tmp/engine_memory.json
 
 Per preset, sequence length and engine config (a named set of ``EngineKnobs``, see
-``CONFIGS``): the MeBP engine's whole-process peak anonymous memory, the post-import baseline
-and the footprint above it (and above a bare ``import torch``), the median step time after a
-warm-up step, and the decompression share; a transformers + PEFT bf16 LoRA baseline in the
-same run; optionally each config again under a fresh memory cgroup capped at
-``--cgroup-cap-mb`` (runtime included).
+``CONFIGS``): the MeBP engine's whole-process peak charged memory (anonymous + shared), the
+post-import baseline and the footprint above it (and above a bare ``import torch``), the
+median step time after a warm-up step, and the decompression share; a transformers + PEFT
+bf16 LoRA baseline in the same run; optionally each config again under a fresh memory cgroup
+capped at ``--cgroup-cap-mb`` (runtime included).
 
 With ``--repeats R`` the whole set (every config, then the baseline, per preset and length) is
 run R times interleaved, so slow phases of a noisy machine hit every row alike; each row

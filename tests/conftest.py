@@ -20,7 +20,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def host() -> HostCalibration:
     """A fixed host calibration: the planner's arithmetic is tested on known inputs."""
     return HostCalibration(
-        threads=2, runtime_anon_bytes=150 << 20,
+        threads=2, runtime_bytes=150 << 20,
         matmul_flops={dtype: {form: {"256": {"64": 3e10 * f, "2048": 8e10 * f},
                                      "4096": {"64": 5e10 * f, "2048": 1.2e11 * f}}
                               for form in ("nt", "nn")}

@@ -37,11 +37,6 @@ def read_memory() -> MemoryReading:
     return MemoryReading(**values)
 
 
-def read_anon_rss_bytes() -> int:
-    """Anonymous resident memory alone (kept beside the charged figure for comparison)."""
-    return read_memory().anon_bytes
-
-
 class MemorySampler:
     """Samples the process's memory on a background thread to catch peaks between steps.
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from mebp_core.cpu import cpu_model
 from mebp_core.errors import MebpError
 
-CALIBRATION_VERSION = 3
+CALIBRATION_VERSION = 4
 
 
 class CalibrationError(MebpError, RuntimeError):
@@ -31,7 +31,7 @@ class CalibrationError(MebpError, RuntimeError):
 @dataclass(frozen=True)
 class HostCalibration:
     threads: int
-    runtime_anon_bytes: int  # anonymous memory after the imports of a training run
+    runtime_bytes: int  # charged memory (anonymous + shared) after a training run's imports
     # dtype -> form ("nt" forward, "nn" input gradient) -> output width -> tokens -> FLOP/s
     matmul_flops: dict[str, dict[str, dict[str, dict[str, float]]]]
     decompress_params_per_s: dict[str, dict[str, float]]  # quant -> dtype -> params/s

@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from mebp_core.cache import default_cache_dir
-from mebp_core.engine.memory import read_anon_rss_bytes
+from mebp_core.engine.memory import read_memory
 
 MATMUL_TOKENS = (64, 256, 1024)  # tokens per matmul: short batches to long ones (flat beyond)
 MATMUL_OUTS = (256, 1024, 4096)  # output widths: small tiles to whole MLP projections
@@ -42,12 +42,12 @@ def measure(threads: int | None) -> dict:
 
     import mebp_core.engine.train  # noqa: F401 (the imports of a training run)
 
-    runtime_anon = read_anon_rss_bytes()
+    runtime = read_memory().charged_bytes
     if threads:
         torch.set_num_threads(threads)
     from mebp_core.store.quant import dequantize, quantize
 
-    result: dict = {"threads": torch.get_num_threads(), "runtime_anon_bytes": runtime_anon,
+    result: dict = {"threads": torch.get_num_threads(), "runtime_bytes": runtime,
                     "torch": torch.__version__}
     gen = torch.Generator().manual_seed(0)
     result["matmul_flops"] = {name: _matmul_rates(dtype, gen)

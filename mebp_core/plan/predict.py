@@ -1,11 +1,14 @@
 """Peak memory by component and step time of one MeBP configuration, from first principles
 (the time model is in ``timing``).
 
-Memory follows the engine's phases: the forward and the loss (checkpoints, the head's vocab
-tiles and the online-softmax state), then the backward (the checkpoints, counted whole as at
-its start, one block's activations and gradients, one block's decompressed weights). The
-peak is the larger phase on top of what lives throughout: the runtime, resident weights and
-the LoRA state. Each component is reported at the peak, so the components add up to it.
+Memory is what the kernel charges (anonymous + shared). It follows the engine's phases: the
+forward and the loss (checkpoints, the head's vocab tiles and the online-softmax state), then
+the backward (the checkpoints, counted whole as at its start, one block's activations and
+gradients, one block's decompressed weights). The peak is the larger phase on top of what
+lives throughout: the runtime, resident weights and the LoRA state. Each component is
+reported at the peak, so the components add up to it. Storage is in the compute dtype,
+matmuls and lazy tiles in the matmul dtype (float32 for bfloat16 on hosts without bf16
+matmul instructions).
 
 The structural constants below are the engine's, not the host's; ``mebp bench --plan-check``
 holds them to measurement.
@@ -27,6 +30,7 @@ from mebp_core.plan.workload import (
     MB,
     Workload,
     adapted_projections,
+    matmul_bytes,
     saved_bytes_per_token,
     shape_of,
     tile_rows,
@@ -63,20 +67,23 @@ class Prediction:
 
 def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Prediction:
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
+    em = matmul_bytes(workload, knobs)
+    upcast = em != e  # held weights are upcast a tile at a time, inputs per matmul
     n_tokens = workload.tokens
     resident = _resident_weights(arch, knobs, e)
     resident_bytes = sum(resident.values())
-    weights = _transient_weights(arch, knobs, e, set(resident))
+    weights = _transient_weights(arch, knobs, e, em, set(resident))
     every = knobs.checkpoint_blocks
     hidden_bytes = n_tokens * arch.hidden_size * e
     block_saved = int(GRAPH_RETENTION * n_tokens * saved_bytes_per_token(workload, knobs))
     block_grads = n_tokens * _backward_transient_per_token(workload)
-    if every == "none" or not knobs.share_decompression:
+    if upcast or every == "none" or not knobs.share_decompression:
         # a tiled input gradient: the running sum and one tile's partial, (N, in) each
+        # (and both in the matmul dtype when upcasting, with the cast back beside them)
         widest_input = max(inp for _, inp in arch.projections().values())
-        block_grads += n_tokens * widest_input * e
+        block_grads += n_tokens * widest_input * (2 * em + e if upcast else e)
     lora = _lora_bytes(workload, keep_all_grads=every == "none" or not workload.fused_update)
-    loss_chunk = _loss_chunk_bytes(workload, knobs)
+    loss_chunk = _loss_chunk_bytes(workload, knobs, em)
 
     if every == "none":
         saved = 0
@@ -90,12 +97,13 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
         # one block recomputed under autograd, its gradients, the segment's re-run inputs
         segment = min(every, arch.num_layers)
         activations_bwd = block_saved + block_grads + (segment - 1) * hidden_bytes
-        weights_bwd = weights["block"] + (0 if knobs.share_decompression else weights["tile"])
+        tiles_in_backward = upcast or not knobs.share_decompression
+        weights_bwd = weights["block"] + (weights["tile"] if tiles_in_backward else 0)
     forward_phase = {"weights": weights["tile"], "activations": activations_fwd,
                      "loss_chunk": loss_chunk}
     backward_phase = {"weights": weights_bwd, "activations": activations_bwd, "loss_chunk": 0}
     phase = max((forward_phase, backward_phase), key=lambda p: sum(p.values()))
-    memory = {"runtime": host.runtime_anon_bytes + RUNTIME_OVERHEAD_BYTES,
+    memory = {"runtime": host.runtime_bytes + RUNTIME_OVERHEAD_BYTES,
               "weights": resident_bytes + phase["weights"], "checkpoints": saved,
               "activations": phase["activations"], "lora": lora,
               "loss_chunk": phase["loss_chunk"]}
@@ -116,19 +124,22 @@ def _resident_weights(arch: Architecture, knobs: EngineKnobs, e: int) -> dict[st
             for name in select_resident(sizes.items(), knobs.resident_weight_bytes)}
 
 
-def _transient_weights(arch: Architecture, knobs: EngineKnobs, e: int,
+def _transient_weights(arch: Architecture, knobs: EngineKnobs, e: int, em: int,
                        resident: set[str]) -> dict[str, int]:
-    """The tile arena (largest lazy tile, forward and head) and the shared arena (the largest
-    block's lazy weights, decompressed whole for its backward)."""
+    """The tile arena (largest lazy tile in the matmul dtype, forward and head, or largest
+    upcast tile of a held weight) and the shared arena (the largest block's lazy weights,
+    decompressed whole in the storage dtype for its backward)."""
     tile = 0
     blocks: dict[int, int] = {}
     for name, params in arch.frozen_weights():
-        if name in resident:
+        if name in resident and em == e:
             continue
         rows, cols = shape_of(arch, name)
         tile_bytes = knobs.loss_vocab_tile_bytes if "layers" not in name \
             else knobs.decompress_tile_bytes
-        tile = max(tile, tile_rows(rows, cols, tile_bytes, e) * cols * e)
+        tile = max(tile, tile_rows(rows, cols, tile_bytes, em) * cols * em)
+        if name in resident:
+            continue
         if knobs.share_decompression and "layers" in name:
             block = block_index(name)
             blocks[block] = blocks.get(block, 0) + params * e
@@ -152,13 +163,13 @@ def _lora_bytes(workload: Workload, *, keep_all_grads: bool) -> int:
     return params + grads + optimizer
 
 
-def _loss_chunk_bytes(workload: Workload, knobs: EngineKnobs) -> int:
-    """One vocabulary tile's float32 logits, probabilities and their cast, plus the per-token
-    running state and the (N, D) float32 gradient accumulator."""
-    arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
-    rows = tile_rows(arch.vocab_size, arch.hidden_size, knobs.loss_vocab_tile_bytes, e)
+def _loss_chunk_bytes(workload: Workload, knobs: EngineKnobs, em: int) -> int:
+    """One vocabulary tile's float32 logits, probabilities and their cast to the matmul
+    dtype, plus the per-token running state and the (N, D) float32 gradient accumulator."""
+    arch = workload.arch
+    rows = tile_rows(arch.vocab_size, arch.hidden_size, knobs.loss_vocab_tile_bytes, em)
     n = workload.tokens
-    return n * rows * (4 + 4 + e) + 3 * n * arch.hidden_size * 4
+    return n * rows * (4 + 4 + em) + 3 * n * arch.hidden_size * 4
 
 
 def _lazy_store_bytes(workload: Workload, resident: set[str]) -> int:

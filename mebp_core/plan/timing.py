@@ -4,7 +4,8 @@ rate for their shape, decompressions, elementwise traffic and per-op overhead.
 The engine's passes: a forward without autograd (lazy weights tiled), then per block a
 recompute under autograd and its backward (whole decompressed weights when shared, tiles
 otherwise); with checkpoints every k blocks each segment's forward is re-run first; without
-checkpoints one forward under autograd and one backward, both tiled.
+checkpoints one forward under autograd and one backward, both tiled. Matmuls run at the rate
+of the matmul dtype (``workload.matmul_bytes``); upcasting held bf16 weights is traffic.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from __future__ import annotations
 import math
 
 from mebp_core.config import EngineKnobs
+from mebp_core.cpu import matmul_dtype
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.workload import (
     DTYPE_BYTES,
     Workload,
     adapted_projections,
+    matmul_bytes,
     saved_bytes_per_token,
     tile_rows,
 )
@@ -89,7 +92,8 @@ def _resident_blocks(workload: Workload, resident: set[str]) -> dict[str, int]:
 
 def _matmul_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
               resident: set[str]) -> float:
-    arch, n, dtype = workload.arch, workload.tokens, workload.compute_dtype
+    arch, n = workload.arch, workload.tokens
+    dtype = matmul_dtype(workload.compute_dtype, knobs.bf16_matmul)
     e = DTYPE_BYTES[dtype]
     passes = pass_counts(workload, knobs)
     layers = arch.num_layers
@@ -123,29 +127,35 @@ def _matmul_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
 def _decompress_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
                   resident: set[str]) -> float:
     """Parameters decompressed per step over the measured rate, plus a fixed cost per call
-    (one per tile, or one per projection when a block is decompressed whole)."""
-    arch, e, dtype = workload.arch, DTYPE_BYTES[workload.compute_dtype], workload.compute_dtype
+    (one per tile, or one per projection when a block is decompressed whole). Tiles are
+    decompressed to the matmul dtype, whole shared blocks to the storage dtype."""
+    arch = workload.arch
+    tile_dtype = matmul_dtype(workload.compute_dtype, knobs.bf16_matmul)
+    e = DTYPE_BYTES[tile_dtype]
     passes = pass_counts(workload, knobs)
     layers = arch.num_layers
     # per block weight: its share of the step's block passes (a shared block is decompressed
     # once for its recompute and its backward)
     tiled_uses = (passes["tiled_forward"] + passes["tiled_backward"]) / layers
     whole_uses = passes["whole_backward"] / layers
-    params = calls = 0.0
+    tiled_params = whole_params = calls = 0.0
     for name, count in arch.frozen_weights():
         if name in resident:
             continue
         if "layers" not in name:  # the head: once per step, in vocabulary tiles
             rows, cols = arch.vocab_size, arch.hidden_size
-            params += count
+            tiled_params += count
             calls += math.ceil(rows / tile_rows(rows, cols, knobs.loss_vocab_tile_bytes, e))
             continue
         rows, cols = arch.projections()[name.split(".")[-2]]
         tiles = math.ceil(rows / tile_rows(rows, cols, knobs.decompress_tile_bytes, e))
-        params += count * (tiled_uses + whole_uses)
+        tiled_params += count * tiled_uses
+        whole_params += count * whole_uses
         calls += tiles * tiled_uses + whole_uses
-    rate = host.decompress_rate(workload.quant, dtype)
-    return params / rate + calls * (host.decompress_call_s + 3 * host.op_overhead_s)
+    tiled_rate = host.decompress_rate(workload.quant, tile_dtype)
+    whole_rate = host.decompress_rate(workload.quant, workload.compute_dtype)
+    return (tiled_params / tiled_rate + whole_params / whole_rate +
+            calls * (host.decompress_call_s + 3 * host.op_overhead_s))
 
 
 def _elementwise_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
@@ -153,6 +163,7 @@ def _elementwise_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration
     """Activation traffic of the blocks, the logits' softmax passes, the LoRA branches
     (rank-r matmuls are bandwidth-bound) and the tiled projections' copies."""
     arch, n, e = workload.arch, workload.tokens, DTYPE_BYTES[workload.compute_dtype]
+    em = matmul_bytes(workload, knobs)
     passes = pass_counts(workload, knobs)
     forwards = passes["tiled_forward"] + passes["whole_forward"]
     backwards = passes["tiled_backward"] + passes["whole_backward"]
@@ -173,12 +184,32 @@ def _elementwise_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration
     resident_blocks = _resident_blocks(workload, resident)
     for suffix, (out, inp) in arch.projections().items():
         lazy = 1 - resident_blocks[suffix] / arch.num_layers
-        tiles = math.ceil(out / tile_rows(out, inp, knobs.decompress_tile_bytes, e))
+        tiles = math.ceil(out / tile_rows(out, inp, knobs.decompress_tile_bytes, em))
         # a forward tile's output is copied into its columns; a backward tile's partial
         # input gradient is added into the whole
         traffic += lazy * passes["tiled_forward"] * n * out * e * 2
         traffic += lazy * passes["tiled_backward"] * tiles * n * inp * e * 3
+    if em != e:
+        traffic += _upcast_bytes(workload, knobs, resident, e, em)
     return TRAFFIC_MULTIPLIER * traffic / host.elementwise_bytes_per_s
+
+
+def _upcast_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str], e: int,
+                  em: int) -> float:
+    """Bytes read and written upcasting held weights to the matmul dtype, a tile at a time:
+    shared block weights at their recompute and backward, resident ones at every use."""
+    arch, passes = workload.arch, pass_counts(workload, knobs)
+    layers = arch.num_layers
+    shared_uses = (passes["whole_forward"] + passes["whole_backward"]) / layers
+    all_uses = sum(passes[k] for k in ("tiled_forward", "whole_forward", "tiled_backward",
+                                       "whole_backward")) / layers
+    params = 0.0
+    for name, count in arch.frozen_weights():
+        if name in resident:
+            params += count * (all_uses if "layers" in name else 1)
+        elif "layers" in name:
+            params += count * shared_uses
+    return params * (e + em)
 
 
 def _overhead_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> float:

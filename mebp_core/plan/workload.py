@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from mebp_core.config import EngineKnobs, TrainConfig
+from mebp_core.cpu import matmul_dtype
 from mebp_core.lora.spec import LoraSpec
 from mebp_core.plan.arch import Architecture, PlanInputError
 
@@ -44,6 +45,12 @@ class Workload:
     @property
     def tokens(self) -> int:
         return self.batch_size * self.seq_len
+
+
+def matmul_bytes(workload: Workload, knobs: EngineKnobs) -> int:
+    """Bytes per element of what the matmuls run in (and lazy tiles are decompressed to):
+    float32 for bfloat16 storage on a host without bf16 matmul instructions."""
+    return DTYPE_BYTES[matmul_dtype(workload.compute_dtype, knobs.bf16_matmul)]
 
 
 def tile_rows(rows: int, cols: int, tile_bytes: int, e: int) -> int:

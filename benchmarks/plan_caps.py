@@ -1,0 +1,173 @@
+"""The planner's promise, checked by the kernel: for each preset, sequence length and dtype,
+take the plan's own smallest budget S and run ``mebp train --plan-budget-mb S`` for a few
+steps inside a fresh memory cgroup hard-capped at S MB (no swap). A row holds when the run
+completes and the chosen configuration's predicted peak is within ``--tolerance`` of the
+kernel's count (the larger of the cgroup's sampled anon + shmem and the process's own).
+
+    .venv/bin/python benchmarks/plan_caps.py --json /tmp/plan_caps.json
+
+The calibration and the packed presets are made first, outside any cap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks._cgroup import create_cgroup  # noqa: E402
+from mebp_core.bench.corpus import collect_docstrings, write_jsonl  # noqa: E402
+from mebp_core.cache import default_cache_dir  # noqa: E402
+from mebp_core.config import TrainConfig  # noqa: E402
+from mebp_core.cpu import cpu_flags, cpu_model, matmul_dtype  # noqa: E402
+from mebp_core.plan.arch import load_architecture  # noqa: E402
+from mebp_core.plan.calibration import load_calibration  # noqa: E402
+from mebp_core.plan.planner import make_plan  # noqa: E402
+from mebp_core.plan.workload import MB, Workload  # noqa: E402
+
+CASES = (("smollm2-135m", 256), ("qwen2.5-0.5b", 256), ("gemma3-1b", 256),
+         ("qwen2.5-1.5b", 256), ("qwen2.5-0.5b", 1024))
+CGROUP_POLL_S = 0.01
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--cases", nargs="+", metavar="PRESET:SEQ",
+                   default=[f"{name}:{seq}" for name, seq in CASES])
+    p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
+                   choices=["float32", "bfloat16"])
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--tolerance", type=float, default=0.10,
+                   help="predicted peak within this fraction of the kernel's count")
+    p.add_argument("--json", type=Path, help="write every row here")
+    p.add_argument("--uncapped", action="store_true",
+                   help="run in an unlimited cgroup: the peak the configuration reaches freely")
+    return p.parse_args(argv)
+
+
+def plan_case(preset: str, seq_len: int, dtype: str, host) -> dict:
+    arch = load_architecture(f"preset:{preset}")
+    workload = Workload.from_config(arch, TrainConfig(seq_len=seq_len, compute_dtype=dtype))
+    budget_mb = make_plan(workload, host).smallest_budget_mb()
+    chosen = make_plan(workload, host, budget_bytes=budget_mb * MB).auto
+    return {"preset": preset, "seq_len": seq_len, "dtype": dtype,
+            "matmul_dtype": matmul_dtype(dtype, chosen.knobs.bf16_matmul),
+            "budget_mb": budget_mb, "config": chosen.id,
+            "predicted_peak_mb": round(chosen.prediction.peak_bytes / MB, 1),
+            "predicted_step_s": round(chosen.prediction.step_time_s, 2)}
+
+
+def run_capped(row: dict, data: Path, steps: int, work: Path, capped: bool = True) -> dict:
+    metrics, out = work / "metrics.jsonl", work / "adapter"
+    argv = [str(REPO / ".venv" / "bin" / "mebp"), "train", "--model", f"preset:{row['preset']}",
+            "--data", str(data), "--out", str(out), "--steps", str(steps),
+            "--seq-len", str(row["seq_len"]), "--compute-dtype", row["dtype"],
+            "--plan-budget-mb", str(row["budget_mb"]), "--metrics", str(metrics)]
+    cap = row["budget_mb"] * MB if capped else 1 << 50
+    group = create_cgroup(cap, f"mebp-plan-caps-{os.getpid()}-{time.time_ns()}")
+    try:
+        child = subprocess.Popen(group.wrap(argv), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True,
+                                 env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        while child.poll() is None:
+            group.sample()
+            time.sleep(CGROUP_POLL_S)
+        stderr = child.stderr.read()
+        cgroup = group.stats()
+    finally:
+        group.remove()
+    steps_done = [json.loads(line) for line in metrics.read_text().splitlines()] \
+        if metrics.exists() else []
+    process_peak = max((s["peak_mb"] for s in steps_done), default=0.0)
+    kernel = max(process_peak, cgroup["sampled_peak_charged_mb"])
+    times = [s["step_time_s"] for s in steps_done[1:]] or [s["step_time_s"] for s in steps_done]
+    completed = child.returncode == 0 and len(steps_done) == steps
+    return {"exit_code": child.returncode, "steps_completed": len(steps_done),
+            "completed": completed, "process_peak_mb": round(process_peak, 1),
+            "cgroup_charged_peak_mb": round(cgroup["sampled_peak_charged_mb"], 1),
+            "cgroup_file_peak_mb": round(cgroup["sampled_peak_file_mb"], 1),
+            "cgroup_max_usage_mb": cgroup.get("max_usage_mb"),
+            "oom_kill": cgroup.get("oom_kill"), "kernel_peak_mb": round(kernel, 1),
+            "prediction_error": round(row["predicted_peak_mb"] / kernel - 1, 3) if kernel else None,
+            "measured_step_s": round(statistics.median(times), 2) if times else None,
+            "stderr_tail": None if completed else stderr.strip()[-400:]}
+
+
+def prepare(cases: list[tuple[str, int]], dtypes: list[str]):
+    """Calibrate and pack outside any cap (each would otherwise run inside the first one)."""
+    from mebp_core.store.resolve import resolve_model
+
+    host = load_calibration(default_cache_dir())
+    for preset in dict.fromkeys(name for name, _ in cases):
+        print(f"packing {preset}", file=sys.stderr, flush=True)
+        resolve_model(f"preset:{preset}")
+    return host
+
+
+def markdown(rows: list[dict], tolerance: float) -> str:
+    lines = ["| preset | seq | dtype (matmul) | budget S MB | chosen configuration | predicted "
+             "MB | kernel MB (cgroup / process) | error | 3 steps under S | s/step "
+             "(predicted / measured) |", "|" + "---|" * 10]
+    for r in rows:
+        error = r["prediction_error"]
+        held = "yes" if r["completed"] else f"no (exit {r['exit_code']}, {r['oom_kill']} OOM)"
+        lines.append(
+            f"| {r['preset']} | {r['seq_len']} | {r['dtype']} ({r['matmul_dtype']}) "
+            f"| {r['budget_mb']} | `{r['config']}` | {r['predicted_peak_mb']} "
+            f"| {r['kernel_peak_mb']} ({r['cgroup_charged_peak_mb']} / {r['process_peak_mb']}) "
+            f"| {'-' if error is None else f'{error:+.1%}'} | {held} "
+            f"| {r['predicted_step_s']} / {r['measured_step_s']} |")
+    held = sum(r["completed"] and r["prediction_error"] is not None
+               and abs(r["prediction_error"]) <= tolerance for r in rows)
+    lines.append(f"\n{held} of {len(rows)} rows hold (completed, error within "
+                 f"{tolerance:.0%}).")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    cases = [(spec.split(":")[0], int(spec.split(":")[1])) for spec in args.cases]
+    host = prepare(cases, args.dtypes)
+    corpus = Path(tempfile.mkdtemp(prefix="mebp-plan-caps-"))
+    data = write_jsonl(collect_docstrings(max_files=200), corpus / "train.jsonl")
+    rows = []
+    try:
+        for preset, seq_len in cases:
+            for dtype in args.dtypes:
+                row = plan_case(preset, seq_len, dtype, host)
+                print(f"{preset} seq {seq_len} {dtype}: S = {row['budget_mb']} MB, "
+                      f"{row['config']}", file=sys.stderr, flush=True)
+                work = Path(tempfile.mkdtemp(dir=corpus))
+                row.update(run_capped(row, data, args.steps, work, not args.uncapped))
+                shutil.rmtree(work, ignore_errors=True)
+                print(f"  -> {json.dumps(row)}", file=sys.stderr, flush=True)
+                rows.append(row)
+    finally:
+        shutil.rmtree(corpus, ignore_errors=True)
+    report = {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
+                          "flags": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16",
+                                                         "amx_bf16", "bf16"}),
+                          "python": platform.python_version()},
+              "date": time.strftime("%Y-%m-%d"), "steps": args.steps,
+              "tolerance": args.tolerance, "rows": rows}
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    print(markdown(rows, args.tolerance))
+    ok = all(r["completed"] and abs(r["prediction_error"] or 1) <= args.tolerance for r in rows)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
