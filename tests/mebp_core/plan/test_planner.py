@@ -34,6 +34,26 @@ def test_component_sizes_follow_from_the_architecture(workload, host):
     assert prediction.memory["runtime"] > host.runtime_bytes
 
 
+def test_bfloat16_with_float32_matmuls_stores_in_bf16_and_computes_at_float32_rates(host):
+    """The host fixture's bf16 matmuls run at twice float32's rate: the float32 path must be
+    predicted at float32's matmul time, with bf16 storage plus upcast tiles in memory."""
+    arch = load_architecture("preset:qwen2.5-0.5b")
+    fp32 = predict(Workload(arch=arch, seq_len=256), EngineKnobs(), host)
+    bf16 = Workload(arch=arch, seq_len=256, compute_dtype="bfloat16")
+    upcast = predict(bf16, EngineKnobs(bf16_matmul="float32"), host)
+    native = predict(bf16, EngineKnobs(bf16_matmul="native"), host)
+    assert upcast.time["matmul"] == pytest.approx(fp32.time["matmul"])
+    assert native.time["matmul"] < 0.6 * upcast.time["matmul"]
+    assert upcast.time["elementwise"] > native.time["elementwise"]  # the upcasts
+    assert upcast.memory["checkpoints"] == native.memory["checkpoints"] \
+        == fp32.memory["checkpoints"] / 2
+    block_bf16 = 2 * (896 * 896 * 2 + 128 * 896 * 2 + 4864 * 896 * 3)
+    assert native.memory["weights"] == block_bf16
+    upcast_tile = (8 * MB // (896 * 4)) * 896 * 4  # the widest rows in 8 MB, float32
+    assert upcast.memory["weights"] == block_bf16 + upcast_tile
+    assert native.peak_bytes < upcast.peak_bytes < fp32.peak_bytes
+
+
 def test_each_knob_moves_memory_and_time_the_way_it_should(workload, host):
     base = predict(workload, EngineKnobs(), host)
     resident = predict(workload, EngineKnobs(frozen_weights="resident"), host)
