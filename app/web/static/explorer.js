@@ -53,7 +53,7 @@
   const chart = document.getElementById("tradeoff-chart");
   Plotly.newPlot(chart, traces, {
     margin: {t: 30, r: 20}, hovermode: "closest", shapes, annotations,
-    xaxis: {title: {text: "peak memory (MB)"}, type: "log"},
+    xaxis: {title: {text: "predicted peak memory, anonymous + shared (MB)"}, type: "log"},
     yaxis: {title: {text: "seconds per step (this host)"}, type: "log"},
     legend: {orientation: "h", y: -0.2},
   }, {displaylogo: false, responsive: true});

@@ -13,7 +13,7 @@
   Plotly.newPlot("loss-chart", [line("train loss", "#4c78a8"),
                                 line("validation loss", "#f58518", "markers")],
                  layout("Loss", "step", "loss"), config);
-  Plotly.newPlot("memory-chart", [line("peak anonymous memory in the step", "#54a24b")],
+  Plotly.newPlot("memory-chart", [line("step peak: anonymous + shared memory (what the cgroup charges)", "#54a24b")],
                  layout("Memory", "training time (s)", "MB", {
                    shapes: [{type: "line", xref: "paper", x0: 0, x1: 1, y0: capMb, y1: capMb,
                              line: {color: "#e45756", dash: "dash", width: 2}}],
