@@ -269,14 +269,20 @@ class FrozenLinear(nn.Module):
         return y
 
     def _tiled_backward(self, grad_y: torch.Tensor, tile_of) -> torch.Tensor:
+        """The input gradient, each tile's product summed into it in place (no (N, in)
+        partial beside the sum)."""
+        g = grad_y.reshape(-1, self.out_features)  # (N, out)
         grad_x = None
         for rows in self._row_tiles():
             tile = tile_of(rows)
-            part = grad_y[..., rows].to(self.matmul_dtype) @ tile
-            grad_x = part if grad_x is None else grad_x.add_(part)
+            g_rows = g[:, rows].to(self.matmul_dtype)
+            if grad_x is None:
+                grad_x = g_rows @ tile  # (N, in)
+            else:
+                grad_x.addmm_(g_rows, tile)
             self.drop(tile)
-            del tile, part
-        return grad_x.to(grad_y.dtype)
+            del tile, g_rows
+        return grad_x.view(*grad_y.shape[:-1], self.in_features).to(grad_y.dtype)
 
 
 class _FrozenMatmul(torch.autograd.Function):

@@ -39,9 +39,9 @@ from mebp_core.plan.workload import (
 # What a training run holds above its imports and the modelled tensors: the data, allocator
 # slack, the store's index, rotary tables, small tensors. Fitted on the kernel's count
 # (benchmarks/plan_caps.py --uncapped, smollm2-135m, qwen2.5-0.5b and gemma3-1b at seq 256,
-# float32 and bfloat16, the smallest configurations): 18-37 MB above the rest; 28 taken, so
-# the worst row is predicted 3% under and the planner's 10% margin covers it.
-RUNTIME_OVERHEAD_BYTES = 40 * MB
+# float32 and bfloat16, the smallest configurations, with the per-token backward term below
+# fitted beside it on qwen2.5-0.5b at seq 256 and 1024).
+RUNTIME_OVERHEAD_BYTES = 28 * MB
 # Anonymous memory an autograd graph costs per byte of the tensors it saves: the temporaries
 # freed between saved tensors leave heap holes the allocator cannot return (fitted: 1.7-1.8x
 # on smollm2-135m and qwen2.5-0.5b, seq 128-512, float32, without checkpoints).
@@ -80,7 +80,7 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     every = knobs.checkpoint_blocks
     hidden_bytes = n_tokens * arch.hidden_size * e
     block_saved = int(GRAPH_RETENTION * n_tokens * saved_bytes_per_token(workload, knobs))
-    block_grads = n_tokens * _backward_transient_per_token(workload)
+    block_grads = n_tokens * _backward_transient_per_token(workload, em)
     if upcast or every == "none" or not knobs.share_decompression:
         # a tiled input gradient: the running sum and one tile's partial, (N, in) each
         # (when upcasting: both in the matmul dtype, the cast back, and the LoRA branch's
@@ -151,12 +151,16 @@ def _transient_weights(arch: Architecture, knobs: EngineKnobs, e: int, em: int,
     return {"tile": tile, "block": max(blocks.values(), default=0)}
 
 
-def _backward_transient_per_token(workload: Workload) -> float:
+def _backward_transient_per_token(workload: Workload, em: int) -> float:
     """Gradients and temporaries alive at once inside a block's backward: MLP-sized gradients
-    and a dozen hidden-sized ones (fitted to measured peaks of smollm2-135m and qwen2.5-0.5b
-    at seq 128-512: the single-block backward peaks ~2x above its saved tensors)."""
+    and a dozen hidden-sized ones in the storage dtype (fitted to measured peaks of
+    smollm2-135m and qwen2.5-0.5b at seq 128-512: the single-block backward peaks ~2x above
+    its saved tensors), and four more MLP-sized ones in the matmul dtype: the MLP's input
+    gradients summed from the frozen and LoRA paths (fitted on the kernel's count: qwen2.5-0.5b
+    at seq 1024 peaked 80 KB per token above the rest in float32, 94 in bfloat16)."""
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
-    return e * (4 * arch.intermediate_size + 12 * arch.hidden_size)
+    return e * (4 * arch.intermediate_size + 12 * arch.hidden_size) + \
+        em * 4 * arch.intermediate_size
 
 
 def _lora_bytes(workload: Workload, *, keep_all_grads: bool) -> int:
