@@ -39,9 +39,10 @@ from mebp_core.plan.workload import (
 # What a training run holds above its imports and the modelled tensors: the data, allocator
 # slack, the store's index, rotary tables, small tensors. Fitted on the kernel's count
 # (benchmarks/plan_caps.py --uncapped, smollm2-135m, qwen2.5-0.5b and gemma3-1b at seq 256,
-# float32 and bfloat16, the smallest configurations, with the per-token backward term below
-# fitted beside it on qwen2.5-0.5b at seq 256 and 1024).
-RUNTIME_OVERHEAD_BYTES = 28 * MB
+# float32 and bfloat16, the smallest configurations; fitted by least squares together with
+# the per-token backward term below on those and qwen2.5-0.5b at seq 1024 and qwen2.5-1.5b:
+# 34 MB, every row then within -2.6%..+3.6% of the kernel's count).
+RUNTIME_OVERHEAD_BYTES = 34 * MB
 # Anonymous memory an autograd graph costs per byte of the tensors it saves: the temporaries
 # freed between saved tensors leave heap holes the allocator cannot return (fitted: 1.7-1.8x
 # on smollm2-135m and qwen2.5-0.5b, seq 128-512, float32, without checkpoints).
@@ -155,12 +156,12 @@ def _backward_transient_per_token(workload: Workload, em: int) -> float:
     """Gradients and temporaries alive at once inside a block's backward: MLP-sized gradients
     and a dozen hidden-sized ones in the storage dtype (fitted to measured peaks of
     smollm2-135m and qwen2.5-0.5b at seq 128-512: the single-block backward peaks ~2x above
-    its saved tensors), and four more MLP-sized ones in the matmul dtype: the MLP's input
-    gradients summed from the frozen and LoRA paths (fitted on the kernel's count: qwen2.5-0.5b
-    at seq 1024 peaked 80 KB per token above the rest in float32, 94 in bfloat16)."""
+    its saved tensors), and two more MLP-sized ones in the matmul dtype: the MLP's input
+    gradients from the frozen and LoRA paths and their sum (least squares on the kernel's
+    count of 10 runs, seq 256 and 1024: 1.8 per token)."""
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
     return e * (4 * arch.intermediate_size + 12 * arch.hidden_size) + \
-        em * 4 * arch.intermediate_size
+        em * 2 * arch.intermediate_size
 
 
 def _lora_bytes(workload: Workload, *, keep_all_grads: bool) -> int:
