@@ -83,9 +83,8 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     block_saved = int(GRAPH_RETENTION * n_tokens * saved_bytes_per_token(workload, knobs))
     block_grads = n_tokens * _backward_transient_per_token(workload, em)
     if upcast or every == "none" or not knobs.share_decompression:
-        # a tiled input gradient: the running sum and one tile's partial, (N, in) each
-        # (when upcasting: both in the matmul dtype, the cast back, and the LoRA branch's
-        # upcast input beside them)
+        # a tiled input gradient's running sum, (N, in); when upcasting, in the matmul dtype
+        # beside its cast back, the LoRA branch's upcast input and its own gradient
         widest_input = max(inp for _, inp in arch.projections().values())
         block_grads += n_tokens * widest_input * (3 * em + e if upcast else e)
     lora = _lora_bytes(workload, keep_all_grads=every == "none" or not workload.fused_update)
