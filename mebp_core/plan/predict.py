@@ -37,11 +37,11 @@ from mebp_core.plan.workload import (
 )
 
 # What a training run holds above its imports and the modelled tensors: the data, allocator
-# slack, the store's index, rotary tables, small tensors. Fitted on the kernel's count
-# (benchmarks/plan_caps.py --uncapped, smollm2-135m, qwen2.5-0.5b and gemma3-1b at seq 256,
-# float32 and bfloat16, the smallest configurations; fitted by least squares together with
-# the per-token backward term below on those and qwen2.5-0.5b at seq 1024 and qwen2.5-1.5b:
-# 34 MB, every row then within -2.6%..+3.6% of the kernel's count).
+# slack, the store's index, rotary tables, small tensors. Fitted by least squares on the
+# kernel's count together with the per-token term of ``_backward_transient_per_token``: ten
+# runs of ``benchmarks/plan_caps.py --uncapped`` (smollm2-135m, qwen2.5-0.5b, gemma3-1b and
+# qwen2.5-1.5b at seq 256, qwen2.5-0.5b at 1024, float32 and bfloat16), each then within
+# -2.6%..+3.6%.
 RUNTIME_OVERHEAD_BYTES = 34 * MB
 # Anonymous memory an autograd graph costs per byte of the tensors it saves: the temporaries
 # freed between saved tensors leave heap holes the allocator cannot return (fitted: 1.7-1.8x
