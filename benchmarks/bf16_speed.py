@@ -22,8 +22,10 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks._train import timed_step_s, train_argv  # noqa: E402
 from mebp_core.bench.corpus import collect_docstrings, write_jsonl  # noqa: E402
 from mebp_core.cpu import cpu_flags, cpu_model, matmul_dtype  # noqa: E402
+from mebp_core.engine.metrics_file import read_steps  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,14 +40,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace, dtype: str, data: Path, work: Path) -> dict:
     metrics = work / f"{dtype}.jsonl"
-    subprocess.run([str(REPO / ".venv" / "bin" / "mebp"), "train",
-                    "--model", f"preset:{args.preset}", "--data", str(data),
-                    "--out", str(work / dtype), "--steps", str(args.steps),
-                    "--seq-len", str(args.seq_len), "--compute-dtype", dtype,
-                    "--metrics", str(metrics)], check=True, stdout=subprocess.DEVNULL,
-                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    steps = [json.loads(line) for line in metrics.read_text().splitlines()]
-    return {"s_per_step": statistics.median(s["step_time_s"] for s in steps[1:]),
+    subprocess.run(train_argv(args.preset, data, work / dtype, metrics, steps=args.steps,
+                              seq_len=args.seq_len, dtype=dtype),
+                   check=True, stdout=subprocess.DEVNULL, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    steps = read_steps(metrics)
+    return {"s_per_step": timed_step_s(steps),
             "peak_mb": max(s["peak_mb"] for s in steps),
             "footprint_mb": max(s["footprint_mb"] for s in steps)}
 

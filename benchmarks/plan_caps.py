@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,14 +27,16 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._cgroup import create_cgroup  # noqa: E402
+from benchmarks._train import timed_step_s, train_argv  # noqa: E402
 from mebp_core.bench.corpus import collect_docstrings, write_jsonl  # noqa: E402
 from mebp_core.cache import default_cache_dir  # noqa: E402
 from mebp_core.config import TrainConfig  # noqa: E402
-from mebp_core.cpu import cpu_flags, cpu_model, matmul_dtype  # noqa: E402
+from mebp_core.cpu import cpu_flags, cpu_model  # noqa: E402
+from mebp_core.engine.metrics_file import read_steps  # noqa: E402
 from mebp_core.plan.arch import load_architecture  # noqa: E402
 from mebp_core.plan.calibration import load_calibration  # noqa: E402
 from mebp_core.plan.planner import make_plan  # noqa: E402
-from mebp_core.plan.workload import MB, Workload  # noqa: E402
+from mebp_core.plan.workload import MB, Workload, matmul_dtype_of  # noqa: E402
 
 CASES = (("smollm2-135m", 256), ("qwen2.5-0.5b", 256), ("gemma3-1b", 256),
          ("qwen2.5-1.5b", 256), ("qwen2.5-0.5b", 1024))
@@ -63,7 +64,7 @@ def plan_case(preset: str, seq_len: int, dtype: str, host) -> dict:
     budget_mb = make_plan(workload, host).smallest_budget_mb()
     chosen = make_plan(workload, host, budget_bytes=budget_mb * MB).auto
     return {"preset": preset, "seq_len": seq_len, "dtype": dtype,
-            "matmul_dtype": matmul_dtype(dtype, chosen.knobs.bf16_matmul),
+            "matmul_dtype": matmul_dtype_of(workload, chosen.knobs),
             "budget_mb": budget_mb, "config": chosen.id,
             "predicted_peak_mb": round(chosen.prediction.peak_bytes / MB, 1),
             "predicted_step_s": round(chosen.prediction.step_time_s, 2)}
@@ -71,10 +72,8 @@ def plan_case(preset: str, seq_len: int, dtype: str, host) -> dict:
 
 def run_capped(row: dict, data: Path, steps: int, work: Path, capped: bool = True) -> dict:
     metrics, out = work / "metrics.jsonl", work / "adapter"
-    argv = [str(REPO / ".venv" / "bin" / "mebp"), "train", "--model", f"preset:{row['preset']}",
-            "--data", str(data), "--out", str(out), "--steps", str(steps),
-            "--seq-len", str(row["seq_len"]), "--compute-dtype", row["dtype"],
-            "--plan-budget-mb", str(row["budget_mb"]), "--metrics", str(metrics)]
+    argv = train_argv(row["preset"], data, out, metrics, steps=steps, seq_len=row["seq_len"],
+                      dtype=row["dtype"], extra=("--plan-budget-mb", str(row["budget_mb"])))
     cap = row["budget_mb"] * MB if capped else 1 << 50
     group = create_cgroup(cap, f"mebp-plan-caps-{os.getpid()}-{time.time_ns()}")
     try:
@@ -88,11 +87,10 @@ def run_capped(row: dict, data: Path, steps: int, work: Path, capped: bool = Tru
         cgroup = group.stats()
     finally:
         group.remove()
-    steps_done = [json.loads(line) for line in metrics.read_text().splitlines()] \
-        if metrics.exists() else []
+    steps_done = read_steps(metrics)
     process_peak = max((s["peak_mb"] for s in steps_done), default=0.0)
     kernel = max(process_peak, cgroup["sampled_peak_charged_mb"])
-    times = [s["step_time_s"] for s in steps_done[1:]] or [s["step_time_s"] for s in steps_done]
+    step_s = timed_step_s(steps_done)
     completed = child.returncode == 0 and len(steps_done) == steps
     return {"exit_code": child.returncode, "steps_completed": len(steps_done),
             "completed": completed, "process_peak_mb": round(process_peak, 1),
@@ -101,11 +99,11 @@ def run_capped(row: dict, data: Path, steps: int, work: Path, capped: bool = Tru
             "cgroup_max_usage_mb": cgroup.get("max_usage_mb"),
             "oom_kill": cgroup.get("oom_kill"), "kernel_peak_mb": round(kernel, 1),
             "prediction_error": round(row["predicted_peak_mb"] / kernel - 1, 3) if kernel else None,
-            "measured_step_s": round(statistics.median(times), 2) if times else None,
+            "measured_step_s": None if step_s is None else round(step_s, 2),
             "stderr_tail": None if completed else stderr.strip()[-400:]}
 
 
-def prepare(cases: list[tuple[str, int]], dtypes: list[str]):
+def prepare(cases: list[tuple[str, int]]):
     """Calibrate and pack outside any cap (each would otherwise run inside the first one)."""
     from mebp_core.store.resolve import resolve_model
 
@@ -114,6 +112,12 @@ def prepare(cases: list[tuple[str, int]], dtypes: list[str]):
         print(f"packing {preset}", file=sys.stderr, flush=True)
         resolve_model(f"preset:{preset}")
     return host
+
+
+def holds(row: dict, tolerance: float) -> bool:
+    """Completed under its cap, with the predicted peak within ``tolerance`` of the count."""
+    error = row["prediction_error"]
+    return row["completed"] and error is not None and abs(error) <= tolerance
 
 
 def markdown(rows: list[dict], tolerance: float) -> str:
@@ -129,8 +133,7 @@ def markdown(rows: list[dict], tolerance: float) -> str:
             f"| {r['kernel_peak_mb']} ({r['cgroup_charged_peak_mb']} / {r['process_peak_mb']}) "
             f"| {'-' if error is None else f'{error:+.1%}'} | {held} "
             f"| {r['predicted_step_s']} / {r['measured_step_s']} |")
-    held = sum(r["completed"] and r["prediction_error"] is not None
-               and abs(r["prediction_error"]) <= tolerance for r in rows)
+    held = sum(holds(r, tolerance) for r in rows)
     lines.append(f"\n{held} of {len(rows)} rows hold (completed, error within "
                  f"{tolerance:.0%}).")
     return "\n".join(lines)
@@ -139,7 +142,7 @@ def markdown(rows: list[dict], tolerance: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cases = [(spec.split(":")[0], int(spec.split(":")[1])) for spec in args.cases]
-    host = prepare(cases, args.dtypes)
+    host = prepare(cases)
     corpus = Path(tempfile.mkdtemp(prefix="mebp-plan-caps-"))
     data = write_jsonl(collect_docstrings(max_files=200), corpus / "train.jsonl")
     rows = []
@@ -165,8 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.write_text(json.dumps(report, indent=1))
     print(markdown(rows, args.tolerance))
-    ok = all(r["completed"] and abs(r["prediction_error"] or 1) <= args.tolerance for r in rows)
-    return 0 if ok else 1
+    return 0 if all(holds(r, args.tolerance) for r in rows) else 1
 
 
 if __name__ == "__main__":

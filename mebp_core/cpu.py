@@ -39,9 +39,16 @@ def cpu_model() -> str:
 
 
 def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
-    """The instruction-set flags of the first CPU (x86 ``flags``, Arm ``Features``)."""
-    text = _cpuinfo() if cpuinfo is None else cpuinfo
-    return frozenset((first_field(text, "flags", "Features") or "").split())
+    """The instruction-set flags of the first CPU (x86 ``flags``, Arm ``Features``) of
+    ``cpuinfo``, or of this host (parsed once: the planner asks per configuration)."""
+    if cpuinfo is None:
+        return _host_flags()
+    return frozenset((first_field(cpuinfo, "flags", "Features") or "").split())
+
+
+@functools.cache
+def _host_flags() -> frozenset[str]:
+    return cpu_flags(_cpuinfo())
 
 
 def native_bf16_matmul(cpuinfo: str | None = None) -> bool:

@@ -18,3 +18,10 @@ def keep_steps_through(path: Path, last_step: int) -> None:
     staging = path.with_name(path.name + ".tmp")
     staging.write_bytes(b"".join(kept))
     os.replace(staging, path)
+
+
+def read_steps(path: Path) -> list[dict]:
+    """Every step's metrics in the file, in order (none if it was never written)."""
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -13,13 +13,13 @@ from __future__ import annotations
 import math
 
 from mebp_core.config import EngineKnobs
-from mebp_core.cpu import matmul_dtype
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.workload import (
     DTYPE_BYTES,
     Workload,
     adapted_projections,
     matmul_bytes,
+    matmul_dtype_of,
     saved_bytes_per_token,
     tile_rows,
 )
@@ -93,7 +93,7 @@ def _resident_blocks(workload: Workload, resident: set[str]) -> dict[str, int]:
 def _matmul_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
               resident: set[str]) -> float:
     arch, n = workload.arch, workload.tokens
-    dtype = matmul_dtype(workload.compute_dtype, knobs.bf16_matmul)
+    dtype = matmul_dtype_of(workload, knobs)
     e = DTYPE_BYTES[dtype]
     passes = pass_counts(workload, knobs)
     layers = arch.num_layers
@@ -130,7 +130,7 @@ def _decompress_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
     (one per tile, or one per projection when a block is decompressed whole). Tiles are
     decompressed to the matmul dtype, whole shared blocks to the storage dtype."""
     arch = workload.arch
-    tile_dtype = matmul_dtype(workload.compute_dtype, knobs.bf16_matmul)
+    tile_dtype = matmul_dtype_of(workload, knobs)
     e = DTYPE_BYTES[tile_dtype]
     passes = pass_counts(workload, knobs)
     layers = arch.num_layers

@@ -47,10 +47,14 @@ class Workload:
         return self.batch_size * self.seq_len
 
 
+def matmul_dtype_of(workload: Workload, knobs: EngineKnobs) -> str:
+    """What the matmuls run in (and lazy tiles are decompressed to): float32 for bfloat16
+    storage on a host without bf16 matmul instructions."""
+    return matmul_dtype(workload.compute_dtype, knobs.bf16_matmul)
+
+
 def matmul_bytes(workload: Workload, knobs: EngineKnobs) -> int:
-    """Bytes per element of what the matmuls run in (and lazy tiles are decompressed to):
-    float32 for bfloat16 storage on a host without bf16 matmul instructions."""
-    return DTYPE_BYTES[matmul_dtype(workload.compute_dtype, knobs.bf16_matmul)]
+    return DTYPE_BYTES[matmul_dtype_of(workload, knobs)]
 
 
 def tile_rows(rows: int, cols: int, tile_bytes: int, e: int) -> int:
