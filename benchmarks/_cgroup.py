@@ -8,6 +8,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mebp_core.kernel_memory import parse_memory_stat
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 V2_ROOTS = (CGROUP_ROOT, CGROUP_ROOT / "unified")
 V1_MEMORY = CGROUP_ROOT / "memory"
@@ -64,12 +66,10 @@ class MemoryCgroup:
     def sample(self) -> None:
         """Track the peak charge the kernel cannot reclaim (anonymous + shared memory, from
         memory.stat) and the file cache beside it, while the child runs."""
-        stat = self._read_keyed("memory.stat")
-        anon = stat.get("anon", stat.get("rss", 0) + stat.get("rss_huge", 0))
-        charged = anon + stat.get("shmem", 0)
-        file = stat.get("file", stat.get("cache", 0)) - stat.get("shmem", 0)  # shmem is cache
-        self.samples["peak_charged"] = max(self.samples.get("peak_charged", 0), charged)
-        self.samples["peak_file"] = max(self.samples.get("peak_file", 0), file)
+        memory = parse_memory_stat(self._read("memory.stat") or "")
+        self.samples["peak_charged"] = max(self.samples.get("peak_charged", 0),
+                                           memory.charged_bytes)
+        self.samples["peak_file"] = max(self.samples.get("peak_file", 0), memory.file_bytes)
 
     def stats(self) -> dict:
         out = {"version": self.version, "cap_mb": self.cap_bytes / MB,

@@ -30,7 +30,7 @@ def emit(result: dict) -> None:
 
 def charged_mb() -> float:
     """The process's memory as the kernel charges it: anonymous + shared."""
-    from mebp_core.engine.memory import read_memory
+    from mebp_core.kernel_memory import read_memory
 
     return read_memory().charged_bytes / MB
 
@@ -59,30 +59,30 @@ def random_batch(seq_len: int, seed: int = 0):
     return ids, ids.clone()
 
 
-def timed_steps(step: Callable[[int], dict], steps: int, sampler) -> list[dict]:
+def timed_steps(step: Callable[[int], dict], steps: int, memory) -> list[dict]:
     """Run ``step(i)`` ``steps`` times; each record gets its time and its own peak."""
     records = []
     for i in range(steps):
         start = time.perf_counter()
         record = step(i)
         record["step_time_s"] = time.perf_counter() - start
-        record["step_peak_mb"] = sampler.take_step_peak() / MB
+        record["step_peak_mb"] = memory.take_step_peak() / MB
         records.append(record)
         print(f"step {i + 1}/{steps}: {record['step_time_s']:.2f} s", file=sys.stderr, flush=True)
     return records
 
 
-def summarize(records: list[dict], sampler, baseline_mb: float) -> dict:
+def summarize(records: list[dict], memory, baseline_mb: float) -> dict:
     timed = records[1:] or records  # the first step is warm-up
     return {
         "steps_completed": len(records),
         "step_times_s": [r["step_time_s"] for r in records],
         "s_per_step": statistics.median(r["step_time_s"] for r in timed),
         "losses": [r["loss"] for r in records],
-        "peak_mb": sampler.peak_bytes / MB,  # the kernel's figure: anonymous + shared
-        "peak_anon_mb": sampler.peak_anon_bytes / MB,
+        "peak_mb": memory.peak_bytes / MB,  # the kernel's figure: anonymous + shared
+        "peak_anon_mb": memory.peak_anon_bytes / MB,
         "post_import_mb": baseline_mb,
-        "footprint_mb": sampler.footprint_bytes / MB,
+        "footprint_mb": memory.footprint_bytes / MB,
         "step_peak_mb": [r["step_peak_mb"] for r in records],
         "peak_rss_mb": peak_rss_mb(),
     }
@@ -102,13 +102,13 @@ def run_mebp(args: argparse.Namespace) -> dict:
     from mebp_core.config import EngineKnobs, TrainConfig
     from mebp_core.engine.checkpoints import make_checkpoints
     from mebp_core.engine.mebp import count_valid_targets, run_mebp_step
-    from mebp_core.engine.memory import MemorySampler
+    from mebp_core.engine.memory import track_memory
     from mebp_core.engine.train import load_engine_model, lora_spec_of, make_block_optimizers
 
     set_threads(args.threads)
     gc.collect()
-    sampler = MemorySampler()  # baseline: runtime + engine imported, nothing loaded
-    sampler.start()
+    memory = track_memory()  # baseline: runtime + engine imported, nothing loaded
+    memory.start()
     knobs = EngineKnobs(share_decompression=args.share_decompression,
                         checkpoint_storage=args.checkpoint_storage)
     cfg = TrainConfig(seq_len=args.seq_len, compute_dtype=args.dtype, knobs=knobs)
@@ -129,11 +129,11 @@ def run_mebp(args: argparse.Namespace) -> dict:
                 "decompress_s": engine.working_set.decompress_s,
                 "weights_live_peak_mb": engine.working_set.peak_bytes / MB}
 
-    records = timed_steps(step, args.steps, sampler)
+    records = timed_steps(step, args.steps, memory)
     ckpts.close()
     engine.close()
-    sampler.stop()
-    out = summarize(records, sampler, sampler.baseline_bytes / MB)
+    memory.stop()
+    out = summarize(records, memory, memory.baseline_bytes / MB)
     out.update(decompress_summary(records))
     out.update(threads=torch.get_num_threads(), knobs=cfg.knobs.model_dump(),
                # L x (B, T, D): in RssAnon with "ram", file-backed (not in RssAnon) with "mmap"
@@ -158,12 +158,12 @@ def run_peft(args: argparse.Namespace) -> dict:
     import transformers
     from transformers import AutoModelForCausalLM
 
-    from mebp_core.engine.memory import MemorySampler
+    from mebp_core.engine.memory import track_memory
 
     set_threads(args.threads)
     gc.collect()
-    sampler = MemorySampler()  # baseline: torch + transformers + peft imported
-    sampler.start()
+    memory = track_memory()  # baseline: torch + transformers + peft imported
+    memory.start()
     model = build_peft_model(AutoModelForCausalLM, args.model)
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.SGD(params, lr=1e-4)
@@ -176,9 +176,9 @@ def run_peft(args: argparse.Namespace) -> dict:
         opt.zero_grad(set_to_none=True)
         return {"loss": float(out.loss)}
 
-    records = timed_steps(step, args.steps, sampler)
-    sampler.stop()
-    out = summarize(records, sampler, sampler.baseline_bytes / MB)
+    records = timed_steps(step, args.steps, memory)
+    memory.stop()
+    out = summarize(records, memory, memory.baseline_bytes / MB)
     out.update(threads=torch.get_num_threads(), transformers_version=transformers.__version__,
                peft_version=peft.__version__, trainable_params=sum(p.numel() for p in params))
     return out

@@ -147,7 +147,7 @@ def _run_pack(args: argparse.Namespace) -> int:
 
 
 def _run_train(args: argparse.Namespace) -> int:
-    from mebp_core.engine.memory import MemorySampler
+    from mebp_core.engine.memory import track_memory
     from mebp_core.engine.stop import StopOnSignals
     from mebp_core.engine.train import train
     from mebp_core.store.resolve import resolve_model
@@ -159,9 +159,9 @@ def _run_train(args: argparse.Namespace) -> int:
     # A first use packs the model in a child process: not part of the training footprint.
     model_dir = resolve_model(args.model, quant=config.quant, group_size=config.group_size,
                               isolated=True)
-    with MemorySampler() as sampler, StopOnSignals() as stop:
+    with track_memory() as memory, StopOnSignals() as stop:
         result = train(config, model_dir=model_dir, data=args.data, out=args.out,
-                       sampler=sampler, init_adapter=args.init_adapter,
+                       memory=memory, init_adapter=args.init_adapter,
                        validation_data=args.validation_data, metrics_path=args.metrics,
                        checkpoint_dir=checkpoint_dir, resume=args.resume,
                        base_model_name=args.model, on_step=_print_step,
@@ -169,7 +169,8 @@ def _run_train(args: argparse.Namespace) -> int:
     print(json.dumps({"steps": result.steps, "final_loss": result.final_loss,
                       "adapter": str(result.adapter_dir), "peak_mb": result.peak_mb,
                       "peak_anon_mb": result.peak_anon_mb,
-                      "footprint_mb": result.footprint_mb, "interrupted": result.interrupted,
+                      "footprint_mb": result.footprint_mb,
+                      "memory_method": result.memory_method, "interrupted": result.interrupted,
                       "skipped_rows": result.skipped_rows}))
     if result.interrupted:
         print(f"mebp: interrupted after step {result.steps}; checkpoint in "

@@ -16,7 +16,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from mebp_core.engine.memory import MB, MemorySampler
+from mebp_core.engine.memory import MB, track_memory
 from mebp_core.engine.stop import StopOnSignals
 from mebp_core.errors import MebpError, out_of_space
 from mebp_core.proc import die_with_parent
@@ -35,10 +35,10 @@ def run(job_dir: Path, stop: StopOnSignals) -> dict:
 
     request = json.loads((job_dir / REQUEST).read_text())
     config = TrainConfig.model_validate(request["config"])
-    with MemorySampler() as sampler:
+    with track_memory() as memory:
         validation = request.get("validation_data")
         result = train(config, model_dir=Path(request["model_dir"]),
-                       data=Path(request["data"]), out=job_dir / ADAPTER, sampler=sampler,
+                       data=Path(request["data"]), out=job_dir / ADAPTER, memory=memory,
                        validation_data=None if validation is None else Path(validation),
                        metrics_path=job_dir / METRICS, checkpoint_dir=job_dir / CHECKPOINT,
                        resume=request.get("resume", False), base_model_name=request["model"],
@@ -46,7 +46,7 @@ def run(job_dir: Path, stop: StopOnSignals) -> dict:
     return {"status": "cancelled" if result.interrupted else "succeeded",
             "steps": result.steps, "final_loss": result.final_loss,
             "peak_mb": result.peak_mb, "peak_anon_mb": result.peak_anon_mb,
-            "footprint_mb": result.footprint_mb}
+            "footprint_mb": result.footprint_mb, "memory_method": result.memory_method}
 
 
 def read_peak_rss_bytes() -> int:

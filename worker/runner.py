@@ -222,7 +222,7 @@ class JobRun:
             try:
                 for row in pending:
                     self._record_step(session, job, row)
-                job.cgroup_peak_bytes = cap.peak_bytes() or job.cgroup_peak_bytes
+                self._record_cgroup_peak(job, cap)
                 session.add(job)
                 session.commit()
                 pending.clear()
@@ -253,12 +253,21 @@ class JobRun:
             job.peak_anon_bytes = int(row["peak_anon_mb"] * MB)
         if "peak_mb" in row:  # the charged figure (anonymous + shared), the run's peak so far
             job.peak_memory_bytes = int(row["peak_mb"] * MB)
+        if row.get("cgroup_usage_peak_mb") is not None:
+            job.cgroup_peak_bytes = max(job.cgroup_peak_bytes or 0,
+                                        int(row["cgroup_usage_peak_mb"] * MB))
+
+    @staticmethod
+    def _record_cgroup_peak(job: Job, cap: MemoryCap) -> None:
+        """The cgroup's peak of usage, kept as a maximum: the engine restarts the kernel's
+        counter each step (its per-step peak) and reports the run's maximum itself."""
+        job.cgroup_peak_bytes = max(job.cgroup_peak_bytes or 0, cap.peak_bytes() or 0) or None
 
     def _finish(self, session: Session, job: Job, returncode: int, cap: MemoryCap,
                 request: dict) -> None:
         result_path = self.dir / RESULT
         result = json.loads(result_path.read_text()) if result_path.is_file() else None
-        job.cgroup_peak_bytes = cap.peak_bytes() or job.cgroup_peak_bytes
+        self._record_cgroup_peak(job, cap)
         if result is not None and result["status"] in ("succeeded", "cancelled"):
             self._keep_adapter(session, job)
             message = "succeeded" if result["status"] == "succeeded" else \

@@ -85,7 +85,7 @@ def compare_curves(mebp: list[CurvePoint], mezo: list[CurvePoint],
 def train_curve(spec: ConvergenceSpec, method: str, *, model_dir: Path, corpus: dict,
                 work_dir: Path, initial_val_loss: float) -> list[CurvePoint]:
     from mebp_core.config import EngineKnobs, TrainConfig
-    from mebp_core.engine.memory import MemorySampler
+    from mebp_core.engine.memory import track_memory
     from mebp_core.engine.train import train
 
     mezo = method == "mezo"
@@ -98,10 +98,10 @@ def train_curve(spec: ConvergenceSpec, method: str, *, model_dir: Path, corpus: 
         knobs=EngineKnobs(threads=spec.threads))
     metrics = work_dir / f"{method}-metrics.jsonl"
     log(f"convergence: {method}, {config.steps} steps, {config.optimizer} lr {config.lr:g}")
-    with MemorySampler() as sampler:
+    with track_memory() as memory:
         train(config, model_dir=model_dir, data=Path(corpus["train"]),
               validation_data=Path(corpus["validation"]), out=work_dir / f"{method}-adapter",
-              sampler=sampler, metrics_path=metrics, on_step=_print_progress)
+              memory=memory, metrics_path=metrics, on_step=_print_progress)
     return read_curve(metrics, initial_val_loss)
 
 

@@ -35,7 +35,7 @@ def random_batch(vocab_size: int, seq_len: int, seed: int = 0):
     return input_ids, input_ids.clone()
 
 
-def run_timed_steps(step: Callable[[], float], steps: int, sampler) -> list[dict]:
+def run_timed_steps(step: Callable[[], float], steps: int, memory) -> list[dict]:
     """``step()`` returns the loss; each record gets its wall time and its own anon peak."""
     records = []
     for index in range(steps):
@@ -43,13 +43,13 @@ def run_timed_steps(step: Callable[[], float], steps: int, sampler) -> list[dict
         loss = step()
         elapsed = time.perf_counter() - start
         records.append({"loss": loss, "step_time_s": elapsed,
-                        "step_peak_mb": sampler.take_step_peak() / MB})
+                        "step_peak_mb": memory.take_step_peak() / MB})
         print(f"step {index + 1}/{steps}: {elapsed:.2f} s loss {loss:.4f}", file=sys.stderr,
               flush=True)
     return records
 
 
-def summarize_steps(records: list[dict], sampler) -> dict:
+def summarize_steps(records: list[dict], memory) -> dict:
     """The median step time excludes the first (warm-up) step when there are others."""
     timed = records[1:] or records
     return {"steps_completed": len(records),
@@ -57,11 +57,11 @@ def summarize_steps(records: list[dict], sampler) -> dict:
             "s_per_step": statistics.median(r["step_time_s"] for r in timed),
             "losses": [r["loss"] for r in records],
             # the kernel's figure (anonymous + shared); anonymous alone beside it
-            "peak_mb": sampler.peak_bytes / MB,
-            "post_import_mb": sampler.baseline_bytes / MB,
-            "footprint_mb": sampler.footprint_bytes / MB,
-            "peak_anon_mb": sampler.peak_anon_bytes / MB,
-            "post_import_anon_mb": sampler.baseline_anon_bytes / MB,
+            "peak_mb": memory.peak_bytes / MB,
+            "post_import_mb": memory.baseline_bytes / MB,
+            "footprint_mb": memory.footprint_bytes / MB,
+            "peak_anon_mb": memory.peak_anon_bytes / MB,
+            "post_import_anon_mb": memory.baseline_anon_bytes / MB,
             "step_peak_mb": [r["step_peak_mb"] for r in records]}
 
 
@@ -79,7 +79,7 @@ def run_engine(args: argparse.Namespace) -> dict:
     import torch
 
     from mebp_core.engine.checkpoints import make_checkpoints
-    from mebp_core.engine.memory import MemorySampler
+    from mebp_core.engine.memory import track_memory
     from mebp_core.engine.methods import make_step_function
     from mebp_core.engine.model import load_engine_model
     from mebp_core.engine.train import lora_spec_of, make_block_optimizers
@@ -88,7 +88,7 @@ def run_engine(args: argparse.Namespace) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     gc.collect()
-    with MemorySampler() as sampler:  # baseline: torch and the engine imported, nothing loaded
+    with track_memory() as memory:  # baseline: torch and the engine imported, nothing loaded
         engine = load_engine_model(args.model, compute_dtype=config.compute_dtype,
                                    lora_spec=lora_spec_of(config), seed=config.seed,
                                    knobs=config.knobs)
@@ -104,11 +104,11 @@ def run_engine(args: argparse.Namespace) -> dict:
                 result = step_function(next(counter), [batch], config.lr)
                 return result.loss_sum / max(result.valid_tokens, 1)
 
-            records = run_timed_steps(step, args.steps, sampler)
+            records = run_timed_steps(step, args.steps, memory)
         finally:
             checkpoints.close()
             engine.close()
-    return {**summarize_steps(records, sampler), "threads": torch.get_num_threads()}
+    return {**summarize_steps(records, memory), "threads": torch.get_num_threads()}
 
 
 def run_peft(args: argparse.Namespace) -> dict:
@@ -117,12 +117,12 @@ def run_peft(args: argparse.Namespace) -> dict:
     import torch
     import transformers
 
-    from mebp_core.engine.memory import MemorySampler
+    from mebp_core.engine.memory import track_memory
 
     if args.threads:
         torch.set_num_threads(args.threads)
     gc.collect()
-    with MemorySampler() as sampler:  # baseline: torch, transformers and peft imported
+    with track_memory() as memory:  # baseline: torch, transformers and peft imported
         model = transformers.AutoModelForCausalLM.from_pretrained(args.model,
                                                                   dtype=getattr(torch, args.dtype))
         lora = peft.LoraConfig(r=8, lora_alpha=16, target_modules=LORA_TARGETS,
@@ -140,8 +140,8 @@ def run_peft(args: argparse.Namespace) -> dict:
             optimizer.zero_grad(set_to_none=True)
             return float(out.loss)
 
-        records = run_timed_steps(step, args.steps, sampler)
-    return {**summarize_steps(records, sampler), "threads": torch.get_num_threads(),
+        records = run_timed_steps(step, args.steps, memory)
+    return {**summarize_steps(records, memory), "threads": torch.get_num_threads(),
             "transformers_version": transformers.__version__, "peft_version": peft.__version__}
 
 

@@ -25,7 +25,7 @@ from mebp_core.data.jsonl import read_examples
 from mebp_core.data.tokenizer import load_tokenizer
 from mebp_core.engine.checkpoints import make_checkpoints
 from mebp_core.engine.evaluate import evaluate_examples
-from mebp_core.engine.memory import MB, MemorySampler
+from mebp_core.engine.memory import MB, MemoryTracker
 from mebp_core.engine.methods import make_step_function
 from mebp_core.engine.metrics_file import keep_steps_through
 from mebp_core.engine.model import EngineModel, load_engine_model
@@ -61,6 +61,8 @@ class StepMetrics:
     file_mb: float  # the peak of clean file-backed pages (the mapped store): reclaimable
     weights_live_peak_mb: float
     checkpoint_mb: float
+    # the job cgroup's peak of usage so far, reclaimable store pages included (counters only)
+    cgroup_usage_peak_mb: float | None = None
     val_loss: float | None = None
     val_token_accuracy: float | None = None
 
@@ -79,6 +81,7 @@ class TrainResult:
     peak_mb: float
     peak_anon_mb: float
     footprint_mb: float
+    memory_method: str  # where the memory figures come from (cgroup counters or sampling)
     interrupted: bool = False
     checkpoint_dir: Path | None = None
     skipped_rows: int = 0  # malformed JSONL lines skipped with skip_malformed
@@ -132,7 +135,7 @@ def load_train_data(engine: EngineModel, model_dir: Path, data: Path,
 
 
 def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
-          sampler: MemorySampler, init_adapter: Path | None = None,
+          memory: MemoryTracker, init_adapter: Path | None = None,
           validation_data: Path | None = None, metrics_path: Path | None = None,
           checkpoint_dir: Path | None = None, resume: bool = False,
           base_model_name: str | None = None,
@@ -156,7 +159,7 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
     try:
         run = TrainingRun(engine, config, load_train_data(engine, model_dir, data,
                                                           validation_data, config),
-                          sampler=sampler, checkpoint_dir=checkpoint_dir)
+                          memory=memory, checkpoint_dir=checkpoint_dir)
         if resume:
             run.resume()
             if metrics_path is not None:
@@ -168,9 +171,9 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
         engine.save_adapter(out, base_model_name)
     finally:
         engine.close()
-    return TrainResult(run.position.step, run.last_loss, out, sampler.peak_bytes / MB,
-                       sampler.peak_anon_bytes / MB, sampler.footprint_bytes / MB,
-                       run.interrupted, run.saved_checkpoint, run.data.skipped_rows)
+    return TrainResult(run.position.step, run.last_loss, out, memory.peak_bytes / MB,
+                       memory.peak_anon_bytes / MB, memory.footprint_bytes / MB,
+                       memory.method, run.interrupted, run.saved_checkpoint, run.data.skipped_rows)
 
 
 def check_finite_adapter(engine: EngineModel, step: int) -> None:
@@ -186,8 +189,8 @@ class TrainingRun:
     """The mutable state of one run: position in the data, optimizers, last results."""
 
     def __init__(self, engine: EngineModel, config: TrainConfig, data: TrainData, *,
-                 sampler: MemorySampler, checkpoint_dir: Path | None) -> None:
-        self.engine, self.config, self.data, self.sampler = engine, config, data, sampler
+                 memory: MemoryTracker, checkpoint_dir: Path | None) -> None:
+        self.engine, self.config, self.data, self.memory = engine, config, data, memory
         self.checkpoint_dir = checkpoint_dir
         self.optimizers = make_block_optimizers(engine, config)
         self.checkpoints = make_checkpoints(config.knobs.checkpoint_storage)
@@ -250,13 +253,15 @@ class TrainingRun:
         metrics = StepMetrics(
             step=step, loss=self.last_loss, lr=lr, tokens=result.valid_tokens,
             step_time_s=elapsed, decompress_s=working_set.decompress_s,
-            step_peak_mb=self.sampler.take_step_peak() / MB,
-            peak_mb=self.sampler.peak_bytes / MB,
-            peak_anon_mb=self.sampler.peak_anon_bytes / MB,
-            footprint_mb=self.sampler.footprint_bytes / MB,
-            file_mb=self.sampler.peak_file_bytes / MB,
+            step_peak_mb=self.memory.take_step_peak() / MB,
+            peak_mb=self.memory.peak_bytes / MB,
+            peak_anon_mb=self.memory.peak_anon_bytes / MB,
+            footprint_mb=self.memory.footprint_bytes / MB,
+            file_mb=self.memory.peak_file_bytes / MB,
             weights_live_peak_mb=working_set.peak_bytes / MB,
-            checkpoint_mb=self.checkpoints.peak_nbytes / MB)
+            checkpoint_mb=self.checkpoints.peak_nbytes / MB,
+            cgroup_usage_peak_mb=(None if self.memory.usage_peak_bytes is None
+                                  else self.memory.usage_peak_bytes / MB))
         if self.data.validation and (self._due(self.config.eval_every, step)
                                      or step == self.config.steps):
             scores = evaluate_examples(self.engine, self.data.validation,

@@ -14,7 +14,7 @@ import tempfile
 import time
 
 from mebp_core.cache import default_cache_dir
-from mebp_core.engine.memory import read_memory
+from mebp_core.kernel_memory import read_memory
 
 MATMUL_TOKENS = (64, 256, 1024)  # tokens per matmul: short batches to long ones (flat beyond)
 MATMUL_OUTS = (256, 1024, 4096)  # output widths: small tiles to whole MLP projections

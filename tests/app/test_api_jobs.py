@@ -72,6 +72,9 @@ def test_a_job_runs_under_its_device_budget_and_its_adapter_loads_in_peft(any_se
     metrics = service.request("GET", f"/v1/jobs/{job['id']}/metrics")[1]
     assert [m["step"] for m in metrics["data"]] == [1, 2, 3, 4]
     assert all(0 < m["data"]["peak_anon_mb"] <= m["data"]["peak_mb"] for m in metrics["data"])
+    # measured by the job cgroup's own counters: its usage peak bounds the charged peak
+    assert all(m["data"]["peak_mb"] <= m["data"]["cgroup_usage_peak_mb"]
+               <= progress["cgroup_peak_usage_mb"] + 0.1 for m in metrics["data"])
     assert abs(progress["peak_memory_mb"] - metrics["data"][-1]["data"]["peak_mb"]) <= 0.1
 
     response = service.client.get(f"/v1/jobs/{job['id']}/adapter")

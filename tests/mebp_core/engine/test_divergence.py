@@ -8,7 +8,7 @@ import json
 import pytest
 
 from mebp_core.config import TrainConfig
-from mebp_core.engine.memory import MemorySampler
+from mebp_core.engine.memory import track_memory
 from mebp_core.engine.train import train
 from mebp_core.errors import DivergedError
 
@@ -17,7 +17,7 @@ def run(packed, data, out, **overrides):
     config = TrainConfig(**{"steps": 3, "seq_len": 16, "lora_rank": 4, "quant": "none",
                             "lr": 0.05, **overrides})
     metrics = out.with_name(out.name + ".metrics.jsonl")
-    train(config, model_dir=packed, data=data, out=out, sampler=MemorySampler(),
+    train(config, model_dir=packed, data=data, out=out, memory=track_memory(),
           metrics_path=metrics)
     return metrics
 

@@ -9,7 +9,8 @@ import mmap
 import torch
 
 from mebp_core.engine.frozen import _Arena
-from mebp_core.engine.memory import MB, MemorySampler, read_memory
+from mebp_core.engine.memory import MB, MemorySampler
+from mebp_core.kernel_memory import read_memory
 
 SIZE = 64 * MB
 

@@ -10,7 +10,7 @@ import transformers
 from safetensors.torch import load_file
 
 from mebp_core.config import TrainConfig
-from mebp_core.engine.memory import MemorySampler
+from mebp_core.engine.memory import track_memory
 from mebp_core.engine.run_state import ResumeError
 from mebp_core.engine.schedule import compute_lr
 from mebp_core.engine.train import train
@@ -32,7 +32,7 @@ def run(packed, data, out, *, stop_after=None, resume=False, **overrides):
     config = TrainConfig(**{**settings, **overrides})
     metrics = out.with_name(out.name + ".metrics.jsonl")
     seen = []
-    result = train(config, model_dir=packed, data=data, out=out, sampler=MemorySampler(),
+    result = train(config, model_dir=packed, data=data, out=out, memory=track_memory(),
                    metrics_path=metrics, checkpoint_dir=out.with_name(out.name + ".ckpt"),
                    resume=resume, on_step=seen.append,
                    stop_requested=lambda: stop_after is not None and len(seen) >= stop_after)

@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from mebp_core.config import TrainConfig
-from mebp_core.engine.memory import MemorySampler
+from mebp_core.engine.memory import track_memory
 from mebp_core.engine.train import train
 
 
@@ -18,7 +18,7 @@ def train_adapter(method, packed, data, out, **overrides):
                     quant="none", compute_dtype="float32")
     config = TrainConfig(**{**settings, **overrides})
     metrics = out.with_suffix(".jsonl")
-    result = train(config, model_dir=packed, data=data, out=out, sampler=MemorySampler(),
+    result = train(config, model_dir=packed, data=data, out=out, memory=track_memory(),
                    metrics_path=metrics)
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     return load_file(out / "adapter_model.safetensors"), result, lines

@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mebp_core.lora import function
 from mebp_core.lora.function import lora_delta
 
 SCALING = 2.0
@@ -98,3 +99,23 @@ def test_bfloat16_saves_masters_not_casts():
     x, lora_a, lora_b, _ = make_inputs(torch.bfloat16)
     saved = record_saved_tensors(lora_delta, x, lora_a, lora_b)
     assert [t.dtype for t in saved] == [torch.bfloat16, torch.float32, torch.float32]
+
+
+@pytest.mark.parametrize("store_hidden", [False, True])
+def test_float32_math_on_bfloat16_rows_is_chunked_and_matches_one_pass(store_hidden):
+    """bf16 x with float32 matmuls: x and grad_y are upcast a bounded chunk of rows at a
+    time, which changes only the order of float32 sums, never the result beyond that."""
+    x, lora_a, lora_b, grad_y = make_inputs(torch.bfloat16, shape=(600, 1024), out=768)
+    y, grads = run_grads(lambda *a: lora_delta(*a, store_hidden=store_hidden,
+                                               matmul_dtype=torch.float32),
+                         x, lora_a, lora_b, grad_y)
+    assert 600 * 1024 * 4 > 2 * function.UPCAST_CHUNK_BYTES  # more than one chunk
+
+    def one_pass(x, a, b, scaling):  # the same math on whole float32 copies
+        return (reference_delta(x.float(), a, b, scaling)).to(x.dtype)
+
+    want_y, want = run_grads(one_pass, x, lora_a, lora_b, grad_y)
+    assert torch.equal(y, want_y)
+    assert [g.dtype for g in grads] == [torch.bfloat16, torch.float32, torch.float32]
+    for got, expected in zip(grads, want, strict=True):
+        assert max_rel_err(got, expected) <= (1e-2 if got.dtype == torch.bfloat16 else 1e-5)
