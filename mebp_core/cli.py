@@ -235,8 +235,9 @@ def _add_knob_arguments(knobs) -> None:
     knobs.add_argument("--lora-hidden", choices=["recompute", "store"], default="recompute",
                        help="recompute LoRA's rank-r intermediate in backward or keep it")
     knobs.add_argument("--share-decompression", action=argparse.BooleanOptionalAction,
-                       default=True, help="decompress a block once for recompute and backward "
-                       "(faster) instead of twice, tile by tile (less memory)")
+                       default="auto", help="decompress a block once for recompute and "
+                       "backward (faster) instead of twice, tile by tile (less memory); by "
+                       "default shared unless bf16 matmuls run upcast to float32")
     knobs.add_argument("--decompress-tile-bytes", type=parse_size, default=8 << 20,
                        metavar="SIZE", help="rows decompressed at once by a lazy projection")
     knobs.add_argument("--loss-vocab-tile-bytes", type=parse_size, default=8 << 20,

@@ -105,7 +105,7 @@ def run_mebp_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Te
     del hidden
 
     ctx = engine.context(input_ids.shape[1])
-    if engine.knobs.share_decompression:  # the backward decompresses whole projections
+    if engine.shares_decompression:  # the backward decompresses whole projections
         engine.working_set.release_buffers(shared=False)
     n_blocks = len(engine.layers)
     try:
@@ -135,7 +135,7 @@ def _segment_inputs(engine: EngineModel, first_input: torch.Tensor, first: int, 
     with torch.no_grad():
         for index in range(first, stop - 1):
             inputs.append(engine.layers[index](inputs[-1], ctx))
-    if len(inputs) > 1 and engine.knobs.share_decompression:
+    if len(inputs) > 1 and engine.shares_decompression:
         engine.working_set.release_buffers(shared=False)  # the backward needs no tiles
     return inputs
 
@@ -173,7 +173,7 @@ def _head_backward(engine: EngineModel, hidden: torch.Tensor, labels: torch.Tens
 
 
 def _weight_sharing(engine: EngineModel):
-    if engine.knobs.share_decompression:
+    if engine.shares_decompression:
         return engine.working_set.share_weights()
     return contextlib.nullcontext()
 

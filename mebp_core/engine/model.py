@@ -90,6 +90,11 @@ class EngineModel:
     def config(self) -> dict:
         return self.store.config
 
+    @property
+    def shares_decompression(self) -> bool:
+        """Whether the backward decompresses each block's weights once, whole."""
+        return self.knobs.shares_decompression(self.matmul_dtype != self.dtype)
+
     def check_seq_len(self, seq_len: int) -> None:
         context = self.arch.args.max_position_embeddings
         if seq_len > context:

@@ -147,7 +147,10 @@ def knobs_id(knobs: EngineKnobs) -> str:
     if knobs.loss_vocab_tile_bytes != knobs.decompress_tile_bytes:
         tiles += f"-loss{_size(knobs.loss_vocab_tile_bytes)}"
     return "-".join([weights, checkpoints, f"h-{knobs.lora_hidden}",
-                     "shared" if knobs.share_decompression else "unshared", tiles])
+                     _SHARING[knobs.share_decompression], tiles])
+
+
+_SHARING = {True: "shared", False: "unshared", "auto": "share-auto"}
 
 
 def _size(nbytes: int) -> str:

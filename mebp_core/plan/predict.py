@@ -33,6 +33,7 @@ from mebp_core.plan.workload import (
     matmul_bytes,
     saved_bytes_per_token,
     shape_of,
+    shares_decompression,
     tile_rows,
 )
 
@@ -74,15 +75,16 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
     em = matmul_bytes(workload, knobs)
     upcast = em != e  # held weights are upcast a tile at a time, inputs per matmul
+    shared = shares_decompression(workload, knobs)
     n_tokens = workload.tokens
     resident = _resident_weights(arch, knobs, e)
     resident_bytes = sum(resident.values())
-    weights = _transient_weights(arch, knobs, e, em, set(resident))
+    weights = _transient_weights(arch, knobs, e, em, set(resident), shared)
     every = knobs.checkpoint_blocks
     hidden_bytes = n_tokens * arch.hidden_size * e
     block_saved = int(GRAPH_RETENTION * n_tokens * saved_bytes_per_token(workload, knobs))
     block_grads = n_tokens * _backward_transient_per_token(workload, em)
-    if upcast or every == "none" or not knobs.share_decompression:
+    if upcast or every == "none" or not shared:
         # a tiled input gradient's running sum, (N, in); when upcasting, in the matmul dtype
         # beside its cast back, the LoRA branch's upcast input and its own gradient
         widest_input = max(inp for _, inp in arch.projections().values())
@@ -102,7 +104,7 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
         # one block recomputed under autograd, its gradients, the segment's re-run inputs
         segment = min(every, arch.num_layers)
         activations_bwd = block_saved + block_grads + (segment - 1) * hidden_bytes
-        tiles_in_backward = upcast or not knobs.share_decompression
+        tiles_in_backward = upcast or not shared
         weights_bwd = weights["block"] + (weights["tile"] if tiles_in_backward else 0)
     forward_phase = {"weights": weights["tile"], "activations": activations_fwd,
                      "loss_chunk": loss_chunk}
@@ -130,7 +132,7 @@ def _resident_weights(arch: Architecture, knobs: EngineKnobs, e: int) -> dict[st
 
 
 def _transient_weights(arch: Architecture, knobs: EngineKnobs, e: int, em: int,
-                       resident: set[str]) -> dict[str, int]:
+                       resident: set[str], shared: bool) -> dict[str, int]:
     """The tile arena (largest lazy tile in the matmul dtype, forward and head, or largest
     upcast tile of a held weight) and the shared arena (the largest block's lazy weights,
     decompressed whole in the storage dtype for its backward)."""
@@ -145,7 +147,7 @@ def _transient_weights(arch: Architecture, knobs: EngineKnobs, e: int, em: int,
         tile = max(tile, tile_rows(rows, cols, tile_bytes, em) * cols * em)
         if name in resident:
             continue
-        if knobs.share_decompression and "layers" in name:
+        if shared and "layers" in name:
             block = block_index(name)
             blocks[block] = blocks.get(block, 0) + params * e
     return {"tile": tile, "block": max(blocks.values(), default=0)}

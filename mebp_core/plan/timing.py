@@ -21,6 +21,7 @@ from mebp_core.plan.workload import (
     matmul_bytes,
     matmul_dtype_of,
     saved_bytes_per_token,
+    shares_decompression,
     tile_rows,
 )
 
@@ -40,7 +41,7 @@ def pass_counts(workload: Workload, knobs: EngineKnobs) -> dict[str, int]:
         return {"tiled_forward": layers, "whole_forward": 0, "tiled_backward": layers,
                 "whole_backward": 0, "rerun": 0}
     rerun = sum(min(every, layers - first) - 1 for first in range(0, layers, every))
-    shared = knobs.share_decompression
+    shared = shares_decompression(workload, knobs)
     return {"tiled_forward": layers + rerun + (0 if shared else layers),
             "whole_forward": layers if shared else 0,
             "tiled_backward": 0 if shared else layers,

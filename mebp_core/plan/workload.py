@@ -57,6 +57,13 @@ def matmul_bytes(workload: Workload, knobs: EngineKnobs) -> int:
     return DTYPE_BYTES[matmul_dtype_of(workload, knobs)]
 
 
+def shares_decompression(workload: Workload, knobs: EngineKnobs) -> bool:
+    """Whether the backward decompresses each block once (``share_decompression``, its
+    ``auto`` resolved for this workload on this host)."""
+    upcasts = matmul_dtype_of(workload, knobs) != workload.compute_dtype
+    return knobs.shares_decompression(upcasts)
+
+
 def tile_rows(rows: int, cols: int, tile_bytes: int, e: int) -> int:
     """Rows of a (rows, cols) weight per decompressed tile, as the engine sizes them."""
     return max(1, min(rows, tile_bytes // (cols * e)))

@@ -12,6 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from mebp_core.config import EngineKnobs
 from mebp_core.engine.checkpoints import make_checkpoints
 from mebp_core.engine.mebp import count_valid_targets, forward_blocks, run_mebp_step
+from mebp_core.plan.arch import load_architecture
+from mebp_core.plan.workload import Workload, shares_decompression
 
 MATMULS = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear",
            "_scaled_dot_product_flash_attention_for_cpu",
@@ -46,7 +48,7 @@ def record_step(packed, bf16_matmul: str, **knobs) -> MatmulDtypes:
 
 
 @pytest.mark.parametrize("family", ["qwen2", "gemma3_text"])
-@pytest.mark.parametrize("knobs", [{}, {"share_decompression": False},
+@pytest.mark.parametrize("knobs", [{}, {"share_decompression": True},
                                    {"frozen_weights": "resident"}, {"checkpoint_blocks": 2}])
 def test_float32_setting_runs_every_matmul_in_float32(family, knobs, packed_models):
     recorder = record_step(packed_models[family, "int4"], "float32", **knobs)
@@ -70,3 +72,20 @@ def test_float32_setting_keeps_block_inputs_in_bfloat16(packed_models):
     assert out.dtype == torch.bfloat16
     saved = [checkpoints.pop(i) for i in reversed(range(len(engine.layers)))]
     assert {t.dtype for t in saved} == {torch.bfloat16}
+
+
+@pytest.mark.parametrize(("compute_dtype", "bf16_matmul", "shares"),
+                         [("bfloat16", "float32", False), ("bfloat16", "native", True),
+                          ("float32", "float32", True)])
+def test_auto_sharing_holds_no_block_of_weights_when_upcasting(compute_dtype, bf16_matmul,
+                                                                shares, packed_models):
+    """Upcast tiles cost what decompressing straight to float32 does: "auto" shares only
+    when the matmuls run in the storage dtype, and the planner resolves it the same way."""
+    engine = load_with_random_lora(packed_models["qwen2", "int4"], compute_dtype=compute_dtype,
+                                   knobs=EngineKnobs(bf16_matmul=bf16_matmul))
+    assert engine.shares_decompression is shares
+    workload = Workload(arch=load_architecture(str(packed_models["qwen2", "int4"])),
+                        seq_len=64, compute_dtype=compute_dtype)
+    assert shares_decompression(workload, EngineKnobs(bf16_matmul=bf16_matmul)) is shares
+    explicit = EngineKnobs(bf16_matmul=bf16_matmul, share_decompression=True)
+    assert shares_decompression(workload, explicit) is True

@@ -40,7 +40,7 @@ def test_bfloat16_with_float32_matmuls_stores_in_bf16_and_computes_at_float32_ra
     arch = load_architecture("preset:qwen2.5-0.5b")
     fp32 = predict(Workload(arch=arch, seq_len=256), EngineKnobs(), host)
     bf16 = Workload(arch=arch, seq_len=256, compute_dtype="bfloat16")
-    upcast = predict(bf16, EngineKnobs(bf16_matmul="float32"), host)
+    upcast = predict(bf16, EngineKnobs(bf16_matmul="float32", share_decompression=True), host)
     native = predict(bf16, EngineKnobs(bf16_matmul="native"), host)
     assert upcast.time["matmul"] == pytest.approx(fp32.time["matmul"])
     assert native.time["matmul"] < 0.6 * upcast.time["matmul"]
@@ -52,6 +52,11 @@ def test_bfloat16_with_float32_matmuls_stores_in_bf16_and_computes_at_float32_ra
     upcast_tile = (8 * MB // (896 * 4)) * 896 * 4  # the widest rows in 8 MB, float32
     assert upcast.memory["weights"] == block_bf16 + upcast_tile
     assert native.peak_bytes < upcast.peak_bytes < fp32.peak_bytes
+    # by default an upcasting run holds no block: its tiles go straight to float32
+    auto = predict(bf16, EngineKnobs(bf16_matmul="float32"), host)
+    assert auto.memory["weights"] == upcast_tile
+    assert auto.time["decompress"] > upcast.time["decompress"]
+    assert auto.time["elementwise"] < upcast.time["elementwise"]
 
 
 def test_each_knob_moves_memory_and_time_the_way_it_should(workload, host):
@@ -149,7 +154,8 @@ def test_devices_cover_the_mission_profiles_and_estimate_time(workload, host):
     reference = get_device("iphone-15-pro-max")
     plan = make_plan(workload, host, device=reference)
     assert plan.budget_bytes == 1024 * MB
-    default = next(e for e in plan.entries if e.knobs == EngineKnobs(threads=host.threads))
+    default = next(e for e in plan.entries  # the defaults, "auto" sharing resolved (float32)
+                   if e.knobs == EngineKnobs(threads=host.threads, share_decompression=True))
     # the reference phone is calibrated on this very configuration: 3.85 s per step
     assert default.device_step_time_s == pytest.approx(3.85, rel=1e-6)
     slower = make_plan(workload, host, device=get_device("android-4gb"))
