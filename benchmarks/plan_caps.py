@@ -52,18 +52,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--tolerance", type=float, default=0.10,
                    help="predicted peak within this fraction of the kernel's count")
+    p.add_argument("--bf16-matmul", choices=["auto", "native", "float32"], default="auto",
+                   help="the bfloat16 rows' matmul path (float32: the AVX2 hosts' path)")
     p.add_argument("--json", type=Path, help="write every row here")
     p.add_argument("--uncapped", action="store_true",
                    help="run in an unlimited cgroup: the peak the configuration reaches freely")
     return p.parse_args(argv)
 
 
-def plan_case(preset: str, seq_len: int, dtype: str, host) -> dict:
+def plan_case(preset: str, seq_len: int, dtype: str, host, bf16_matmul: str = "auto") -> dict:
     arch = load_architecture(f"preset:{preset}")
     workload = Workload.from_config(arch, TrainConfig(seq_len=seq_len, compute_dtype=dtype))
-    budget_mb = make_plan(workload, host).smallest_budget_mb()
-    chosen = make_plan(workload, host, budget_bytes=budget_mb * MB).auto
-    return {"preset": preset, "seq_len": seq_len, "dtype": dtype,
+    budget_mb = make_plan(workload, host, bf16_matmul=bf16_matmul).smallest_budget_mb()
+    chosen = make_plan(workload, host, budget_bytes=budget_mb * MB, bf16_matmul=bf16_matmul).auto
+    return {"preset": preset, "seq_len": seq_len, "dtype": dtype, "bf16_matmul": bf16_matmul,
             "matmul_dtype": matmul_dtype_of(workload, chosen.knobs),
             "budget_mb": budget_mb, "config": chosen.id,
             "predicted_peak_mb": round(chosen.prediction.peak_bytes / MB, 1),
@@ -73,7 +75,8 @@ def plan_case(preset: str, seq_len: int, dtype: str, host) -> dict:
 def run_capped(row: dict, data: Path, steps: int, work: Path, capped: bool = True) -> dict:
     metrics, out = work / "metrics.jsonl", work / "adapter"
     argv = train_argv(row["preset"], data, out, metrics, steps=steps, seq_len=row["seq_len"],
-                      dtype=row["dtype"], extra=("--plan-budget-mb", str(row["budget_mb"])))
+                      dtype=row["dtype"], extra=("--plan-budget-mb", str(row["budget_mb"]),
+                                                 "--bf16-matmul", row["bf16_matmul"]))
     cap = row["budget_mb"] * MB if capped else 1 << 50
     group = create_cgroup(cap, f"mebp-plan-caps-{os.getpid()}-{time.time_ns()}")
     try:
@@ -149,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for preset, seq_len in cases:
             for dtype in args.dtypes:
-                row = plan_case(preset, seq_len, dtype, host)
+                row = plan_case(preset, seq_len, dtype, host, args.bf16_matmul)
                 print(f"{preset} seq {seq_len} {dtype}: S = {row['budget_mb']} MB, "
                       f"{row['config']}", file=sys.stderr, flush=True)
                 work = Path(tempfile.mkdtemp(dir=corpus))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -26,8 +27,8 @@ class Example:
     `kind` says which JSONL form the row came from; only "text" rows are packed together.
     """
 
-    input_ids: list[int]
-    labels: list[int]
+    input_ids: Sequence[int]  # a list, or a compact array("i") once packed
+    labels: Sequence[int]
     kind: ExampleKind = "tokens"
 
     def __post_init__(self) -> None:

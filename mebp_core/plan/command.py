@@ -32,6 +32,8 @@ def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--margin", type=non_negative_float, default=DEFAULT_MARGIN,
                         help="safety margin on predicted peaks (default 0.10)")
     parser.add_argument("--threads", type=int, help="torch threads the runs will use")
+    parser.add_argument("--bf16-matmul", choices=["auto", "native", "float32"], default="auto",
+                        help="the bf16 matmul path the runs will take (auto: this CPU's)")
     parser.add_argument("--all", action="store_true",
                         help="list every configuration, not only the Pareto front")
     parser.add_argument("--json", action="store_true", help="print the whole plan as JSON")
@@ -66,7 +68,8 @@ def build_plan(args: argparse.Namespace) -> Plan:
     device = get_device(args.device) if args.device else None
     budget = None if args.budget_mb is None else int(args.budget_mb * MB)
     host = load_calibration(default_cache_dir(), args.threads)
-    return make_plan(workload, host, budget_bytes=budget, device=device, margin=args.margin)
+    return make_plan(workload, host, budget_bytes=budget, device=device, margin=args.margin,
+                     bf16_matmul=args.bf16_matmul)
 
 
 def run_plan(args: argparse.Namespace) -> int:

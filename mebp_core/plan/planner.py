@@ -105,7 +105,8 @@ class Plan:
         }
 
 
-def candidate_knobs(workload: Workload, threads: int | None = None) -> list[EngineKnobs]:
+def candidate_knobs(workload: Workload, threads: int | None = None,
+                    bf16_matmul: str = "auto") -> list[EngineKnobs]:
     """The grid: weights lazy, resident to a quarter/half/three quarters, or all resident;
     checkpoints every 1, 2, 4 blocks or none, in RAM or a file; LoRA h kept or not; one
     decompression per block or two; default or small tiles."""
@@ -129,7 +130,7 @@ def candidate_knobs(workload: Workload, threads: int | None = None) -> list[Engi
                                checkpoint_blocks=every, checkpoint_storage=storage,
                                lora_hidden=hidden, share_decompression=shared,
                                decompress_tile_bytes=tile, loss_vocab_tile_bytes=tile,
-                               threads=threads))
+                               bf16_matmul=bf16_matmul, threads=threads))
     return out
 
 
@@ -163,13 +164,15 @@ def _size(nbytes: int) -> str:
 
 def make_plan(workload: Workload, host: HostCalibration, *, budget_bytes: int | None = None,
               device: DeviceProfile | None = None, margin: float = DEFAULT_MARGIN,
-              knobs: list[EngineKnobs] | None = None) -> Plan:
+              knobs: list[EngineKnobs] | None = None, bf16_matmul: str = "auto") -> Plan:
     """Predict every candidate (or the given knobs) and mark feasibility and the front.
 
-    The budget is ``budget_bytes`` if given, else the device's."""
+    The budget is ``budget_bytes`` if given, else the device's. The candidates run their
+    bf16 matmuls as ``bf16_matmul`` says (a choice of the host, not a trade-off)."""
     if budget_bytes is None and device is not None:
         budget_bytes = device.budget_bytes
-    candidates = knobs if knobs is not None else candidate_knobs(workload, host.threads)
+    candidates = knobs if knobs is not None else \
+        candidate_knobs(workload, host.threads, bf16_matmul)
     predictions = [(k, predict(workload, k, host)) for k in candidates]
     if budget_bytes is not None:
         predictions = [(k, under_budget(p, budget_bytes, host)) for k, p in predictions]
@@ -205,9 +208,9 @@ class InfeasibleBudgetError(MebpError, ValueError):
 def auto_knobs(arch: Architecture, config: TrainConfig, host: HostCalibration,
                budget_bytes: int, margin: float = DEFAULT_MARGIN) -> EngineKnobs:
     """The knobs of the fastest configuration predicted to fit ``budget_bytes`` (the
-    configuration's own thread count is kept)."""
+    configuration's own thread count and bf16 matmul path are kept)."""
     plan = make_plan(Workload.from_config(arch, config), host, budget_bytes=budget_bytes,
-                     margin=margin)
+                     margin=margin, bf16_matmul=config.knobs.bf16_matmul)
     if plan.auto is None:
         raise InfeasibleBudgetError(plan)
     return plan.auto.knobs.model_copy(update={"threads": config.knobs.threads})

@@ -86,9 +86,9 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     block_grads = n_tokens * _backward_transient_per_token(workload, em)
     if upcast or every == "none" or not shared:
         # a tiled input gradient's running sum, (N, in); when upcasting, in the matmul dtype
-        # beside its cast back, the LoRA branch's upcast input and its own gradient
+        # beside its cast back (the LoRA branch upcasts a bounded chunk of rows at a time)
         widest_input = max(inp for _, inp in arch.projections().values())
-        block_grads += n_tokens * widest_input * (3 * em + e if upcast else e)
+        block_grads += n_tokens * widest_input * (em + e if upcast else e)
     lora = _lora_bytes(workload, keep_all_grads=every == "none" or not workload.fused_update)
     loss_chunk = _loss_chunk_bytes(workload, knobs, em)
 

@@ -33,8 +33,9 @@ def test_pack_concatenates_text_and_keeps_other_rows():
     prompt = Example([7, 8, 9], [M, 8, 9], "prompt_completion")
     packed = pack_examples([text[0], prompt, text[1], text[2]], seq_len=5)
     stream = [t for e in text for t in e.input_ids]
-    assert [e.input_ids for e in packed[:3]] == [stream[0:5], stream[5:10], stream[10:12]]
-    assert [e.labels for e in packed[:3]] == [stream[0:5], stream[5:10], stream[10:12]]
+    assert [list(e.input_ids) for e in packed[:3]] == [stream[0:5], stream[5:10], stream[10:12]]
+    assert [list(e.labels) for e in packed[:3]] == [stream[0:5], stream[5:10], stream[10:12]]
+    assert all(e.input_ids.itemsize == e.labels.itemsize == 4 for e in packed[:3])  # compact
     assert [e.kind for e in packed[:3]] == ["text"] * 3
     assert packed[3] is prompt
     assert len(packed) == 4
