@@ -6,7 +6,7 @@ from sqlmodel import Session, select
 
 from app.models import Adapter, Event, Job, Metric, utc_now
 from app.schemas import JobError, JobProgress, JobPublic
-from mebp_core.plan.workload import MB
+from mebp_core.units import MB
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 

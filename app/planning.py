@@ -23,7 +23,8 @@ from mebp_core.plan.arch import PlanInputError
 from mebp_core.plan.calibration import load_calibration
 from mebp_core.plan.devices import DeviceProfile
 from mebp_core.plan.planner import Plan, PlanEntry, make_plan
-from mebp_core.plan.workload import MB, Workload
+from mebp_core.plan.workload import Workload
+from mebp_core.units import MB
 
 
 @dataclass(frozen=True)

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mebp_core.kernel_memory import parse_memory_stat
+from mebp_core.units import MB
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 V2_ROOTS = (CGROUP_ROOT, CGROUP_ROOT / "unified")
 V1_MEMORY = CGROUP_ROOT / "memory"
-MB = 1 << 20
 
 
 class CgroupUnavailable(RuntimeError):

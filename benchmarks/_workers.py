@@ -18,8 +18,9 @@ import sys
 import time
 from collections.abc import Callable
 
+from mebp_core.units import MB
+
 RESULT_PREFIX = "RESULT "
-MB = 1 << 20
 VOCAB_CAP = 32000  # token ids are drawn from [0, 32000), valid for every preset
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

@@ -32,7 +32,6 @@ from mebp_core.bench.corpus import collect_docstrings, write_jsonl  # noqa: E402
 from mebp_core.cpu import cpu_model  # noqa: E402
 
 MODES = ("none", "counters", "thread")
-MB = 1 << 20
 
 
 class AlternatingMeasurement:

@@ -36,7 +36,8 @@ from mebp_core.engine.metrics_file import read_steps  # noqa: E402
 from mebp_core.plan.arch import load_architecture  # noqa: E402
 from mebp_core.plan.calibration import load_calibration  # noqa: E402
 from mebp_core.plan.planner import make_plan  # noqa: E402
-from mebp_core.plan.workload import MB, Workload, matmul_dtype_of  # noqa: E402
+from mebp_core.plan.workload import Workload, matmul_dtype_of  # noqa: E402
+from mebp_core.units import MB  # noqa: E402
 
 CASES = (("smollm2-135m", 256), ("qwen2.5-0.5b", 256), ("gemma3-1b", 256),
          ("qwen2.5-1.5b", 256), ("qwen2.5-0.5b", 1024))

@@ -16,10 +16,11 @@ import sys
 import traceback
 from pathlib import Path
 
-from mebp_core.engine.memory import MB, track_memory
+from mebp_core.engine.memory import track_memory
 from mebp_core.engine.stop import StopOnSignals
 from mebp_core.errors import MebpError, out_of_space
 from mebp_core.proc import die_with_parent
+from mebp_core.units import MB
 from worker.memory_cap import join_from_env
 
 REQUEST, RESULT, METRICS = "request.json", "result.json", "metrics.jsonl"

@@ -30,9 +30,9 @@ from app.storage import base_config_path, job_dir, new_id, sha256_files
 from mebp_core.cache import default_cache_dir
 from mebp_core.engine.metrics_file import keep_steps_through
 from mebp_core.lora.peft_io import ADAPTER_FILES
-from mebp_core.plan.workload import MB
 from mebp_core.proc import die_with_parent
 from mebp_core.store.resolve import resolve_model
+from mebp_core.units import MB
 from worker.child import (
     ADAPTER,
     CHECKPOINT,

@@ -8,7 +8,7 @@ from sqlmodel import Session, select
 
 from app.models import Job, Metric
 from app.schemas import PlanCreate
-from mebp_core.plan.workload import MB
+from mebp_core.units import MB
 
 SAME_WORKLOAD = ("seq_len", "batch_size", "lora_rank", "optimizer", "compute_dtype", "quant",
                  "group_size")

@@ -18,7 +18,8 @@ from mebp_core.config import TrainConfig
 from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.calibration import load_calibration
 from mebp_core.plan.planner import make_plan
-from mebp_core.plan.workload import MB, Workload
+from mebp_core.plan.workload import Workload
+from mebp_core.units import MB
 
 MEMORY_TOLERANCE = 0.15
 TIME_TOLERANCE = 0.25

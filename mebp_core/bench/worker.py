@@ -20,7 +20,8 @@ import sys
 import time
 from collections.abc import Callable
 
-MB = 1 << 20
+from mebp_core.units import MB
+
 ENGINE_METHODS = ("mebp", "mezo", "backprop")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 LR = 1e-4  # the value does not matter for timing; finite updates keep the work realistic

@@ -8,8 +8,6 @@ import threading
 
 from mebp_core.kernel_memory import MemoryCgroup, MemoryReading, own_memory_cgroup, read_memory
 
-MB = 1 << 20
-
 
 class MemoryTracker:
     """The peaks of this process's charged memory, overall and per step, and its baseline.

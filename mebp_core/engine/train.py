@@ -25,7 +25,7 @@ from mebp_core.data.jsonl import read_examples
 from mebp_core.data.tokenizer import load_tokenizer
 from mebp_core.engine.checkpoints import make_checkpoints
 from mebp_core.engine.evaluate import evaluate_examples
-from mebp_core.engine.memory import MB, MemoryTracker
+from mebp_core.engine.memory import MemoryTracker
 from mebp_core.engine.methods import make_step_function
 from mebp_core.engine.metrics_file import keep_steps_through
 from mebp_core.engine.model import EngineModel, load_engine_model
@@ -40,6 +40,7 @@ from mebp_core.engine.schedule import compute_lr
 from mebp_core.errors import DivergedError, MebpError
 from mebp_core.lora.peft_io import ADAPTER_FILES
 from mebp_core.lora.spec import LoraSpec
+from mebp_core.units import MB
 
 
 class TrainError(MebpError, ValueError):

@@ -11,7 +11,8 @@ from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.calibration import load_calibration
 from mebp_core.plan.devices import get_device
 from mebp_core.plan.planner import DEFAULT_MARGIN, Plan, make_plan
-from mebp_core.plan.workload import MB, Workload
+from mebp_core.plan.workload import Workload
+from mebp_core.units import MB
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,7 +13,7 @@ from functools import cache
 from pathlib import Path
 
 from mebp_core.plan.arch import PlanInputError
-from mebp_core.plan.workload import MB
+from mebp_core.units import MB
 
 DEVICES_FILE = Path(__file__).with_name("devices.json")
 

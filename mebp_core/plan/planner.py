@@ -15,7 +15,8 @@ from mebp_core.plan.arch import Architecture
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.devices import DeviceProfile
 from mebp_core.plan.predict import Prediction, predict, under_budget
-from mebp_core.plan.workload import DTYPE_BYTES, MB, Workload
+from mebp_core.plan.workload import DTYPE_BYTES, Workload
+from mebp_core.units import MB
 
 DEFAULT_MARGIN = 0.10  # a configuration fits when its predicted peak * 1.10 is within budget
 SMALL_TILE_BYTES = 1 << 20

@@ -27,7 +27,6 @@ from mebp_core.plan.resident import block_index, select_resident
 from mebp_core.plan.timing import step_time
 from mebp_core.plan.workload import (
     DTYPE_BYTES,
-    MB,
     Workload,
     adapted_projections,
     matmul_bytes,
@@ -36,6 +35,7 @@ from mebp_core.plan.workload import (
     shares_decompression,
     tile_rows,
 )
+from mebp_core.units import MB
 
 # What a training run holds above its imports and the modelled tensors: the data, allocator
 # slack, the store's index, rotary tables, small tensors. Fitted by least squares on the

@@ -11,7 +11,6 @@ from mebp_core.lora.spec import LoraSpec
 from mebp_core.plan.arch import Architecture, PlanInputError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
-MB = 1 << 20
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,8 @@ from mebp_core.config import TrainConfig
 from mebp_core.plan.arch import PlanInputError
 from mebp_core.plan.calibration import load_calibration
 from mebp_core.plan.planner import make_plan
-from mebp_core.plan.workload import MB, Workload
+from mebp_core.plan.workload import Workload
+from mebp_core.units import MB
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 

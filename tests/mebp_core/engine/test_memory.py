@@ -9,8 +9,9 @@ import mmap
 import torch
 
 from mebp_core.engine.frozen import _Arena
-from mebp_core.engine.memory import MB, MemorySampler
+from mebp_core.engine.memory import MemorySampler
 from mebp_core.kernel_memory import read_memory
+from mebp_core.units import MB
 
 SIZE = 64 * MB
 

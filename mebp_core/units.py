@@ -1,0 +1,3 @@
+"""Units every figure is quoted in."""
+
+MB = 1 << 20  # a mebibyte: every "MB" this product reports is 2**20 bytes
