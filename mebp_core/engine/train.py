@@ -172,6 +172,7 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
         engine.save_adapter(out, base_model_name)
     finally:
         engine.close()
+    memory.take_step_peak()  # what saving the adapter after the last step held counts too
     return TrainResult(run.position.step, run.last_loss, out, memory.peak_bytes / MB,
                        memory.peak_anon_bytes / MB, memory.footprint_bytes / MB,
                        memory.method, run.interrupted, run.saved_checkpoint, run.data.skipped_rows)
