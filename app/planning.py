@@ -13,8 +13,8 @@ from pydantic import ValidationError
 from sqlmodel import Session
 
 from app.api.errors import invalid, invalid_from
+from app.api.model_lookup import model_architecture_or_422
 from app.devices import find_device
-from app.registry import model_architecture
 from app.schemas import JobCreate
 from app.settings import Settings
 from mebp_core.cache import default_cache_dir
@@ -53,7 +53,7 @@ def plan_job(body: JobCreate, settings: Settings, session: Session) -> PlannedJo
     (the fastest configuration that fits, or the smallest one when none does)."""
     device = device_or_422(session, body.device)
     budget_bytes = _budget_bytes(body, device)
-    arch = model_architecture(session, body.model)
+    arch = model_architecture_or_422(session, body.model)
     hyper = body.hyperparameters.model_dump(exclude={"learning_rate", "checkpoint_every"})
     hyper["checkpoint_every"] = body.hyperparameters.checkpoint_every or settings.checkpoint_every
     knobs = EngineKnobs() if body.config == "auto" else body.config

@@ -1,5 +1,6 @@
 """Which models a job may name: the presets, and Hugging Face directories an admin registered
-from inside the configured model roots."""
+from inside the configured model roots. Errors are the domain's; routes turn them into 4xx
+(``app.api.model_lookup``)."""
 
 from __future__ import annotations
 
@@ -7,31 +8,14 @@ from pathlib import Path
 
 from sqlmodel import Session
 
-from app.api.errors import invalid
 from app.models import RegisteredModel
-from app.settings import Settings
-from mebp_core.plan.arch import Architecture, PlanInputError, load_architecture
+from mebp_core.plan.arch import Architecture, load_architecture
 
 PRESET = "preset:"
 
 
-def model_source(session: Session, name: str, *, where: str = "body") -> str:
-    """What the engine loads for ``name``: ``preset:NAME`` itself, or the registered path;
-    a 422 naming the field when it is neither."""
-    if name.startswith(PRESET):
-        return name
-    row = session.get(RegisteredModel, name)
-    if row is None:
-        raise invalid("model", "neither preset:NAME nor a registered model (GET /v1/models)",
-                      name, where=where)
-    return row.path
-
-
-def model_architecture(session: Session, name: str, *, where: str = "body") -> Architecture:
-    try:
-        return load_architecture(model_source(session, name, where=where))
-    except PlanInputError as exc:
-        raise invalid("model", str(exc), name, where=where) from None
+class UnknownModelError(LookupError):
+    """A job named a model that is neither ``preset:NAME`` nor registered."""
 
 
 class ModelPathError(ValueError):
@@ -39,13 +23,19 @@ class ModelPathError(ValueError):
     cannot be read as one."""
 
 
-def confined_model_path(settings: Settings, path: str) -> Path:
-    """``path`` resolved, or a 422 on ``path`` unless it is a model directory inside a
-    model root whose files all resolve inside the roots too."""
-    try:
-        return confine_model_dir(settings.model_root_paths, path)
-    except ModelPathError as exc:
-        raise invalid("path", str(exc), path) from None
+def model_source(session: Session, name: str) -> str:
+    """What the engine loads for ``name``: ``preset:NAME`` itself, or the registered path."""
+    if name.startswith(PRESET):
+        return name
+    row = session.get(RegisteredModel, name)
+    if row is None:
+        raise UnknownModelError("neither preset:NAME nor a registered model (GET /v1/models)")
+    return row.path
+
+
+def model_architecture(session: Session, name: str) -> Architecture:
+    """The planner's view of ``name``; ``PlanInputError`` when its config cannot be read."""
+    return load_architecture(model_source(session, name))
 
 
 def confine_model_dir(roots: list[Path], path: str) -> Path:

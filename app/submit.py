@@ -11,10 +11,10 @@ from sqlalchemy import func, text
 from sqlmodel import Session, col, select
 
 from app.api.errors import invalid
+from app.api.model_lookup import model_source_or_422
 from app.crud import add_event, set_status
 from app.models import Dataset, Job
 from app.planning import PlannedJob, plan_job
-from app.registry import model_source
 from app.schemas import JobCreate
 from app.settings import Settings
 from app.storage import new_id
@@ -28,7 +28,7 @@ def check_references(session: Session, body: JobCreate, tenant: str) -> None:
         if dataset_id is not None and (dataset is None or dataset.tenant != tenant):
             raise invalid(field, "no such dataset (upload it with POST /v1/datasets)",
                           dataset_id)
-    model_source(session, body.model)
+    model_source_or_422(session, body.model)
 
 
 def require_queue(redis: Redis) -> None:

@@ -24,7 +24,13 @@ from app.crud import add_event, fail_job, set_status
 from app.db import database_url, make_engine
 from app.disk_space import keep_reserve, out_of_space, release_reserve
 from app.models import Adapter, Dataset, Job, Metric
-from app.registry import PRESET, ModelPathError, confine_model_dir, model_source
+from app.registry import (
+    PRESET,
+    ModelPathError,
+    UnknownModelError,
+    confine_model_dir,
+    model_source,
+)
 from app.settings import Settings
 from app.storage import base_config_path, job_dir, new_id, sha256_files
 from mebp_core.cache import default_cache_dir
@@ -92,7 +98,7 @@ class JobRun:
                     self._run_capped(session, job, request)
                 except LeaseLost:
                     return "lost"
-                except ModelPathError as exc:  # the registered directory changed since
+                except (ModelPathError, UnknownModelError) as exc:  # unregistered or changed since
                     session.rollback()
                     self._fail_if_still_ours(session, worker, "invalid_input",
                                              f"model {job.model}: {exc}")

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from mebp_core.plan.resident import block_index
+from mebp_core.resident import block_index
 
 
 class _Arena:

@@ -112,8 +112,8 @@ def load_calibration(cache_dir: Path, threads: int | None = None, *,
 
 
 def measure_host(threads: int | None = None) -> HostCalibration:
-    """Run ``mebp_core.plan.measure_host`` in a subprocess (about 15 s)."""
-    command = [sys.executable, "-m", "mebp_core.plan.measure_host"]
+    """Run ``mebp_core.measure_host`` in a subprocess (about 15 s)."""
+    command = [sys.executable, "-m", "mebp_core.measure_host"]
     if threads:
         command += ["--threads", str(threads)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)

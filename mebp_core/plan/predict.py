@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import Architecture
 from mebp_core.plan.calibration import HostCalibration
-from mebp_core.plan.resident import block_index, select_resident
 from mebp_core.plan.timing import step_time
 from mebp_core.plan.workload import (
     DTYPE_BYTES,
@@ -35,6 +34,7 @@ from mebp_core.plan.workload import (
     shares_decompression,
     tile_rows,
 )
+from mebp_core.resident import block_index, select_resident
 from mebp_core.units import MB
 
 # What a training run holds above its imports and the modelled tensors: the data, allocator

@@ -7,8 +7,9 @@ from sqlmodel import select
 
 from app.api.deps import AdminDep, SessionDep, SettingsDep
 from app.api.errors import invalid
+from app.api.model_lookup import confined_model_path_or_422
 from app.models import RegisteredModel
-from app.registry import PRESET, confined_model_path
+from app.registry import PRESET
 from app.schemas import ModelCreate, ModelPublic, ModelsPublic
 from mebp_core.plan.arch import PlanInputError, load_architecture
 from mebp_core.store.preset_configs import PRESET_CONFIGS
@@ -36,7 +37,7 @@ def register_model(body: ModelCreate, session: SessionDep, settings: SettingsDep
     """Admins only. The path must lie inside MEBP_MODEL_ROOTS; jobs then name the model."""
     if session.get(RegisteredModel, body.name) is not None:
         raise HTTPException(status.HTTP_409_CONFLICT, f"model {body.name!r} is registered")
-    path = confined_model_path(settings, body.path)
+    path = confined_model_path_or_422(settings, body.path)
     try:
         arch = load_architecture(str(path))
     except PlanInputError as exc:

@@ -13,8 +13,8 @@ from sqlmodel import Session
 
 from app.api.deps import SessionDep, SettingsDep
 from app.api.errors import invalid, invalid_from
+from app.api.model_lookup import model_architecture_or_422
 from app.planning import device_or_422
-from app.registry import model_architecture
 from app.schemas import PlanCreate, PlanPublic
 from app.settings import Settings
 from mebp_core.cache import default_cache_dir
@@ -42,7 +42,7 @@ def read_plan(query: Annotated[PlanCreate, Query()], settings: SettingsDep,
 
 def plan_for(body: PlanCreate, settings: Settings, session: Session, where: str) -> PlanPublic:
     device = device_or_422(session, body.device, where=where)
-    arch = model_architecture(session, body.model, where=where)
+    arch = model_architecture_or_422(session, body.model, where=where)
     try:
         config = TrainConfig(**body.workload())
         workload = Workload.from_config(arch, config)

@@ -10,8 +10,8 @@ from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.devices import get_device, load_devices
 from mebp_core.plan.planner import auto_knobs, candidate_knobs, make_plan
 from mebp_core.plan.predict import COMPONENTS, predict
-from mebp_core.plan.resident import select_resident
 from mebp_core.plan.workload import Workload
+from mebp_core.resident import select_resident
 from mebp_core.units import MB
 
 

@@ -1,7 +1,8 @@
 """Measure this host's throughputs for the planner; prints one JSON object.
 
-Run as ``python -m mebp_core.plan.measure_host [--threads N]`` (the planner starts it in a
-subprocess so its own process never imports torch). Every figure is the best of a few
+Run as ``python -m mebp_core.measure_host [--threads N]`` (the planner starts it in a
+subprocess so its own process never imports torch). It runs the engine, so it lives beside
+the planner, not in it. Every figure is the best of a few
 repeats: the planner predicts an unloaded machine.
 """
 
