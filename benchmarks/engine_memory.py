@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._cgroup import MemoryCgroup, create_cgroup  # noqa: E402
+from benchmarks._cgroup import BenchCgroup, create_cgroup  # noqa: E402
 from benchmarks._report import check_targets, markdown_tables  # noqa: E402
 from benchmarks._workers import RESULT_PREFIX  # noqa: E402
 from mebp_core.bench.side_by_side import preset_hf_dir  # noqa: E402
@@ -85,7 +85,7 @@ def worker_argv(kind: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "benchmarks._workers", kind, *extra]
 
 
-def run_child(argv: list[str], cgroup: MemoryCgroup | None = None) -> dict:
+def run_child(argv: list[str], cgroup: BenchCgroup | None = None) -> dict:
     """Run one measurement child; its RESULT line, exit code, wall and CPU time."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
@@ -109,7 +109,7 @@ def run_child(argv: list[str], cgroup: MemoryCgroup | None = None) -> dict:
     return result
 
 
-def _start_poller(cgroup: MemoryCgroup, stop: threading.Event) -> threading.Thread:
+def _start_poller(cgroup: BenchCgroup, stop: threading.Event) -> threading.Thread:
     def poll() -> None:
         while not stop.wait(CGROUP_POLL_S):
             cgroup.sample()

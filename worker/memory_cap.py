@@ -130,6 +130,10 @@ class CgroupV2Cap(_CgroupCap):
     def peak_bytes(self) -> int | None:
         return self._read_int("memory.peak")
 
+    def limit_hits(self) -> int | None:
+        """How often usage ran into the limit (reclaim, or an OOM kill)."""
+        return self._read_keyed("memory.events").get("max")
+
     def oom_killed(self) -> bool:
         return self._read_keyed("memory.events").get("oom_kill", 0) > 0
 
@@ -148,6 +152,10 @@ class CgroupV1Cap(_CgroupCap):
 
     def peak_bytes(self) -> int | None:
         return self._read_int("memory.max_usage_in_bytes")
+
+    def limit_hits(self) -> int | None:
+        """How often usage ran into the limit (reclaim, or an OOM kill)."""
+        return self._read_int("memory.failcnt")
 
     def oom_killed(self) -> bool:
         control = self._read_keyed("memory.oom_control")
