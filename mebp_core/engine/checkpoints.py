@@ -64,6 +64,7 @@ class MmapCheckpoints(_PeakCounter):
                 and self._slot_numel == hidden.numel() and self._buffer.shape[0] >= blocks:
             return
         self.close()
+        self.directory.mkdir(parents=True, exist_ok=True)
         fd, name = tempfile.mkstemp(prefix="mebp-ckpt-", dir=self.directory)
         try:
             nbytes = blocks * hidden.numel() * hidden.element_size()

@@ -160,7 +160,8 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
     try:
         run = TrainingRun(engine, config, load_train_data(engine, model_dir, data,
                                                           validation_data, config),
-                          memory=memory, checkpoint_dir=checkpoint_dir)
+                          memory=memory, checkpoint_dir=checkpoint_dir,
+                          scratch_dir=Path(out).absolute().parent)
         if resume:
             run.resume()
             if metrics_path is not None:
@@ -191,11 +192,14 @@ class TrainingRun:
     """The mutable state of one run: position in the data, optimizers, last results."""
 
     def __init__(self, engine: EngineModel, config: TrainConfig, data: TrainData, *,
-                 memory: MemoryTracker, checkpoint_dir: Path | None) -> None:
+                 memory: MemoryTracker, checkpoint_dir: Path | None,
+                 scratch_dir: Path | None = None) -> None:
+        """``scratch_dir``: where memory-mapped block checkpoints go (on disk, beside the
+        run's output, not a temp dir that may be tmpfs, i.e. shared memory)."""
         self.engine, self.config, self.data, self.memory = engine, config, data, memory
         self.checkpoint_dir = checkpoint_dir
         self.optimizers = make_block_optimizers(engine, config)
-        self.checkpoints = make_checkpoints(config.knobs.checkpoint_storage)
+        self.checkpoints = make_checkpoints(config.knobs.checkpoint_storage, scratch_dir)
         self.run_step = make_step_function(engine, config, self.optimizers, self.checkpoints)
         self.position = RunPosition(0, 0)
         self.last_loss: float | None = None

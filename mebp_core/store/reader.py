@@ -139,12 +139,13 @@ class PackedStore:
         return rows.view(*index.shape, rows.shape[-1])
 
     def close(self) -> None:
+        """Forget the mapping: later calls raise ``StoreError``. It is never unmapped here:
+        ``torch.frombuffer`` holds a reference to the mmap object but no buffer export, so
+        ``mmap.close()`` would unmap memory that views handed out by ``raw`` still point at.
+        The kernel unmaps it when the last of them is gone."""
         self._raw.clear()
         self._bytes = None
-        try:
-            self._mmap.close()
-        except BufferError:
-            pass  # tensors handed out still view the mapping; it is unmapped when they die
+        self._mmap = None
 
 
 def _read_config(path: Path) -> dict[str, Any]:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 import transformers
 from safetensors.torch import load_file
 
-from mebp_core.config import TrainConfig
+from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.engine.memory import track_memory
 from mebp_core.engine.run_state import ResumeError
 from mebp_core.engine.schedule import compute_lr
@@ -128,3 +129,20 @@ def test_resume_after_a_crash_logs_every_step_once(packed_models, token_data, tm
                            resume=True)
     assert result.steps == 5
     assert [line["step"] for line in lines] == [1, 2, 3, 4, 5]
+
+
+def test_mapped_checkpoints_live_on_disk_beside_the_output(packed_models, token_data, tmp_path):
+    """Not in the system temp dir, which may be tmpfs (shared memory, charged like RAM)."""
+    out = tmp_path / "runs" / "adapter"
+    mapped: list[str] = []
+
+    def record(_metrics) -> None:
+        mapped.extend(line.split(maxsplit=5)[-1] for line in
+                      Path("/proc/self/maps").read_text().splitlines() if "mebp-ckpt-" in line)
+
+    config = TrainConfig(steps=2, seq_len=32, lora_rank=4, quant="none",
+                         knobs=EngineKnobs(checkpoint_storage="mmap"))
+    train(config, model_dir=packed_models["llama", "none"], data=token_data, out=out,
+          memory=track_memory(), on_step=record)
+    assert mapped and all(path.startswith(f"{out.parent}/mebp-ckpt-") for path in mapped)
+    assert not list(out.parent.glob("mebp-ckpt-*"))  # unlinked at once: nothing left behind

@@ -5,6 +5,7 @@ import struct
 import pytest
 import torch
 
+from mebp_core.kernel_memory import read_memory
 from mebp_core.store.errors import StoreError, StoreFormatError
 from mebp_core.store.format import MAGIC, STORE_FILENAME
 from mebp_core.store.pack import pack_model
@@ -106,10 +107,43 @@ def test_opening_and_reading_a_big_store_copies_nothing(tmp_path, store_helpers)
     file_mb = (packed / STORE_FILENAME).stat().st_size / 2**20
     assert file_mb > 30
     before_kb = store_helpers.rss_anon_kb()
+    before_file = read_memory().file_bytes
     store = open_store(packed)
     tensors = [store.raw(name).data for name in store.names()]
-    checksum = sum(float(t.sum()) for t in tensors)
+    sum(float(t.sum()) for t in tensors)  # reads every page
     grown_mb = (store_helpers.rss_anon_kb() - before_kb) / 1024
-    assert checksum == checksum  # every page was read
+    file_grown_mb = (read_memory().file_bytes - before_file) / 2**20
+    assert file_grown_mb > 0.9 * file_mb  # every page was read, as a clean file page
     assert grown_mb < 4, f"anonymous memory grew {grown_mb:.1f} MB for a {file_mb:.0f} MB store"
     store.close()
+
+
+def test_views_outlive_the_store_and_a_closed_store_refuses(packed_tiny):
+    """Closing never unmaps what a view still reads (touching it after close once crashed
+    the process); the store itself refuses to be used again. Run in a child process, so a
+    use-after-unmap fails this test instead of killing pytest."""
+    code = (
+        "import sys, torch\n"
+        "from mebp_core.store.errors import StoreError\n"
+        "from mebp_core.store.reader import open_store\n"
+        "store = open_store(sys.argv[1])\n"
+        "name = next(n for n in store.names() if store.info(n).bits)\n"
+        "raw = store.raw(name)\n"
+        "before = raw.data.double().sum().item()\n"
+        "store.close()\n"
+        "import gc; gc.collect()\n"
+        "after = raw.data.double().sum().item()\n"
+        "try:\n"
+        "    store.raw(name)\n"
+        "except StoreError as exc:\n"
+        "    print('refused:', exc)\n"
+        "print(before == after)\n"
+    )
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", code, str(packed_tiny)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-1000:]}"
+    assert "refused:" in done.stdout and "store is closed" in done.stdout
+    assert done.stdout.strip().endswith("True")
