@@ -41,3 +41,30 @@ def seed_calibration(host) -> Callable[[Path], Path]:
         path.write_text(json.dumps(asdict(host)))
         return cache_dir
     return seed
+
+
+@pytest.fixture(scope="session")
+def check_front() -> Callable[[dict], None]:
+    """Checks a plan's JSON: its front is exactly the configurations no other beats on both
+    peak memory and step time (figures as rounded in the JSON), and ``auto`` is the fastest
+    feasible one."""
+    def check(plan: dict) -> None:
+        configs = plan["configurations"]
+
+        def beaten(c: dict) -> bool:
+            return any(o["peak_mb"] <= c["peak_mb"] and o["step_time_s"] <= c["step_time_s"]
+                       and (o["peak_mb"], o["step_time_s"]) != (c["peak_mb"], c["step_time_s"])
+                       for o in configs)
+
+        front = {c["id"] for c in configs if c["pareto"]}
+        assert front == set(plan["pareto"]) and front
+        assert not any(beaten(c) for c in configs if c["pareto"])
+        assert all(beaten(c) or any(o["pareto"] and (o["peak_mb"], o["step_time_s"]) ==
+                                    (c["peak_mb"], c["step_time_s"]) for o in configs)
+                   for c in configs if not c["pareto"])
+        feasible = [c for c in configs if c["feasible"]]
+        if feasible:
+            fastest = min(c["step_time_s"] for c in feasible)
+            auto = next(c for c in configs if c["id"] == plan["auto"])
+            assert auto["feasible"] and auto["step_time_s"] == fastest
+    return check

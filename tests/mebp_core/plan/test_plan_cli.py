@@ -21,14 +21,14 @@ def cached_host(seed_calibration, tmp_path, monkeypatch):
     return seed_calibration(tmp_path)
 
 
-def test_plan_json_has_the_front_auto_and_feasibility(cached_host, capsys):
+def test_plan_json_has_the_front_auto_and_feasibility(cached_host, capsys, check_front):
     assert main(["plan", "--model", "preset:qwen2.5-0.5b", "--seq-len", "256",
                  "--budget-mb", "600", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["budget_mb"] == 600 and plan["feasible"] is True
     by_id = {c["id"]: c for c in plan["configurations"]}
     assert plan["auto"] in by_id and by_id[plan["auto"]]["feasible"] is True
-    assert plan["pareto"] and all(by_id[i]["pareto"] for i in plan["pareto"])
+    check_front(plan)
     for config in plan["configurations"]:
         assert set(config["memory_mb"]) == {"runtime", "weights", "checkpoints", "activations",
                                             "lora", "loss_chunk"}
