@@ -115,4 +115,5 @@ def _plan_summary(plan: Plan, chosen: PlanEntry) -> dict:
         "smallest_budget_mb": plan.smallest_budget_mb(),
         "smallest_configuration": plan.smallest.id,
         "dominant_component": plan.smallest.prediction.dominant_component(),
+        "calibration": plan.calibration,
     }

@@ -90,10 +90,26 @@ class ConfigurationPublic(BaseModel):
     device_step_time_s_estimate: float | None
 
 
+class CalibrationPublic(BaseModel):
+    """The host calibration a plan's predictions came from."""
+
+    host: str
+    threads: int
+    torch: str
+    kernel: str = Field(description="the dequantization kernel timed: native library or torch")
+    measured_at: str | None = Field(description="UTC, ISO 8601")
+    load_average: list[float | None] = Field(
+        description="the 1-minute load average before and after the measurement")
+    spread: dict[str, float] = Field(
+        description="per kind of figure, the slowest repeat over the fastest")
+    max_spread: float | None
+
+
 class PlanPublic(BaseModel):
     workload: dict
     budget_mb: float | None
     margin: float
+    calibration: CalibrationPublic | None = None
     device: DevicePublic | None
     auto: str | None = Field(description="the fastest configuration that fits")
     feasible: bool | None

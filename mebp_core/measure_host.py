@@ -2,8 +2,9 @@
 
 Run as ``python -m mebp_core.measure_host [--threads N]`` (the planner starts it in a
 subprocess so its own process never imports torch). It runs the engine, so it lives beside
-the planner, not in it. Every figure is the best of a few
-repeats: the planner predicts an unloaded machine.
+the planner, not in it. Every figure is the median of a few repeats, and each kind of figure
+records its spread; the result says when it was measured, under what load average, and
+with which dequantization kernel.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import tempfile
 import time
+from datetime import UTC, datetime
 
 from mebp_core.cache import default_cache_dir
 from mebp_core.kernel_memory import read_memory
@@ -23,19 +26,30 @@ _D, _F = 1024, 2816  # a small model's hidden and MLP sizes
 
 
 SLOW_S = 0.2  # a measurement this slow is not repeated, and larger sizes are not tried
+REPEATS = 5
 
 
-def _best_time(fn, repeats: int = 3) -> float:
-    start = time.perf_counter()
-    fn()  # warm up (first touch, kernel selection)
-    best = time.perf_counter() - start
-    if best > SLOW_S:
-        return best
-    for _ in range(repeats):
+class _Spreads:
+    """The spread of each kind of figure: the slowest repeat over the fastest, the worst
+    point of the kind (1.0 for a measurement too slow to repeat)."""
+
+    def __init__(self) -> None:
+        self.by_kind: dict[str, float] = {}
+
+    def time(self, kind: str, fn, repeats: int = REPEATS) -> float:
+        """The median of ``repeats`` timed runs of ``fn`` after a warm-up run."""
         start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+        fn()  # warm up (first touch, kernel selection)
+        seconds = [time.perf_counter() - start]
+        if seconds[0] <= SLOW_S:
+            seconds = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                fn()
+                seconds.append(time.perf_counter() - start)
+        spread = max(seconds) / max(min(seconds), 1e-12)
+        self.by_kind[kind] = max(self.by_kind.get(kind, 1.0), spread)
+        return statistics.median(seconds)
 
 
 def measure(threads: int | None) -> dict:
@@ -46,12 +60,17 @@ def measure(threads: int | None) -> dict:
     runtime = read_memory().charged_bytes
     if threads:
         torch.set_num_threads(threads)
+    from mebp_core.store.native import kernel_name
     from mebp_core.store.quant import dequantize, quantize
 
+    kernel = kernel_name()  # built (if it must be) before anything is timed
+    spreads = _Spreads()
     result: dict = {"threads": torch.get_num_threads(), "runtime_bytes": runtime,
-                    "torch": torch.__version__}
+                    "torch": torch.__version__, "kernel": kernel,
+                    "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                    "load_before": os.getloadavg()[0]}
     gen = torch.Generator().manual_seed(0)
-    result["matmul_flops"] = {name: _matmul_rates(dtype, gen)
+    result["matmul_flops"] = {name: _matmul_rates(dtype, gen, spreads)
                               for name, dtype in (("float32", torch.float32),
                                                   ("bfloat16", torch.bfloat16))}
 
@@ -63,36 +82,39 @@ def measure(threads: int | None) -> dict:
             out = torch.empty(_F, _D, dtype=dtype)
             if quant == "none":
                 src = weight.to(torch.bfloat16)
-                seconds = _best_time(lambda src=src, out=out: out.copy_(src))
+                seconds = spreads.time("decompress", lambda src=src, out=out: out.copy_(src))
             else:
                 bits = 4 if quant == "int4" else 8
                 q = quantize(weight, bits=bits, group_size=64)
-                seconds = _best_time(lambda q=q, out=out, dtype=dtype, bits=bits: dequantize(
-                    q.data, q.scales, q.biases, bits, 64, dtype, out=out))
+                seconds = spreads.time(
+                    "decompress", lambda q=q, out=out, dtype=dtype, bits=bits: dequantize(
+                        q.data, q.scales, q.biases, bits, 64, dtype, out=out))
             rates[name] = _F * _D / seconds
         decompress[quant] = rates
     result["decompress_params_per_s"] = decompress
     q = quantize(weight[:8], bits=4, group_size=64)
     out = torch.empty(8, _D)
-    result["decompress_call_s"] = _best_time(lambda: dequantize(
+    result["decompress_call_s"] = spreads.time("decompress_call", lambda: dequantize(
         q.data, q.scales, q.biases, 4, 64, torch.float32, out=out), repeats=50)
 
     # activation-sized operands (64 MB each): main-memory bandwidth, not cache
     a = torch.randn(16 << 20, generator=gen)
     b = torch.randn(16 << 20, generator=gen)
-    seconds = _best_time(lambda: (a * b).add_(a))  # reads 2, writes 1, then reads 2 writes 1
+    seconds = spreads.time("elementwise", lambda: (a * b).add_(a))  # 2 reads, a write, twice
     result["elementwise_bytes_per_s"] = 6 * a.numel() * 4 / seconds
     small = torch.randn(1, 64, requires_grad=True)
     small_w = torch.randn(64, 64)
     # an op recorded by autograd, then its backward: what a tiny op costs inside a step
-    seconds = _best_time(lambda: torch.stack([small @ small_w for _ in range(100)]).sum()
-                         .backward())
+    seconds = spreads.time("op_overhead", lambda: torch.stack(
+        [small @ small_w for _ in range(100)]).sum().backward())
     result["op_overhead_s"] = seconds / 200
     result["disk_read_bytes_per_s"] = _disk_read_rate()
+    result["spread"] = spreads.by_kind
+    result["load_after"] = os.getloadavg()[0]
     return result
 
 
-def _matmul_rates(dtype, gen) -> dict[str, dict[str, dict[str, float]]]:
+def _matmul_rates(dtype, gen, spreads: _Spreads) -> dict[str, dict[str, dict[str, float]]]:
     """FLOP/s by form, output width and tokens. "nt" is a projection's forward (x @ W^T,
     out = W's rows); "nn" its input gradient (g @ W, W's rows = out, the reduction)."""
     import torch
@@ -106,10 +128,10 @@ def _matmul_rates(dtype, gen) -> dict[str, dict[str, dict[str, float]]]:
                 flops = 2 * tokens * _D * out
                 if form == "nt":
                     x = torch.randn(tokens, _D, generator=gen).to(dtype)
-                    seconds = _best_time(lambda x=x, w=w: x @ w.T)
+                    seconds = spreads.time("matmul", lambda x=x, w=w: x @ w.T)
                 else:
                     g = torch.randn(tokens, out, generator=gen).to(dtype)
-                    seconds = _best_time(lambda g=g, w=w: g @ w)
+                    seconds = spreads.time("matmul", lambda g=g, w=w: g @ w)
                 rates[form][str(out)][str(tokens)] = flops / seconds
                 if seconds > SLOW_S:
                     break

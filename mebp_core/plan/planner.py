@@ -54,6 +54,7 @@ class Plan:
     margin: float
     device: DeviceProfile | None
     entries: list[PlanEntry]
+    calibration: dict | None = None  # which host calibration the predictions came from
 
     @property
     def pareto(self) -> list[PlanEntry]:
@@ -96,6 +97,7 @@ class Plan:
                          "quant": self.workload.quant, "group_size": self.workload.group_size},
             "budget_mb": None if self.budget_bytes is None else round(self.budget_bytes / MB, 1),
             "margin": self.margin,
+            "calibration": self.calibration,
             "device": None if self.device is None else self.device.to_json(),
             "auto": None if auto is None else auto.id,
             "feasible": None if self.budget_bytes is None else auto is not None,
@@ -191,7 +193,7 @@ def make_plan(workload: Workload, host: HostCalibration, *, budget_bytes: int | 
         device_time = None if device is None else device.estimate_step_time(p)
         entries.append(PlanEntry(knobs_id(k), k, p, feasible, reason, id(p) in front,
                                  device_time))
-    return Plan(workload, budget_bytes, margin, device, entries)
+    return Plan(workload, budget_bytes, margin, device, entries, host.provenance())
 
 
 class InfeasibleBudgetError(MebpError, ValueError):

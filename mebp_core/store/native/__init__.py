@@ -80,6 +80,16 @@ def load_library() -> ctypes.CDLL | None:
     return library
 
 
+def kernel_name() -> str:
+    """Which dequantization runs on this host: the native library (named by the digest of its
+    source, flags and CPU) once built and loaded, else ``torch``."""
+    from mebp_core.cache import default_cache_dir
+
+    if _enabled and load_library() is not None:
+        return _library_path(default_cache_dir()).stem
+    return "torch"
+
+
 def dequantize_native(data: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
                       bits: int, group_size: int, out: torch.Tensor) -> bool:
     """Fill ``out`` (N, K) from contiguous packed rows; False when the kernel cannot."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 
 import pytest
 
@@ -29,6 +30,7 @@ def test_plan_json_has_the_front_auto_and_feasibility(cached_host, capsys, check
     by_id = {c["id"]: c for c in plan["configurations"]}
     assert plan["auto"] in by_id and by_id[plan["auto"]]["feasible"] is True
     check_front(plan)
+    assert plan["calibration"]["threads"] == 2 and "max_spread" in plan["calibration"]
     for config in plan["configurations"]:
         assert set(config["memory_mb"]) == {"runtime", "weights", "checkpoints", "activations",
                                             "lora", "loss_chunk"}
@@ -83,3 +85,33 @@ def test_the_host_measurement_runs_and_gives_positive_rates():
     assert host.decompress_rate("int4", "float32") > 0
     assert host.matmul_rate("float32", 128) > 0
     assert host.elementwise_bytes_per_s > 0 and host.disk_read_bytes_per_s > 0
+    # provenance: the kernel timed, when, under what load, how steady
+    from mebp_core.store.native import kernel_name
+
+    assert host.kernel == kernel_name() and host.kernel
+    taken = datetime.fromisoformat(host.measured_at)
+    assert abs((datetime.now(UTC) - taken).total_seconds()) < 600
+    assert host.load_before >= 0 and host.load_after >= 0
+    assert set(host.spread) == {"matmul", "decompress", "decompress_call", "elementwise",
+                                "op_overhead"}
+    assert all(spread >= 1.0 for spread in host.spread.values())
+
+
+@pytest.mark.slow
+def test_a_measurement_that_spreads_too_wide_is_taken_again(monkeypatch):
+    """A bound no real host meets (every repeat identical) forces every attempt; the
+    steadiest one is kept."""
+    from mebp_core.plan import calibration
+
+    taken, measure = [], calibration.measure_host
+
+    def measure_and_keep(threads=None):
+        taken.append(measure(threads))
+        return taken[-1]
+
+    monkeypatch.setattr(calibration, "MAX_SPREAD", 1.0)
+    monkeypatch.setattr(calibration, "MEASURE_ATTEMPTS", 2)
+    monkeypatch.setattr(calibration, "measure_host", measure_and_keep)
+    kept = calibration.measure_steady_host(threads=1)
+    assert len(taken) == 2
+    assert kept.max_spread == min(t.max_spread for t in taken) and kept in taken
