@@ -13,6 +13,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -c "from mebp_core.store.kernel_build import build_kernel; build_kernel()"
 	touch $(STAMP)
 
 # The dashboard tests drive Debian's chromium; it is installed here where missing.

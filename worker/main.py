@@ -19,6 +19,7 @@ from app.queue import WORKER_HEARTBEAT_S, connect, job_queue
 from app.settings import Settings
 from app.supervisor import SUPERVISOR_ENV
 from mebp_core.proc import die_with_parent
+from mebp_core.store.kernel_build import build_kernel
 from worker.memory_cap import remove_idle_caps
 
 REDIS_WAIT_MAX_S = 5.0
@@ -71,6 +72,8 @@ def work(settings: Settings, *, burst: bool = False) -> int:
         die_with_parent(signal.SIGTERM, int(os.environ[SUPERVISOR_ENV]))
     settings.storage_root.mkdir(parents=True, exist_ok=True)
     remove_idle_caps()  # cgroups of jobs whose worker died on this host
+    if build_kernel(settings.cache_dir) is None:  # here, not in a job's engine inside its cap
+        print("mebp worker: no C compiler: jobs dequantize with torch", file=sys.stderr)
     upgrade_database(database_url(settings.database_url, settings.data_dir))
     queue = job_queue(connect(settings.redis_url), settings.queue_name)
     wait_for_redis(queue.connection)

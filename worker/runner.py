@@ -201,7 +201,9 @@ class JobRun:
                 set_status(session, job, "cancelled", "cancelled before the engine started")
                 session.commit()
                 return
-            env = {**os.environ, **cap.child_env(), PARENT_ENV: str(os.getpid())}
+            env = {**os.environ, **cap.child_env(), PARENT_ENV: str(os.getpid()),
+                   # the engine finds the kernel this worker built in the same cache
+                   "MEBP_CACHE_DIR": str(self.settings.cache_dir or default_cache_dir())}
             with open(self.dir / "engine.log", "ab") as log:
                 child = subprocess.Popen([sys.executable, "-m", "worker.child", str(self.dir)],
                                          stdout=log, stderr=subprocess.STDOUT, env=env)

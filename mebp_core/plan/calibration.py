@@ -22,6 +22,7 @@ from pathlib import Path
 
 from mebp_core.cpu import cpu_model
 from mebp_core.errors import MebpError
+from mebp_core.store.kernel_build import kernel_digest
 
 CALIBRATION_VERSION = 5
 
@@ -96,13 +97,14 @@ def _interpolate_tokens(rates: dict[str, float], tokens: int) -> float:
 
 
 def host_key(threads: int | None) -> str:
-    """Names what the figures depend on: CPU, cores, threads, Python and torch's version."""
+    """Names what the figures depend on: CPU, cores, threads, Python, torch's version and the
+    dequantization kernel."""
     try:
         torch_version = importlib.metadata.version("torch")  # read without importing torch
     except importlib.metadata.PackageNotFoundError:
         torch_version = None
     text = json.dumps([CALIBRATION_VERSION, cpu_model(), os.cpu_count(), threads,
-                       platform.python_version(), torch_version])
+                       platform.python_version(), torch_version, kernel_digest()])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

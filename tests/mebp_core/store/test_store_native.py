@@ -52,3 +52,21 @@ def test_unsupported_dtype_falls_back():
     assert result.dtype == torch.float16
     reference = dequantize(q.data, q.scales, q.biases, 8, 64, torch.float32)
     torch.testing.assert_close(result.float(), reference, rtol=1e-3, atol=1e-3)
+
+
+def test_the_kernel_is_built_ahead_and_named_without_torch(tmp_path):
+    """The worker and `make setup` build it (never a job inside its cap); the planner keys
+    its calibration on its name, which a torch-free process can compute."""
+    import subprocess
+    import sys
+
+    from mebp_core.store.kernel_build import build_kernel, kernel_digest
+
+    built = build_kernel(tmp_path)
+    assert built is not None and built.name == f"{kernel_digest()}.so" and built.is_file()
+    assert build_kernel(tmp_path) == built  # built once
+    code = ("import sys; from mebp_core.plan.calibration import host_key; host_key(None); "
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert done.stdout.strip() == "False", done.stderr
