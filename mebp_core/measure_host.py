@@ -30,8 +30,10 @@ REPEATS = 5
 
 
 class _Spreads:
-    """The spread of each kind of figure: the slowest repeat over the fastest, the worst
-    point of the kind (1.0 for a measurement too slow to repeat)."""
+    """The spread of each kind of figure, at its worst point: the upper quartile of its
+    repeats over the lower (one interrupted or lucky repeat of a sub-millisecond op says
+    nothing about the host's load; measured idle, slowest over fastest reached 27x). 1.0 for
+    a measurement too slow to repeat."""
 
     def __init__(self) -> None:
         self.by_kind: dict[str, float] = {}
@@ -47,7 +49,10 @@ class _Spreads:
                 start = time.perf_counter()
                 fn()
                 seconds.append(time.perf_counter() - start)
-        spread = max(seconds) / max(min(seconds), 1e-12)
+        spread = 1.0
+        if len(seconds) >= 4:
+            low, _, high = statistics.quantiles(seconds, n=4, method="inclusive")
+            spread = high / max(low, 1e-12)
         self.by_kind[kind] = max(self.by_kind.get(kind, 1.0), spread)
         return statistics.median(seconds)
 

@@ -1,9 +1,10 @@
 """This host's throughputs, measured (in a subprocess that imports torch) and cached.
 
-The cache key names the CPU, the core count, the thread count and the torch version, so a
-different machine, or a different setting, is measured afresh. A measurement whose repeats
-spread too wide is taken again before it is cached; every calibration records when, under
-what load and with which dequantization kernel it was taken, and plans say so.
+The cache key names the CPU, the core count, the thread count, the torch version and the
+dequantization kernel, so a different machine, or a different setting, is measured afresh.
+A measurement whose repeats spread too wide is taken again before it is cached; every
+calibration records when, under what load and with which dequantization kernel it was
+taken, and plans say so.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class HostCalibration:
     torch: str = ""
     host: str = ""
     # provenance: the dequantization kernel timed, when, under what 1-minute load average,
-    # and each kind of figure's spread (slowest repeat over fastest)
+    # and each kind of figure's spread (upper quartile of its repeats over the lower)
     kernel: str = ""
     measured_at: str = ""
     load_before: float | None = None
@@ -135,7 +136,9 @@ def load_calibration(cache_dir: Path, threads: int | None = None, *,
 
 # A calibration whose figures spread wider than this between repeats was taken on a busy
 # host: it is measured again (up to MEASURE_ATTEMPTS times) and the steadiest one is kept.
-MAX_SPREAD = 1.5
+# Measured on a 2-core Zen 4: idle, the worst kind spread 1.37-1.63 in three runs; with one
+# competing process, matmuls spread 5.3.
+MAX_SPREAD = 2.0
 MEASURE_ATTEMPTS = 3
 
 
