@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import shlex
 
-from mebp_core.kernel_memory import MemoryCgroup as CgroupCounters
+from mebp_core.kernel_memory import MemoryCgroup
 from mebp_core.units import MB
 from worker.memory_cap import PROCS_ENV, CgroupV1Cap, CgroupV2Cap, open_memory_cap
 
@@ -21,7 +21,7 @@ class BenchCgroup:
     def __init__(self, cap: CgroupV1Cap | CgroupV2Cap) -> None:
         self.cap = cap
         self.version = 2 if isinstance(cap, CgroupV2Cap) else 1
-        self.counters = CgroupCounters(cap.path, self.version)
+        self.counters = MemoryCgroup(cap.path, self.version)
         self.samples = {"peak_charged": 0, "peak_file": 0}
 
     def wrap(self, argv: list[str]) -> list[str]:

@@ -130,7 +130,6 @@ class CgroupCounters(MemoryTracker):
         self._record(charged_peak, anon_peak, now.file_bytes)
         self.usage_peak_bytes = max(self.usage_peak_bytes, usage_peak)
         self.group.reset_peak()
-        self._step_peak_bytes = now.charged_bytes
         return charged_peak
 
 

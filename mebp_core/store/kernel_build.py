@@ -6,6 +6,7 @@ memory cap."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -20,6 +21,7 @@ SOURCE = Path(__file__).with_name("native") / "dequant.c"
 FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC")
 
 
+@functools.cache
 def kernel_digest() -> str:
     """The built library's name: what it was compiled from, how, and for which CPU."""
     digest = hashlib.sha256()
@@ -49,15 +51,21 @@ def compile_library(target: Path) -> None:
             os.unlink(tmp)
 
 
-def build_kernel(cache_dir: Path | None = None) -> Path | None:
-    """The library, compiled first if missing; None when this machine cannot build it (the
-    engine then runs torch's dequantization)."""
+def ensure_library(cache_dir: Path | None = None) -> Path:
+    """The library, compiled first if missing (``OSError`` or ``SubprocessError`` when this
+    machine cannot build it)."""
     from mebp_core.cache import default_cache_dir
 
     target = library_path(cache_dir or default_cache_dir())
     if not target.exists():
-        try:
-            compile_library(target)
-        except (OSError, subprocess.SubprocessError):
-            return None
+        compile_library(target)
     return target
+
+
+def build_kernel(cache_dir: Path | None = None) -> Path | None:
+    """``ensure_library``, or None when this machine cannot build it (the engine then runs
+    torch's dequantization)."""
+    try:
+        return ensure_library(cache_dir)
+    except (OSError, subprocess.SubprocessError):
+        return None

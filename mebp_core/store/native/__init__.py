@@ -15,7 +15,7 @@ from functools import cache
 
 import torch
 
-from mebp_core.store.kernel_build import compile_library, library_path
+from mebp_core.store.kernel_build import ensure_library, library_path
 
 _FUNCTIONS = {
     (4, torch.float32): "dequant_int4_f32",
@@ -34,13 +34,8 @@ def set_native_enabled(enabled: bool) -> None:
 
 @cache
 def load_library() -> ctypes.CDLL | None:
-    from mebp_core.cache import default_cache_dir
-
-    target = library_path(default_cache_dir())
     try:
-        if not target.exists():
-            compile_library(target)
-        library = ctypes.CDLL(str(target))
+        library = ctypes.CDLL(str(ensure_library()))
     except (OSError, subprocess.SubprocessError) as exc:
         warnings.warn(f"native dequantization unavailable ({exc}); using torch", stacklevel=2)
         return None
