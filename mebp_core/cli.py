@@ -214,6 +214,7 @@ def _train_config(args: argparse.Namespace):
             frozen_weights=args.frozen_weights, resident_weight_bytes=args.resident_weight_bytes,
             checkpoint_blocks=args.checkpoint_blocks, checkpoint_storage=args.checkpoint_storage,
             lora_hidden=args.lora_hidden, share_decompression=args.share_decompression,
+            mlp_chunk_tokens=args.mlp_chunk_tokens,
             decompress_tile_bytes=args.decompress_tile_bytes,
             loss_vocab_tile_bytes=args.loss_vocab_tile_bytes, bf16_matmul=args.bf16_matmul,
             threads=args.threads))
@@ -238,6 +239,9 @@ def _add_knob_arguments(knobs) -> None:
                        default="auto", help="decompress a block once for recompute and "
                        "backward (faster) instead of twice, tile by tile (less memory); by "
                        "default shared unless bf16 matmuls run upcast to float32")
+    knobs.add_argument("--mlp-chunk-tokens", type=int, metavar="N",
+                       help="run each block's MLP backward N tokens at a time (less memory; "
+                       "unshared lazy weights are decompressed again per chunk)")
     knobs.add_argument("--decompress-tile-bytes", type=parse_size, default=8 << 20,
                        metavar="SIZE", help="rows decompressed at once by a lazy projection")
     knobs.add_argument("--loss-vocab-tile-bytes", type=parse_size, default=8 << 20,

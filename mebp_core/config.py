@@ -46,6 +46,11 @@ class EngineKnobs(BaseModel):
     # to float32 costs what upcasting a held bf16 tile does, so sharing would only hold a
     # block's weights (measured on qwen2.5-0.5b seq 256: 25-30 MB more, no faster).
     share_decompression: bool | Literal["auto"] = "auto"
+    # The backward runs each block's MLP over this many tokens at a time (the attention
+    # still sees the whole sequence): its (tokens, intermediate) activations and gradients
+    # shrink to a chunk's, for one more decompression of the MLP weights per extra chunk
+    # unless they are resident or shared. None: the whole batch at once.
+    mlp_chunk_tokens: int | None = Field(default=None, ge=1)
     decompress_tile_bytes: int = Field(default=8 << 20, ge=1 << 16)
     loss_vocab_tile_bytes: int = Field(default=8 << 20, ge=1 << 16)
     # With compute_dtype bfloat16: run matmuls in bfloat16 ("native") or in float32 on
@@ -65,6 +70,9 @@ class EngineKnobs(BaseModel):
     def _budget_needs_resident(self) -> EngineKnobs:
         if self.resident_weight_bytes is not None and self.frozen_weights != "resident":
             raise ValueError("resident_weight_bytes needs frozen_weights 'resident'")
+        if self.mlp_chunk_tokens is not None and self.checkpoint_blocks == "none":
+            raise ValueError("mlp_chunk_tokens chunks the checkpointed backward; it needs "
+                             "checkpoint_blocks other than 'none'")
         return self
 
 

@@ -91,6 +91,7 @@ class WeightWorkingSet:
     live_blocks: dict[int, int] = field(default_factory=dict)
     max_live_blocks: int = 0
     shared: dict[str, torch.Tensor] | None = None
+    reusing_shared: bool = False
     resident: dict[str, torch.Tensor] = field(default_factory=dict)
     # Tiles (forward, head, unshared backward) and a block's shared weights live in separate
     # arenas, so the block-sized one exists only during the backward pass.
@@ -170,6 +171,24 @@ class WeightWorkingSet:
         self.decompressed_params = 0
 
     @contextmanager
+    def reuse_shared(self):
+        """Within a ``share_weights`` scope: shared weights first decompressed here outlive
+        their backward (a part of the block run a chunk of tokens at a time needs them once
+        per chunk) and are released when this scope ends."""
+        if self.shared is None:
+            yield
+            return
+        before = set(self.shared)
+        self.reusing_shared = True
+        try:
+            yield
+        finally:
+            self.reusing_shared = False
+            for name in set(self.shared) - before:
+                weight = self.shared.pop(name)
+                self.release(block_index(name), weight.numel() * weight.element_size())
+
+    @contextmanager
     def share_weights(self):
         """Within this scope each projection is decompressed once and kept until its backward."""
         self.shared = {}
@@ -240,7 +259,11 @@ class FrozenLinear(nn.Module):
         shared = self.working_set.shared
         consumed = weight is None and shared is not None and self.weight_name in shared
         if consumed:
-            weight = shared.pop(self.weight_name)
+            weight = shared[self.weight_name]
+            if self.working_set.reusing_shared:
+                consumed = False  # released when the reuse scope ends
+            else:
+                del shared[self.weight_name]
         if weight is None:
             return self._tiled_backward(grad_y, self.decompress)
         if weight.dtype == self.matmul_dtype:

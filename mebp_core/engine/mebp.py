@@ -115,16 +115,38 @@ def run_mebp_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Te
             for index in reversed(range(first, first + len(inputs))):
                 block_input = inputs.pop().requires_grad_(True)
                 with torch.enable_grad(), _weight_sharing(engine):
-                    output = engine.layers[index](block_input, ctx)
-                    backward_from(output, grad)
+                    _block_backward(engine, engine.layers[index], block_input, grad, ctx)
                 grad = block_input.grad
-                del output, block_input
+                del block_input
                 if on_block_done is not None:
                     on_block_done(index)
     finally:
         checkpoints.clear()
         engine.working_set.release_buffers(tiles=False)  # no block-sized buffer outside backward
     return StepLoss(float(head.loss_sum), head.valid_tokens, head.correct_tokens)
+
+
+def _block_backward(engine: EngineModel, block, block_input: torch.Tensor,
+                    grad: torch.Tensor, ctx) -> None:
+    """Recompute one block from its input under autograd and run its backward, the MLP part
+    ``mlp_chunk_tokens`` tokens at a time if asked (the same sums, in a different order)."""
+    chunk = engine.knobs.mlp_chunk_tokens
+    n_tokens = grad.numel() // grad.shape[-1]
+    if chunk is None or chunk >= n_tokens:
+        backward_from(block(block_input, ctx), grad)
+        return
+    middle = block.attention_part(block_input, ctx)  # (B, T, D), its graph kept
+    flat_middle = middle.detach().view(n_tokens, -1)
+    flat_grad = grad.reshape(n_tokens, -1)
+    grad_middle = torch.empty_like(flat_middle)
+    with engine.working_set.reuse_shared():
+        for start in range(0, n_tokens, chunk):
+            rows = slice(start, start + chunk)
+            x = flat_middle[rows].requires_grad_(True)
+            backward_from(block.mlp_part(x), flat_grad[rows])
+            grad_middle[rows] = x.grad
+            del x
+    backward_from(middle, grad_middle.view_as(middle))
 
 
 def _segment_inputs(engine: EngineModel, first_input: torch.Tensor, first: int, stop: int,

@@ -252,6 +252,36 @@ def apply_softcap(logits: torch.Tensor, cap: float | None) -> torch.Tensor:
     return torch.tanh(logits / cap) * cap
 
 
+class DecoderBlock(nn.Module):
+    """A transformer block as its two residual parts: attention, which mixes tokens, and the
+    MLP, which works on each token alone (so a backward may run it a few tokens at a time)."""
+
+    def forward(self, h: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
+        return self.mlp_part(self.attention_part(h, ctx))
+
+    def attention_part(self, h: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
+        raise NotImplementedError
+
+    def mlp_part(self, h: torch.Tensor) -> torch.Tensor:
+        """``h`` of any leading shape (..., D): no position depends on another."""
+        raise NotImplementedError
+
+
+class PreNormBlock(DecoderBlock):
+    """Llama's block (Qwen2/2.5/3, SmolLM2): RMSNorm before attention and before the MLP."""
+
+    self_attn: nn.Module
+    mlp: nn.Module
+    input_layernorm: nn.Module
+    post_attention_layernorm: nn.Module
+
+    def attention_part(self, h: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
+        return h + self.self_attn(self.input_layernorm(h), ctx)  # (B, T, D)
+
+    def mlp_part(self, h: torch.Tensor) -> torch.Tensor:
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
 class CausalLM(nn.Module):
     """The engine-facing surface every architecture's ``Model`` shares.
 

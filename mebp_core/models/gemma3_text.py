@@ -19,6 +19,7 @@ from mebp_core.models.base import (
     SLIDING_ATTENTION,
     BlockContext,
     CausalLM,
+    DecoderBlock,
     RopeSpec,
     UnsupportedConfigError,
     apply_rotary,
@@ -156,7 +157,7 @@ class MLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
-class TransformerBlock(nn.Module):
+class TransformerBlock(DecoderBlock):
     def __init__(self, args: ModelArgs, layer_type: str) -> None:
         super().__init__()
         self.self_attn = Attention(args, layer_type)
@@ -166,8 +167,10 @@ class TransformerBlock(nn.Module):
         self.pre_feedforward_layernorm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_feedforward_layernorm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
-    def forward(self, h: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
-        h = h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), ctx))
+    def attention_part(self, h: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
+        return h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), ctx))
+
+    def mlp_part(self, h: torch.Tensor) -> torch.Tensor:
         return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
 
 

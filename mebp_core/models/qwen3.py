@@ -11,6 +11,7 @@ from torch import nn
 from mebp_core.models.base import (
     BlockContext,
     CausalLM,
+    PreNormBlock,
     RMSNorm,
     RopeSpec,
     apply_rotary,
@@ -103,17 +104,13 @@ class MLP(nn.Module):
         return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
-class TransformerBlock(nn.Module):
+class TransformerBlock(PreNormBlock):
     def __init__(self, args: ModelArgs, layer_type: str) -> None:
         super().__init__()
         self.self_attn = Attention(args, layer_type)
         self.mlp = MLP(args)
         self.input_layernorm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
-
-    def forward(self, h: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), ctx)  # (B, T, D)
-        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class Qwen3Model(nn.Module):

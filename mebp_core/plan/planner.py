@@ -20,6 +20,9 @@ from mebp_core.units import MB
 
 DEFAULT_MARGIN = 0.10  # a configuration fits when its predicted peak * 1.10 is within budget
 SMALL_TILE_BYTES = 1 << 20
+# MLP chunks the grid tries (each only below the batch's tokens): a quarter of a seq-256
+# batch, where the (tokens, intermediate) tensors stop dominating a block's backward
+MLP_CHUNK_TOKENS = (64,)
 
 
 @dataclass(frozen=True)
@@ -112,7 +115,8 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
                     bf16_matmul: str = "auto") -> list[EngineKnobs]:
     """The grid: weights lazy, resident to a quarter/half/three quarters, or all resident;
     checkpoints every 1, 2, 4 blocks or none, in RAM or a file; LoRA h kept or not; one
-    decompression per block or two; default or small tiles."""
+    decompression per block or two; default or small tiles; the backward's MLP whole or in
+    chunks of tokens."""
     arch = workload.arch
     e = DTYPE_BYTES[workload.compute_dtype]
     total = sum(params for _, params in arch.frozen_weights()) * e
@@ -121,19 +125,21 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
                *[("resident", int(total * f) >> 10 << 10) for f in (0.25, 0.5, 0.75)],
                ("resident", None)]
     checkpoint_blocks = [1, 2, 4, "none"]
+    mlp_chunks = [None, *(c for c in MLP_CHUNK_TOKENS if c < workload.tokens)]
     out = []
-    for (frozen, budget), every, storage, hidden, shared, tile in itertools.product(
+    for (frozen, budget), every, storage, hidden, shared, tile, chunk in itertools.product(
             weights, checkpoint_blocks, ("ram", "mmap"), ("recompute", "store"),
-            (True, False), (8 << 20, SMALL_TILE_BYTES)):
-        if every == "none" and (storage == "mmap" or not shared):
-            continue  # neither applies without checkpoints
+            (True, False), (8 << 20, SMALL_TILE_BYTES), mlp_chunks):
+        if every == "none" and (storage == "mmap" or not shared or chunk is not None):
+            continue  # none of these applies without checkpoints
         if frozen == "resident" and budget is None and (not shared or tile != 8 << 20):
             continue  # nothing is decompressed per step
         out.append(EngineKnobs(frozen_weights=frozen, resident_weight_bytes=budget,
                                checkpoint_blocks=every, checkpoint_storage=storage,
                                lora_hidden=hidden, share_decompression=shared,
                                decompress_tile_bytes=tile, loss_vocab_tile_bytes=tile,
-                               bf16_matmul=bf16_matmul, threads=threads))
+                               mlp_chunk_tokens=chunk, bf16_matmul=bf16_matmul,
+                               threads=threads))
     return out
 
 
@@ -150,8 +156,11 @@ def knobs_id(knobs: EngineKnobs) -> str:
     tiles = f"tile{_size(knobs.decompress_tile_bytes)}"
     if knobs.loss_vocab_tile_bytes != knobs.decompress_tile_bytes:
         tiles += f"-loss{_size(knobs.loss_vocab_tile_bytes)}"
-    return "-".join([weights, checkpoints, f"h-{knobs.lora_hidden}",
-                     _SHARING[knobs.share_decompression], tiles])
+    parts = [weights, checkpoints, f"h-{knobs.lora_hidden}",
+             _SHARING[knobs.share_decompression], tiles]
+    if knobs.mlp_chunk_tokens is not None:
+        parts.append(f"mlp{knobs.mlp_chunk_tokens}")
+    return "-".join(parts)
 
 
 _SHARING = {True: "shared", False: "unshared", "auto": "share-auto"}

@@ -26,10 +26,12 @@ from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.timing import step_time
 from mebp_core.plan.workload import (
     DTYPE_BYTES,
+    MLP_PROJECTIONS,
     Workload,
     adapted_projections,
     matmul_bytes,
-    saved_bytes_per_token,
+    mlp_chunk_tokens,
+    saved_bytes_per_token_by_part,
     shape_of,
     shares_decompression,
     tile_rows,
@@ -39,7 +41,7 @@ from mebp_core.units import MB
 
 # What a training run holds above its imports and the modelled tensors: the data, allocator
 # slack, the store's index, rotary tables, small tensors. Fitted by least squares on the
-# kernel's count together with the per-token term of ``_backward_transient_per_token``: ten
+# kernel's count together with the per-token term of ``_backward_transient_bytes``: ten
 # runs of ``benchmarks/plan_caps.py --uncapped`` (smollm2-135m, qwen2.5-0.5b, gemma3-1b and
 # qwen2.5-1.5b at seq 256, qwen2.5-0.5b at 1024, float32 and bfloat16), each then within
 # -2.6%..+3.6%.
@@ -82,13 +84,22 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     weights = _transient_weights(arch, knobs, e, em, set(resident), shared)
     every = knobs.checkpoint_blocks
     hidden_bytes = n_tokens * arch.hidden_size * e
-    block_saved = int(GRAPH_RETENTION * n_tokens * saved_bytes_per_token(workload, knobs))
-    block_grads = n_tokens * _backward_transient_per_token(workload, em)
+    # the MLP part of a block's backward runs a chunk of tokens at a time if asked
+    chunk = mlp_chunk_tokens(workload, knobs)
+    saved_per_token = saved_bytes_per_token_by_part(workload, knobs)
+    block_saved = int(GRAPH_RETENTION * (n_tokens * saved_per_token["attention"] +
+                                         chunk * saved_per_token["mlp"]))
+    block_grads = _backward_transient_bytes(workload, em, n_tokens, chunk)
     if upcast or every == "none" or not shared:
         # a tiled input gradient's running sum, (N, in); when upcasting, in the matmul dtype
         # beside its cast back (the LoRA branch upcasts a bounded chunk of rows at a time)
-        widest_input = max(inp for _, inp in arch.projections().values())
-        block_grads += n_tokens * widest_input * (em + e if upcast else e)
+        widest = {part: max(inp for suffix, (_, inp) in arch.projections().items()
+                            if (suffix in MLP_PROJECTIONS) == (part == "mlp"))
+                  for part in ("attention", "mlp")}
+        block_grads += max(n_tokens * widest["attention"], chunk * widest["mlp"]) * \
+            (em + e if upcast else e)
+    if chunk < n_tokens:
+        block_grads += hidden_bytes  # the MLP part's input gradient, gathered whole
     lora = _lora_bytes(workload, keep_all_grads=every == "none" or not workload.fused_update)
     loss_chunk = _loss_chunk_bytes(workload, knobs, em)
 
@@ -153,16 +164,18 @@ def _transient_weights(arch: Architecture, knobs: EngineKnobs, e: int, em: int,
     return {"tile": tile, "block": max(blocks.values(), default=0)}
 
 
-def _backward_transient_per_token(workload: Workload, em: int) -> float:
+def _backward_transient_bytes(workload: Workload, em: int, n_tokens: int,
+                              mlp_tokens: int) -> float:
     """Gradients and temporaries alive at once inside a block's backward: MLP-sized gradients
     and a dozen hidden-sized ones in the storage dtype (fitted to measured peaks of
     smollm2-135m and qwen2.5-0.5b at seq 128-512: the single-block backward peaks ~2x above
     its saved tensors), and two more MLP-sized ones in the matmul dtype: the MLP's input
     gradients from the frozen and LoRA paths and their sum (least squares on the kernel's
-    count of 10 runs, seq 256 and 1024: 1.8 per token)."""
+    count of 10 runs, seq 256 and 1024: 1.8 per token). The MLP-sized ones exist for the
+    ``mlp_tokens`` of one MLP pass."""
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
-    return e * (4 * arch.intermediate_size + 12 * arch.hidden_size) + \
-        em * 2 * arch.intermediate_size
+    return n_tokens * e * 12 * arch.hidden_size + \
+        mlp_tokens * (e * 4 + em * 2) * arch.intermediate_size
 
 
 def _lora_bytes(workload: Workload, *, keep_all_grads: bool) -> int:

@@ -16,10 +16,13 @@ from mebp_core.config import EngineKnobs
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.workload import (
     DTYPE_BYTES,
+    MLP_PROJECTIONS,
     Workload,
     adapted_projections,
     matmul_bytes,
     matmul_dtype_of,
+    mlp_chunk_tokens,
+    mlp_chunks,
     saved_bytes_per_token,
     shares_decompression,
     tile_rows,
@@ -32,6 +35,7 @@ ELEMENTWISE_PASSES = 3.0
 # held out, gemma3-1b, qwen3-0.6b and llama3.2-1b then came within 25% in 29 runs of 29.
 TRAFFIC_MULTIPLIER = 2.2
 OPS_PER_BLOCK_FORWARD = 100  # torch ops dispatched by one block's forward (backward ~2x)
+OPS_PER_MLP_FORWARD = 30  # of those, its MLP part's (run again per extra chunk of tokens)
 
 
 def pass_counts(workload: Workload, knobs: EngineKnobs) -> dict[str, int]:
@@ -100,19 +104,24 @@ def _matmul_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
     layers = arch.num_layers
     resident_blocks = _resident_blocks(workload, resident)
     seconds = 0.0
+    chunk = mlp_chunk_tokens(workload, knobs)
+    shared = shares_decompression(workload, knobs)
     for suffix, (out, inp) in arch.projections().items():
         flops = 2 * n * out * inp
         tile = tile_rows(out, inp, knobs.decompress_tile_bytes, e)
-        whole_fwd = host.matmul_rate(dtype, n, out, "nt")
-        whole_bwd = host.matmul_rate(dtype, n, out, "nn")
-        tiled_fwd = host.matmul_rate(dtype, n, tile, "nt")
-        tiled_bwd = host.matmul_rate(dtype, n, tile, "nn")
         share = resident_blocks[suffix] / layers  # resident blocks never tile
-        for kind, tiled_rate, whole_rate in (("forward", tiled_fwd, whole_fwd),
-                                             ("backward", tiled_bwd, whole_bwd)):
+        # the same FLOPs, a chunk of rows per matmul in the backward's MLP passes
+        backward_tokens = chunk if suffix in MLP_PROJECTIONS else n
+        for kind, form in (("forward", "nt"), ("backward", "nn")):
             tiled, whole = passes[f"tiled_{kind}"], passes[f"whole_{kind}"]
-            seconds += flops * (tiled * (1 - share) / tiled_rate +
-                                (tiled * share + whole) / whole_rate)
+            # a forward kind's recompute passes (one a block) belong to the backward
+            recompute = layers if kind == "forward" and knobs.checkpoint_blocks != "none" \
+                else 0
+            for tokens, n_tiled, n_whole in _split_passes(kind, tiled, whole, recompute,
+                                                          shared, n, backward_tokens):
+                seconds += flops * (
+                    n_tiled * (1 - share) / host.matmul_rate(dtype, tokens, tile, form) +
+                    (n_tiled * share + n_whole) / host.matmul_rate(dtype, tokens, out, form))
     forwards = passes["tiled_forward"] + passes["whole_forward"]
     backwards = passes["tiled_backward"] + passes["whole_backward"]
     attention = _attention_flops(workload) * (forwards + 2.5 * backwards)
@@ -123,6 +132,18 @@ def _matmul_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
     seconds += head_flops / host.matmul_rate(dtype, n, head_tile, "nt")
     seconds += head_flops / host.matmul_rate(dtype, n, head_tile, "nn")
     return seconds
+
+
+def _split_passes(kind: str, tiled: int, whole: int, recompute: int, shared: bool, n: int,
+                  backward_tokens: int) -> list[tuple[int, int, int]]:
+    """(tokens per matmul, tiled passes, whole passes) of one projection's passes of a kind:
+    the backward's own (its recompute and the backward proper) at ``backward_tokens``."""
+    if kind == "backward":
+        return [(backward_tokens, tiled, whole)]
+    recompute_tiled = 0 if shared else recompute
+    recompute_whole = recompute if shared else 0
+    return [(n, tiled - recompute_tiled, whole - recompute_whole),
+            (backward_tokens, recompute_tiled, recompute_whole)]
 
 
 def _decompress_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
@@ -139,6 +160,9 @@ def _decompress_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
     # once for its recompute and its backward)
     tiled_uses = (passes["tiled_forward"] + passes["tiled_backward"]) / layers
     whole_uses = passes["whole_backward"] / layers
+    # each further MLP chunk of an unshared backward decompresses its tiles for a recompute
+    # and a backward again (shared ones are kept for the block's whole backward)
+    extra_mlp_uses = 0 if passes["whole_backward"] else 2 * (mlp_chunks(workload, knobs) - 1)
     tiled_params = whole_params = calls = 0.0
     for name, count in arch.frozen_weights():
         if name in resident:
@@ -148,11 +172,13 @@ def _decompress_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
             tiled_params += count
             calls += math.ceil(rows / tile_rows(rows, cols, knobs.loss_vocab_tile_bytes, e))
             continue
-        rows, cols = arch.projections()[name.split(".")[-2]]
+        suffix = name.split(".")[-2]
+        rows, cols = arch.projections()[suffix]
         tiles = math.ceil(rows / tile_rows(rows, cols, knobs.decompress_tile_bytes, e))
-        tiled_params += count * tiled_uses
+        uses = tiled_uses + (extra_mlp_uses if suffix in MLP_PROJECTIONS else 0)
+        tiled_params += count * uses
         whole_params += count * whole_uses
-        calls += tiles * tiled_uses + whole_uses
+        calls += tiles * uses + whole_uses
     tiled_rate = host.decompress_rate(workload.quant, tile_dtype)
     whole_rate = host.decompress_rate(workload.quant, workload.compute_dtype)
     return (tiled_params / tiled_rate + whole_params / whole_rate +
@@ -204,12 +230,14 @@ def _upcast_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str], e:
     shared_uses = (passes["whole_forward"] + passes["whole_backward"]) / layers
     all_uses = sum(passes[k] for k in ("tiled_forward", "whole_forward", "tiled_backward",
                                        "whole_backward")) / layers
+    extra_mlp_uses = 2 * (mlp_chunks(workload, knobs) - 1)  # recompute and backward per chunk
     params = 0.0
     for name, count in arch.frozen_weights():
+        mlp = extra_mlp_uses if name.split(".")[-2] in MLP_PROJECTIONS else 0
         if name in resident:
-            params += count * (all_uses if "layers" in name else 1)
-        elif "layers" in name:
-            params += count * shared_uses
+            params += count * (all_uses + mlp if "layers" in name else 1)
+        elif "layers" in name and shared_uses:
+            params += count * (shared_uses + mlp)
     return params * (e + em)
 
 
@@ -217,4 +245,6 @@ def _overhead_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -
     passes = pass_counts(workload, knobs)
     forwards = passes["tiled_forward"] + passes["whole_forward"]
     backwards = passes["tiled_backward"] + passes["whole_backward"]
-    return (forwards + 2 * backwards) * OPS_PER_BLOCK_FORWARD * host.op_overhead_s
+    extra_mlp_passes = workload.arch.num_layers * (mlp_chunks(workload, knobs) - 1)
+    return ((forwards + 2 * backwards) * OPS_PER_BLOCK_FORWARD +
+            3 * extra_mlp_passes * OPS_PER_MLP_FORWARD) * host.op_overhead_s

@@ -3,6 +3,7 @@ them alone (adapted projections, the bytes one block's autograd graph saves per 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from mebp_core.config import EngineKnobs, TrainConfig
@@ -79,19 +80,41 @@ def adapted_projections(workload: Workload) -> dict[str, tuple[int, int]]:
     return {s: shape for s, shape in workload.arch.projections().items() if s in suffixes}
 
 
+MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+def mlp_chunk_tokens(workload: Workload, knobs: EngineKnobs) -> int:
+    """Tokens per MLP pass in a block's backward: all of them unless ``mlp_chunk_tokens``."""
+    chunk = knobs.mlp_chunk_tokens
+    if chunk is None or knobs.checkpoint_blocks == "none":
+        return workload.tokens
+    return min(chunk, workload.tokens)
+
+
+def mlp_chunks(workload: Workload, knobs: EngineKnobs) -> int:
+    return math.ceil(workload.tokens / mlp_chunk_tokens(workload, knobs))
+
+
 def saved_bytes_per_token(workload: Workload, knobs: EngineKnobs) -> float:
     """Bytes one block's autograd graph keeps per token, as counted with
     ``torch.autograd.graph.saved_tensors_hooks`` on the engine's blocks (qwen2.5, qwen3,
     gemma3, llama/smollm2; within 2-10%): gate, up, activation and product; q, k, v in the
     attention layout, their rotated copies and the attention output; the block's residual
     inputs; each RMSNorm's float32 statistics-sized copies."""
+    return sum(saved_bytes_per_token_by_part(workload, knobs).values())
+
+
+def saved_bytes_per_token_by_part(workload: Workload, knobs: EngineKnobs) -> dict[str, float]:
+    """``saved_bytes_per_token`` split into the block's attention part and its MLP part."""
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
     d, i = arch.hidden_size, arch.intermediate_size
     q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
     gemma = arch.model_type == "gemma3_text"
-    norms = 4 if gemma else 2  # Gemma 3 normalizes before and after attention and MLP
+    norms = 2 if gemma else 1  # per part: Gemma 3 normalizes before and after each
     kv_copies = 5 if gemma else 3
-    per_token = e * (4 * i + 3 * q + kv_copies * kv + 2 * d) + 4 * 1.2 * d * norms
+    parts = {"attention": e * (3 * q + kv_copies * kv + d) + 4 * 1.2 * d * norms,
+             "mlp": e * (4 * i + d) + 4 * 1.2 * d * norms}
     if knobs.lora_hidden == "store":
-        per_token += e * workload.lora.rank * len(adapted_projections(workload))
-    return per_token
+        for suffix in adapted_projections(workload):
+            parts["mlp" if suffix in MLP_PROJECTIONS else "attention"] += e * workload.lora.rank
+    return parts

@@ -49,7 +49,8 @@ def record_step(packed, bf16_matmul: str, **knobs) -> MatmulDtypes:
 
 @pytest.mark.parametrize("family", ["qwen2", "gemma3_text"])
 @pytest.mark.parametrize("knobs", [{}, {"share_decompression": True},
-                                   {"frozen_weights": "resident"}, {"checkpoint_blocks": 2}])
+                                   {"frozen_weights": "resident"}, {"checkpoint_blocks": 2},
+                                   {"mlp_chunk_tokens": 8, "share_decompression": True}])
 def test_float32_setting_runs_every_matmul_in_float32(family, knobs, packed_models):
     recorder = record_step(packed_models[family, "int4"], "float32", **knobs)
     ops = {name for name, _ in recorder.seen}

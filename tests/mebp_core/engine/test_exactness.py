@@ -166,9 +166,11 @@ def global_relative_error(actual: dict, expected: dict) -> float:
     return float(diff.norm() / torch.cat([v.flatten() for v in expected.values()]).norm())
 
 
+@pytest.mark.parametrize("mlp_chunk_tokens", [None, 16])
 @pytest.mark.parametrize("bf16_matmul", ["native", "float32"])
 @pytest.mark.parametrize("family", ["llama", "gemma3_text"])
-def test_bfloat16_gradients_are_as_accurate_as_peft_in_bfloat16(family, bf16_matmul, tiny_models,
+def test_bfloat16_gradients_are_as_accurate_as_peft_in_bfloat16(family, bf16_matmul,
+                                                                 mlp_chunk_tokens, tiny_models,
                                                                  packed_models, tmp_path):
     """bf16 has an 8-bit mantissa, so neither side is exact: measured against the float32
     gradient, the engine's bf16 error must be of the order of transformers + PEFT's own,
@@ -189,7 +191,8 @@ def test_bfloat16_gradients_are_as_accurate_as_peft_in_bfloat16(family, bf16_mat
 
     engine = load_engine_model(packed_models[family, "none"], compute_dtype="bfloat16",
                                lora_spec=LORA, init_adapter=adapter,
-                               knobs=EngineKnobs(bf16_matmul=bf16_matmul))
+                               knobs=EngineKnobs(bf16_matmul=bf16_matmul,
+                                                 mlp_chunk_tokens=mlp_chunk_tokens))
     run_mebp_step(engine, input_ids, labels, make_checkpoints("ram"),
                   loss_scale=1.0 / count_valid_targets(labels))
     ours = {}

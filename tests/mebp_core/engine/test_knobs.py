@@ -12,6 +12,7 @@ from test_exactness import engine_gradients, peft_gradients, relative_error, wri
 from mebp_core.lora.function import lora_delta
 
 KNOB_SETTINGS = {
+    "defaults": {},
     "resident": dict(frozen_weights="resident"),
     "resident-budget": dict(frozen_weights="resident", resident_weight_bytes=40_000),
     "every-2-blocks": dict(checkpoint_blocks=2),
@@ -22,6 +23,13 @@ KNOB_SETTINGS = {
                                            lora_hidden="store"),
     "unshared-small-tiles": dict(share_decompression=False, decompress_tile_bytes=1 << 16,
                                  loss_vocab_tile_bytes=1 << 16, checkpoint_blocks=2),
+    # 40 tokens a batch: chunks of 7 leave a short last one
+    "mlp-chunks": dict(mlp_chunk_tokens=7),
+    "mlp-chunks-unshared": dict(mlp_chunk_tokens=16, share_decompression=False,
+                                decompress_tile_bytes=1 << 16, loss_vocab_tile_bytes=1 << 16,
+                                checkpoint_blocks=2),
+    "mlp-chunks-resident": dict(mlp_chunk_tokens=16, frozen_weights="resident",
+                                resident_weight_bytes=40_000),
 }
 
 
@@ -91,3 +99,30 @@ def test_stored_lora_hidden_is_saved_for_backward_and_gives_the_same_gradients()
         grads[store] = torch.autograd.grad(y.square().sum(), (x, a, b))
     for recomputed, stored in zip(grads[False], grads[True], strict=True):
         torch.testing.assert_close(stored, recomputed, rtol=1e-6, atol=1e-6)
+
+
+def test_mlp_chunks_reuse_each_shared_weight_once_per_block(tiny_models, packed_models,
+                                                            tmp_path):
+    whole = run_with("defaults", tiny_models, packed_models, tmp_path)
+    chunked = run_with("mlp-chunks", tiny_models, packed_models, tmp_path)
+    # shared: one decompression per projection per block in backward, however many chunks
+    assert chunked.working_set.decompressed_params == whole.working_set.decompressed_params
+    assert chunked.working_set.live_bytes == 0 and chunked.working_set.shared is None
+
+
+def test_unshared_mlp_chunks_decompress_the_mlp_once_more_per_chunk(tiny_models,
+                                                                    packed_models, tmp_path):
+    one = run_with("unshared-small-tiles", tiny_models, packed_models, tmp_path)
+    chunked = run_with("mlp-chunks-unshared", tiny_models, packed_models, tmp_path)
+    config = transformers.AutoConfig.from_pretrained(tiny_models["llama"])
+    mlp = 3 * config.hidden_size * config.intermediate_size * config.num_hidden_layers
+    # 40 tokens in chunks of 16: three recomputes and three backwards instead of one each
+    extra = chunked.working_set.decompressed_params - one.working_set.decompressed_params
+    assert extra == 2 * 2 * mlp
+
+
+def test_mlp_chunks_need_checkpoints():
+    from mebp_core.config import EngineKnobs
+
+    with pytest.raises(ValueError, match="mlp_chunk_tokens"):
+        EngineKnobs(checkpoint_blocks="none", mlp_chunk_tokens=8)
