@@ -64,7 +64,11 @@ def job_public(job: Job, adapter: Adapter | None) -> JobPublic:
         progress=JobProgress(step=job.step, total_steps=job.total_steps, loss=job.last_loss,
                              peak_memory_mb=_mb(job.peak_memory_bytes),
                              peak_anon_mb=_mb(job.peak_anon_bytes),
-                             cgroup_peak_usage_mb=_mb(job.cgroup_peak_bytes)),
+                             cgroup_peak_usage_mb=_mb(job.cgroup_peak_bytes),
+                             step_time_s=job.step_time_s,
+                             predicted_peak_mb=(job.plan or {}).get("predicted_peak_mb"),
+                             predicted_step_time_s=(job.plan or {})
+                             .get("predicted_step_time_s")),
         error=error,
         adapter=None if adapter is None else {
             "id": adapter.id, "sha256": adapter.sha256, "bytes": adapter.bytes,

@@ -88,6 +88,8 @@ class Job(SQLModel, table=True):
     peak_memory_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))
     # the cgroup's own peak usage, reclaimable file pages included
     cgroup_peak_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))
+    # measured: the median of the latest attempt's steps after its first
+    step_time_s: float | None = None
     attempts: int = 0
     worker: str | None = Field(default=None, max_length=128)  # host:pid running it
     heartbeat_at: datetime | None = None  # refreshed while it runs; stale means worker lost

@@ -23,7 +23,7 @@ from mebp_core.plan.arch import PlanInputError
 from mebp_core.plan.calibration import load_calibration
 from mebp_core.plan.devices import DeviceProfile
 from mebp_core.plan.planner import Plan, PlanEntry, make_plan
-from mebp_core.plan.workload import Workload
+from mebp_core.plan.workload import Workload, matmul_dtype_of
 from mebp_core.units import MB
 
 
@@ -77,6 +77,7 @@ def plan_job(body: JobCreate, settings: Settings, session: Session) -> PlannedJo
     config = config.model_copy(update={"knobs": chosen.knobs.model_copy(
         update={"threads": settings.threads})})
     summary = {**_plan_summary(plan, chosen),
+               "matmul_dtype": matmul_dtype_of(workload, chosen.knobs),
                "chosen_by": "auto" if body.config == "auto" else "request"}
     return PlannedJob(config, device, budget_bytes, summary, feasible=plan.auto is not None)
 
@@ -110,6 +111,9 @@ def _plan_summary(plan: Plan, chosen: PlanEntry) -> dict:
         "predicted_peak_mb": round(prediction.peak_bytes / MB, 1),
         "predicted_memory_mb": {k: round(v / MB, 1) for k, v in prediction.memory.items()},
         "predicted_step_time_s": round(prediction.step_time_s, 4),
+        # before this host's correction from measured runs (what the next run is compared to)
+        "modelled_step_time_s": round(prediction.modelled_step_time_s, 4),
+        "time_correction": round(prediction.time_factor, 4),
         "device_step_time_s_estimate": None if chosen.device_step_time_s is None
         else round(chosen.device_step_time_s, 3),
         "smallest_budget_mb": plan.smallest_budget_mb(),

@@ -101,8 +101,12 @@ class CalibrationPublic(BaseModel):
     load_average: list[float | None] = Field(
         description="the 1-minute load average before and after the measurement")
     spread: dict[str, float] = Field(
-        description="per kind of figure, the slowest repeat over the fastest")
+        description="per kind of figure, the upper quartile of its repeats over the lower")
     max_spread: float | None
+    time_correction: dict[str, dict] = Field(default_factory=dict, description=(
+        "per matmul dtype, the factor this host's step-time predictions are multiplied by: "
+        "the median ratio of measured to modelled step time over its latest runs (factor, "
+        "runs); empty before any run"))
 
 
 class PlanPublic(BaseModel):
@@ -183,11 +187,18 @@ class JobProgress(BaseModel):
     loss: float | None
     peak_memory_mb: float | None = Field(description=(
         "the job's peak of memory the kernel charges and cannot reclaim: anonymous plus "
-        "shared (the engine's RssAnon + RssShmem, sampled every 2 ms)"))
+        "shared (from its cgroup's counters at each step's end)"))
     peak_anon_mb: float | None = Field(description="its anonymous part alone")
     cgroup_peak_usage_mb: float | None = Field(default=None, description=(
         "the job cgroup's own peak usage, which also counts reclaimable file pages (the "
         "memory-mapped store): an upper bound"))
+    predicted_peak_mb: float | None = Field(default=None, description=(
+        "what the plan predicted for peak_memory_mb"))
+    step_time_s: float | None = Field(default=None, description=(
+        "measured: the median of the latest attempt's steps after its first"))
+    predicted_step_time_s: float | None = Field(default=None, description=(
+        "what the plan predicted for step_time_s on this host (with its correction from "
+        "measured runs)"))
 
 
 JobStatus = Literal["validating", "queued", "running", "succeeded", "failed", "cancelled"]

@@ -36,6 +36,7 @@ from app.storage import base_config_path, job_dir, new_id, sha256_files
 from mebp_core.cache import default_cache_dir
 from mebp_core.engine.metrics_file import keep_steps_through
 from mebp_core.lora.peft_io import ADAPTER_FILES
+from mebp_core.plan.correction import measured_step_time
 from mebp_core.proc import die_with_parent
 from mebp_core.store.resolve import resolve_model
 from mebp_core.units import MB
@@ -49,6 +50,7 @@ from worker.child import (
     RESULT,
 )
 from worker.lease import Heartbeat, claim_job, worker_name
+from worker.measured_time import correct_host_time, predicted_figures
 from worker.memory_cap import MemoryCap, open_memory_cap, remove_stale_caps
 from worker.metrics_tail import MetricsTail
 
@@ -79,6 +81,7 @@ class JobRun:
         self.settings, self.engine, self.job_id = settings, engine, job_id
         self.dir = job_dir(settings.storage_root, job_id)
         self.resumed_from = 0  # the checkpoint step this attempt continues from
+        self.step_times: list[float] = []  # this attempt's, in step order
 
     def run(self) -> str:
         worker = worker_name()
@@ -255,8 +258,12 @@ class JobRun:
     def _record_step(self, session: Session, job: Job, row: dict) -> None:
         step, loss = row["step"], row.get("loss")
         data = {key: value for key, value in row.items() if key not in ("step", "loss")}
+        data.update(predicted_figures(job.plan))
         session.add(Metric(job_id=job.id, step=step, loss=loss, data=data))
         job.step, job.last_loss = step, loss
+        if step > self.resumed_from and row.get("step_time_s") is not None:
+            self.step_times.append(row["step_time_s"])
+            job.step_time_s = measured_step_time(self.step_times)
         if "peak_anon_mb" in row:
             job.peak_anon_bytes = int(row["peak_anon_mb"] * MB)
         if "peak_mb" in row:  # the charged figure (anonymous + shared), the run's peak so far
@@ -282,6 +289,7 @@ class JobRun:
                 f"cancelled after step {result['steps']}; the adapter so far is kept"
             set_status(session, job, result["status"], message,
                        data={"final_loss": result["final_loss"]})
+            self._correct_host_time(session, job)
         elif cap.oom_killed() or (result or {}).get("code") == "memory_budget_exceeded":
             if result is not None and result.get("peak_rss_mb"):
                 job.peak_memory_bytes = int(result["peak_rss_mb"] * MB)
@@ -303,6 +311,22 @@ class JobRun:
                      f"the engine exited with code {returncode} and no result; "
                      f"last lines: {self._log_tail()}")
         session.commit()
+
+    def _correct_host_time(self, session: Session, job: Job) -> None:
+        corrected = correct_host_time(job, cache_dir=self.settings.cache_dir or
+                                      default_cache_dir(), threads=self.settings.threads)
+        if corrected is None:
+            return
+        measured, correction = corrected
+        plan = job.plan
+        add_event(session, job_id=job.id, kind="log",
+                  message=f"measured {measured:.3g} s/step against "
+                  f"{plan['predicted_step_time_s']:.3g} predicted; this host's "
+                  f"{correction.matmul_dtype} step times are now "
+                  f"corrected by x{correction.factor:.2f} (median of {correction.runs} runs)",
+                  data={"measured_step_time_s": measured,
+                        "predicted_step_time_s": plan["predicted_step_time_s"],
+                        "time_correction": correction.to_json()})
 
     def _fail_over_budget(self, session: Session, job: Job, cap: MemoryCap) -> None:
         cap_mb = job.memory_budget_bytes / MB

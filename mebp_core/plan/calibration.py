@@ -9,6 +9,7 @@ taken, and plans say so.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -23,6 +24,7 @@ from pathlib import Path
 
 from mebp_core.cpu import cpu_model
 from mebp_core.errors import MebpError
+from mebp_core.plan.correction import TimeCorrection, load_corrections
 from mebp_core.store.kernel_build import kernel_digest
 
 CALIBRATION_VERSION = 5
@@ -52,17 +54,26 @@ class HostCalibration:
     load_before: float | None = None
     load_after: float | None = None
     spread: dict[str, float] = field(default_factory=dict)
+    # per matmul dtype, what measured runs on this host say of the modelled step times
+    # (never cached with the calibration: read from the runs' record on every load)
+    time_corrections: dict[str, TimeCorrection] = field(default_factory=dict)
 
     @property
     def max_spread(self) -> float | None:
         return max(self.spread.values()) if self.spread else None
+
+    def time_factor(self, matmul_dtype: str) -> float:
+        correction = self.time_corrections.get(matmul_dtype)
+        return 1.0 if correction is None else correction.factor
 
     def provenance(self) -> dict:
         """What a plan says about the calibration it used."""
         return {"host": self.host, "threads": self.threads, "torch": self.torch,
                 "kernel": self.kernel, "measured_at": self.measured_at or None,
                 "load_average": [self.load_before, self.load_after],
-                "spread": self.spread, "max_spread": self.max_spread}
+                "spread": self.spread, "max_spread": self.max_spread,
+                "time_correction": {dtype: c.to_json()
+                                    for dtype, c in self.time_corrections.items()}}
 
     def matmul_rate(self, dtype: str, tokens: int, out: int = 4096, form: str = "nt") -> float:
         """FLOP/s of a (tokens x in) by (in x out) matmul: interpolated in log tokens and log
@@ -119,19 +130,23 @@ def load_calibration(cache_dir: Path, threads: int | None = None, *,
     path = calibration_path(cache_dir, threads)
     if path.exists():
         try:
-            return HostCalibration(**json.loads(path.read_text()))
+            raw = json.loads(path.read_text())
+            raw.pop("time_corrections", None)
+            calibration = HostCalibration(**raw)
         except (json.JSONDecodeError, TypeError) as exc:
             raise CalibrationError(f"{path}: unreadable calibration ({exc}); delete it to "
                                    "measure again") from None
-    if not measure:
+    elif not measure:
         return None
-    calibration = measure_steady_host(threads)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as handle:  # concurrent measurers each write their own file
-        handle.write(json.dumps(asdict(calibration), indent=1))
-    os.replace(tmp, path)
-    return calibration
+    else:
+        calibration = measure_steady_host(threads)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+        with os.fdopen(fd, "w") as handle:  # concurrent measurers each write their own file
+            handle.write(json.dumps(asdict(calibration), indent=1))
+        os.replace(tmp, path)
+    return dataclasses.replace(
+        calibration, time_corrections=load_corrections(path, calibration.measured_at))
 
 
 # A calibration whose figures spread wider than this between repeats was taken on a busy

@@ -30,6 +30,7 @@ from mebp_core.plan.workload import (
     Workload,
     adapted_projections,
     matmul_bytes,
+    matmul_dtype_of,
     mlp_chunk_tokens,
     saved_bytes_per_token_by_part,
     shape_of,
@@ -60,6 +61,12 @@ class Prediction:
     store_bytes: int  # packed bytes read per step: page cache, not anonymous memory
     checkpoint_file_bytes: int  # checkpoints in a memory-mapped file: dirty page cache
     flops: float  # matmul work of one step, for on-device estimates
+    time_factor: float = 1.0  # the host's measured-run correction, applied to ``time``
+
+    @property
+    def modelled_step_time_s(self) -> float:
+        """The step time before the host's correction: what measured runs are compared to."""
+        return self.step_time_s / self.time_factor
 
     @property
     def peak_bytes(self) -> int:
@@ -127,11 +134,14 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
               "loss_chunk": phase["loss_chunk"]}
     store_bytes = _lazy_store_bytes(workload, set(resident))
     time, flops = step_time(workload, knobs, host, set(resident))
+    time_factor = host.time_factor(matmul_dtype_of(workload, knobs))
+    time = {part: seconds * time_factor for part, seconds in time.items()}
     checkpoint_file = 0
     if every != "none" and knobs.checkpoint_storage == "mmap":
         checkpoint_file = math.ceil(arch.num_layers / every) * hidden_bytes
     return Prediction(memory=memory, time=time, store_bytes=store_bytes,
-                      checkpoint_file_bytes=checkpoint_file, flops=flops)
+                      checkpoint_file_bytes=checkpoint_file, flops=flops,
+                      time_factor=time_factor)
 
 
 def _resident_weights(arch: Architecture, knobs: EngineKnobs, e: int) -> dict[str, int]:
@@ -214,5 +224,6 @@ def under_budget(prediction: Prediction, budget_bytes: int, host: HostCalibratio
     checkpoints = prediction.checkpoint_file_bytes
     missing_checkpoints = max(0, checkpoints - room)
     missing_store = max(0, prediction.store_bytes - max(0, room - checkpoints))
-    disk_s = (missing_store + 2 * missing_checkpoints) / host.disk_read_bytes_per_s
+    disk_s = (missing_store + 2 * missing_checkpoints) / host.disk_read_bytes_per_s * \
+        prediction.time_factor
     return dataclasses.replace(prediction, time={**prediction.time, "disk": disk_s})

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import statistics
 import zipfile
 
 import pytest
@@ -76,6 +77,7 @@ def test_a_job_runs_under_its_device_budget_and_its_adapter_loads_in_peft(any_se
     assert all(m["data"]["peak_mb"] <= m["data"]["cgroup_usage_peak_mb"]
                <= progress["cgroup_peak_usage_mb"] + 0.1 for m in metrics["data"])
     assert abs(progress["peak_memory_mb"] - metrics["data"][-1]["data"]["peak_mb"]) <= 0.1
+    check_predicted_beside_measured(service, job, metrics["data"])
 
     response = service.client.get(f"/v1/jobs/{job['id']}/adapter")
     assert response.status_code == 200 and response.headers["content-type"] == "application/zip"
@@ -96,6 +98,41 @@ def test_a_job_runs_under_its_device_budget_and_its_adapter_loads_in_peft(any_se
         response = service.client.get(f"/v1/jobs/{job['id']}/adapter", params={"format": fmt})
         assert response.status_code == 200 and response.headers["content-type"] == media
         assert len(response.content) > 1000
+
+
+def check_predicted_beside_measured(service, job: dict, metrics: list[dict]) -> None:
+    """Every step carries the plan's prediction beside its measurement; the job reports the
+    measured step time beside the predicted one; and the measurement corrects this host's
+    next plan for the same query."""
+    plan, progress = job["plan"], job["progress"]
+    for m in metrics:
+        assert m["data"]["predicted_step_time_s"] == plan["predicted_step_time_s"] > 0
+        assert m["data"]["predicted_peak_mb"] == plan["predicted_peak_mb"] > 0
+    assert progress["predicted_step_time_s"] == plan["predicted_step_time_s"]
+    assert progress["predicted_peak_mb"] == plan["predicted_peak_mb"]
+    later = sorted(m["data"]["step_time_s"] for m in metrics[1:])  # after the first step
+    assert progress["step_time_s"] == pytest.approx(statistics.median(later))
+
+    events = service.request("GET", f"/v1/jobs/{job['id']}/events")[1]
+    corrected = [e["data"] for e in events if "time_correction" in e["data"]]
+    assert len(corrected) == 1, events
+    assert corrected[0]["measured_step_time_s"] == pytest.approx(progress["step_time_s"])
+    correction = corrected[0]["time_correction"]
+    dtype = plan["matmul_dtype"]
+    assert correction["matmul_dtype"] == dtype and correction["runs"] >= 1
+    # the same query, planned again: the configuration the job ran is now predicted at its
+    # modelled time times the host's correction
+    status, again = service.request("POST", "/v1/plans", {
+        "model": SMALL_JOB["model"], "device": SMALL_JOB["device"],
+        "seq_len": SMALL_JOB["hyperparameters"]["seq_len"]})
+    assert status == 200, again
+    assert again["calibration"]["time_correction"][dtype] == correction
+    rerun = next(c for c in again["configurations"] if c["id"] == plan["configuration"])
+    expected = plan["modelled_step_time_s"] * correction["factor"]
+    assert rerun["step_time_s"] == pytest.approx(expected, rel=2e-3)
+    if correction["runs"] == 1:  # the first run on this calibration: its own ratio
+        assert correction["factor"] == pytest.approx(
+            progress["step_time_s"] / plan["modelled_step_time_s"], rel=1e-3)
 
 
 def test_a_budget_too_small_is_refused_then_killed_by_the_kernel_cap(any_service):

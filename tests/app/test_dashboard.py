@@ -118,14 +118,23 @@ def test_explore_click_a_feasible_point_submit_and_watch_it_train(page, service,
     validation = chart_traces(page, "loss-chart")[1]
     assert validation["x"] == [2, 4, 6] and all(value > 0 for value in validation["y"])
     memory = chart_traces(page, "memory-chart")[0]
-    assert len(memory["x"]) == 6 and max(memory["y"]) < 1024
+    assert memory["x"] == [1, 2, 3, 4, 5, 6] and max(memory["y"]) < 1024
+    # predicted beside measured, on the same axes: the plan's peak and step time as levels
+    job_id = page.url.rsplit("/", 1)[1]
+    progress = service.request("GET", f"/v1/jobs/{job_id}")[1]["progress"]
+    labels = {chart: page.evaluate(f"document.getElementById('{chart}').layout.annotations"
+                                   ".map((a) => a.text)") for chart in ("memory-chart",
+                                                                        "time-chart")}
+    assert f"predicted peak {progress['predicted_peak_mb']} MB" in labels["memory-chart"]
+    assert f"predicted {progress['predicted_step_time_s']} s on this host" in \
+        labels["time-chart"]
+    expect(page.locator("#job-step-time")).to_have_text(f"{progress['step_time_s']:.3g} s")
     expect(page.locator("#events li").filter(has_text="succeeded")).to_have_count(1)
     shoot(page, "job-succeeded")
     with page.expect_download() as download:
         page.click("#downloads a:has-text('peft')")
     assert Path(download.value.path()).stat().st_size > 1000
 
-    job_id = page.url.rsplit("/", 1)[1]
     job = service.request("GET", f"/v1/jobs/{job_id}")[1]
     assert job["plan"]["configuration"] == configuration
     page.goto("/explorer?model=preset:tiny&device=pixel-8&seq_len=64")

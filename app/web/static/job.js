@@ -13,19 +13,32 @@
   Plotly.newPlot("loss-chart", [line("train loss", "#4c78a8"),
                                 line("validation loss", "#f58518", "markers")],
                  layout("Loss", "step", "loss"), config);
-  Plotly.newPlot("memory-chart", [line("step peak: anonymous + shared memory (what the cgroup charges)", "#54a24b")],
-                 layout("Memory", "training time (s)", "MB", {
-                   shapes: [{type: "line", xref: "paper", x0: 0, x1: 1, y0: capMb, y1: capMb,
-                             line: {color: "#e45756", dash: "dash", width: 2}}],
-                   annotations: [{xref: "paper", x: 0, y: capMb, yanchor: "bottom",
-                                  xanchor: "left", showarrow: false,
-                                  text: "cap " + Math.round(capMb) + " MB",
-                                  font: {color: "#e45756"}}],
-                 }), config);
-  Plotly.newPlot("time-chart", [line("step time", "#b279a2")],
-                 layout("Step time", "step", "seconds"), config);
+  // a horizontal line across the chart, labelled at its left end
+  const level = (y, text, color, dash) => y == null ? null : {
+    shape: {type: "line", xref: "paper", x0: 0, x1: 1, y0: y, y1: y,
+            line: {color, dash, width: 2}},
+    annotation: {xref: "paper", x: 0, y, yanchor: "bottom", xanchor: "left",
+                 showarrow: false, text, font: {color}},
+  };
+  const levels = (...items) => {
+    const present = items.filter((item) => item);
+    return {shapes: present.map((i) => i.shape), annotations: present.map((i) => i.annotation)};
+  };
+  const progress = job.progress;
+  Plotly.newPlot("memory-chart", [line("measured step peak: anonymous + shared memory (what the cgroup charges)", "#54a24b")],
+                 layout("Memory", "step", "MB", levels(
+                   level(capMb, "cap " + Math.round(capMb) + " MB", "#e45756", "dash"),
+                   level(progress.predicted_peak_mb,
+                         "predicted peak " + progress.predicted_peak_mb + " MB", "#7f7f7f", "dot"),
+                 )), config);
+  Plotly.newPlot("time-chart", [line("measured step time", "#b279a2")],
+                 layout("Step time", "step", "seconds", Object.assign(levels(
+                   level(progress.predicted_step_time_s,
+                         "predicted " + progress.predicted_step_time_s + " s on this host",
+                         "#7f7f7f", "dot"),
+                 ), {yaxis: {title: {text: "seconds"}, rangemode: "tozero"}})), config);
 
-  let pending = [], elapsed = 0, scheduled = false;
+  let pending = [], scheduled = false;
   function flush() {
     scheduled = false;
     if (!pending.length) return;
@@ -34,8 +47,8 @@
     Plotly.extendTraces("loss-chart", {x: [rows.map((m) => m.step), valRows.map((m) => m.step)],
                                        y: [rows.map((m) => m.loss), valRows.map((m) => m.val_loss)]},
                         [0, 1]);
-    const ends = rows.map((m) => (elapsed += m.step_time_s));
-    Plotly.extendTraces("memory-chart", {x: [ends], y: [rows.map((m) => m.step_peak_mb ?? m.step_peak_anon_mb)]},
+    Plotly.extendTraces("memory-chart", {x: [rows.map((m) => m.step)],
+                                         y: [rows.map((m) => m.step_peak_mb ?? m.step_peak_anon_mb)]},
                         [0]);
     Plotly.extendTraces("time-chart", {x: [rows.map((m) => m.step)],
                                        y: [rows.map((m) => m.step_time_s)]}, [0]);
@@ -63,8 +76,10 @@
     const done = await response.json();
     setStatus(done.status);
     document.getElementById("job-enforcement").textContent = done.enforcement || "–";
-    const peak = done.progress.peak_memory_mb;
+    const peak = done.progress.peak_memory_mb, stepTime = done.progress.step_time_s;
     document.getElementById("job-peak").textContent = peak == null ? "–" : peak + " MB";
+    document.getElementById("job-step-time").textContent =
+      stepTime == null ? "–" : Number(stepTime.toPrecision(3)) + " s";
     const cancel = document.getElementById("cancel");
     if (cancel) cancel.closest("form").hidden = true;
     if (done.adapter) document.getElementById("downloads").hidden = false;

@@ -1,0 +1,38 @@
+"""A finished job's measured step time against its plan, fed back into this host's time
+correction (``mebp_core.plan.correction``) so the next plans move toward what was measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from app.models import Job
+from mebp_core.plan.calibration import calibration_path, load_calibration
+from mebp_core.plan.correction import TimeCorrection, record_run
+
+
+def predicted_figures(plan: dict | None) -> dict:
+    """What the plan predicted for every step, to keep beside each step's measurement."""
+    if not plan or not plan.get("planned"):
+        return {}
+    return {"predicted_step_time_s": plan.get("predicted_step_time_s"),
+            "predicted_peak_mb": plan.get("predicted_peak_mb")}
+
+
+def correct_host_time(job: Job, *, cache_dir: Path, threads: int | None
+                      ) -> tuple[float, TimeCorrection] | None:
+    """Record the job's measured/modelled step-time ratio against this worker's calibration,
+    if the job was planned with that same calibration and measured over two steps or more.
+    Returns the measured step time and the host's new correction."""
+    plan = job.plan or {}
+    modelled = plan.get("modelled_step_time_s")
+    if not plan.get("planned") or not modelled or job.step_time_s is None:
+        return None
+    host = load_calibration(cache_dir, threads, measure=False)
+    calibrated_at = (plan.get("calibration") or {}).get("measured_at") or ""
+    if host is None or host.measured_at != calibrated_at:
+        return None  # planned elsewhere, or against a calibration since replaced
+    correction = record_run(calibration_path(cache_dir, threads), calibrated_at,
+                            matmul_dtype=plan["matmul_dtype"], modelled_s=modelled,
+                            measured_s=job.step_time_s,
+                            label=f"job {job.id}: {job.model} {plan.get('configuration')}")
+    return None if correction is None else (job.step_time_s, correction)
