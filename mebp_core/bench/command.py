@@ -41,6 +41,10 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     check.add_argument("--seq-lens", nargs="+", type=int, default=[128, 256])
     check.add_argument("--max-configs", type=int,
                        help="at most this many front configurations per model and length")
+    check.add_argument("--learn", action="store_true",
+                       help="feed each measured run into a fresh copy of this host's time "
+                       "correction before predicting the next, as the service's worker does "
+                       "(the first run is uncorrected; the cached correction is untouched)")
     check.add_argument("--with-peft", action="store_true",
                        help="also time transformers + PEFT once per model and length")
     conv = parser.add_argument_group("convergence")
@@ -90,7 +94,7 @@ def run_bench(args: argparse.Namespace) -> int:
             models=tuple(args.models), seq_lens=tuple(args.seq_lens), steps=args.steps,
             compute_dtype=args.compute_dtype or "float32", quant=args.quant,
             group_size=args.group_size, threads=args.threads, max_configs=args.max_configs,
-            with_peft=args.with_peft, seed=args.seed))
+            with_peft=args.with_peft, seed=args.seed, learn=args.learn))
         text = format_plan_check(report)
     elif args.convergence:
         from mebp_core.bench.convergence import format_summary, run_convergence

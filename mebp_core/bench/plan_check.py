@@ -9,16 +9,21 @@ sequence length, so the front's fastest end can be quoted as a ratio to it.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 from mebp_core.bench.side_by_side import preset_hf_dir, run_worker, worker_argv
 from mebp_core.cache import default_cache_dir
 from mebp_core.config import TrainConfig
 from mebp_core.plan.arch import load_architecture
-from mebp_core.plan.calibration import load_calibration
+from mebp_core.plan.calibration import calibration_path, load_calibration
+from mebp_core.plan.correction import record_run
 from mebp_core.plan.planner import make_plan
-from mebp_core.plan.workload import Workload
+from mebp_core.plan.predict import predict
+from mebp_core.plan.workload import Workload, matmul_dtype_of
 from mebp_core.units import MB
 
 MEMORY_TOLERANCE = 0.15
@@ -37,12 +42,14 @@ class PlanCheckSpec:
     max_configs: int | None = None  # per model and length, spread over the front
     with_peft: bool = False
     seed: int = 0
+    learn: bool = False  # correct each prediction by the runs measured before it
 
 
 def run_plan_check(spec: PlanCheckSpec) -> dict:
     from mebp_core.store.resolve import resolve_model
 
-    host = load_calibration(default_cache_dir(), spec.threads)
+    cache = _private_calibration(spec.threads) if spec.learn else default_cache_dir()
+    host = load_calibration(cache, spec.threads)
     rows, baselines = [], []
     for model in spec.models:
         packed = resolve_model(model, quant=spec.quant, group_size=spec.group_size)
@@ -50,8 +57,11 @@ def run_plan_check(spec: PlanCheckSpec) -> dict:
         for seq_len in spec.seq_lens:
             config = TrainConfig(seq_len=seq_len, compute_dtype=spec.compute_dtype,
                                  quant=spec.quant, group_size=spec.group_size)
-            plan = make_plan(Workload.from_config(arch, config), host)
+            workload = Workload.from_config(arch, config)
+            plan = make_plan(workload, host)
             for entry in _spread(plan.pareto, spec.max_configs):
+                # with --learn, predicted with every run measured so far
+                prediction = predict(workload, entry.knobs, host)
                 knobs = entry.knobs.model_dump(mode="json", exclude={"threads"})
                 options = ["--seq-len", str(seq_len), "--steps", str(spec.steps), "--dtype",
                            spec.compute_dtype, "--seed", str(spec.seed),
@@ -60,8 +70,14 @@ def run_plan_check(spec: PlanCheckSpec) -> dict:
                     options += ["--threads", str(spec.threads)]
                 print(f"{model} seq {seq_len}: {entry.id}", file=sys.stderr, flush=True)
                 measured = run_worker(worker_argv("mebp", packed, *options))
-                rows.append(_row(model, seq_len, entry, measured))
+                rows.append(_row(model, seq_len, entry.id, prediction, measured))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+                if spec.learn:
+                    record_run(calibration_path(cache, spec.threads), host.measured_at,
+                               matmul_dtype=matmul_dtype_of(workload, entry.knobs),
+                               modelled_s=prediction.modelled_step_time_s,
+                               measured_s=measured["s_per_step"], label=entry.id)
+                    host = load_calibration(cache, spec.threads)
             if spec.with_peft and not model.startswith("preset:"):
                 print(f"{model}: --with-peft needs a preset (a Hugging Face copy is generated "
                       "from it); skipped", file=sys.stderr)
@@ -74,10 +90,23 @@ def run_plan_check(spec: PlanCheckSpec) -> dict:
                 baselines.append({"model": model, "seq_len": seq_len,
                                   "s_per_step": peft["s_per_step"],
                                   "peak_mb": peft["peak_mb"]})
-    return {"rows": rows, "peft": baselines, "host": host.host, "threads": host.threads,
-            "compute_dtype": spec.compute_dtype, "quant": spec.quant,
-            "memory_within": _share(rows, "memory_error", MEMORY_TOLERANCE),
-            "time_within": _share(rows, "time_error", TIME_TOLERANCE)}
+    report = {"rows": rows, "peft": baselines, "host": host.host, "threads": host.threads,
+              "compute_dtype": spec.compute_dtype, "quant": spec.quant, "learn": spec.learn,
+              "memory_within": _share(rows, "memory_error", MEMORY_TOLERANCE),
+              "time_within": _share(rows, "time_error", TIME_TOLERANCE)}
+    if spec.learn:  # after one corrective run
+        report["time_within_corrected"] = _share(rows[1:], "time_error", TIME_TOLERANCE)
+    return report
+
+
+def _private_calibration(threads: int | None) -> Path:
+    """A temporary cache holding a copy of this host's calibration and no correction."""
+    load_calibration(default_cache_dir(), threads)  # measured first if missing
+    cache = Path(tempfile.mkdtemp(prefix="mebp-plan-check-"))
+    target = calibration_path(cache, threads)
+    target.parent.mkdir(parents=True)
+    shutil.copyfile(calibration_path(default_cache_dir(), threads), target)
+    return cache
 
 
 def _spread(front: list, limit: int | None) -> list:
@@ -90,10 +119,11 @@ def _spread(front: list, limit: int | None) -> list:
     return [front[i] for i in sorted(picks)]
 
 
-def _row(model: str, seq_len: int, entry, measured: dict) -> dict:
-    predicted_mb = entry.prediction.peak_bytes / MB
-    predicted_s = entry.prediction.step_time_s
-    return {"model": model, "seq_len": seq_len, "config": entry.id,
+def _row(model: str, seq_len: int, config: str, prediction, measured: dict) -> dict:
+    predicted_mb = prediction.peak_bytes / MB
+    predicted_s = prediction.step_time_s
+    return {"model": model, "seq_len": seq_len, "config": config,
+            "time_correction": round(prediction.time_factor, 4),
             "predicted_peak_mb": round(predicted_mb, 1),
             "measured_peak_mb": round(measured["peak_mb"], 1),  # the kernel's figure
             "memory_error": measured["peak_mb"] and predicted_mb / measured["peak_mb"] - 1,
@@ -116,6 +146,9 @@ def format_plan_check(report: dict) -> str:
                      f"{r['measured_s']:>7.2f} {r['time_error']:>+6.0%}")
     lines.append(f"memory within {MEMORY_TOLERANCE:.0%}: {report['memory_within']}; "
                  f"time within {TIME_TOLERANCE:.0%}: {report['time_within']}")
+    if report.get("learn"):
+        lines.append(f"time within {TIME_TOLERANCE:.0%} after the first (corrective) run: "
+                     f"{report['time_within_corrected']}")
     for base in report["peft"]:
         same = [r for r in report["rows"]
                 if r["model"] == base["model"] and r["seq_len"] == base["seq_len"]]

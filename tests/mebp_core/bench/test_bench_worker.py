@@ -52,3 +52,24 @@ def test_cosine_result(tiny_dirs):
     # |<g, z>| / (|g| |z|) is positive and tiny in ~1.5e5 dimensions
     assert all(0 < cosine < 0.05 for cosine in result["cosines"])
     assert result["lora_parameters"] > 100_000
+
+
+def test_plan_check_learns_each_run_into_the_next_prediction(tmp_path, monkeypatch,
+                                                             seed_calibration):
+    from mebp_core.bench.plan_check import PlanCheckSpec, run_plan_check
+    from mebp_core.plan.calibration import calibration_path
+    from mebp_core.plan.correction import correction_path
+
+    cache = seed_calibration(tmp_path / "cache")
+    monkeypatch.setenv("MEBP_CACHE_DIR", str(cache))
+    report = run_plan_check(PlanCheckSpec(models=("preset:tiny",), seq_lens=(64,), steps=3,
+                                          max_configs=2, learn=True))
+    first, second = report["rows"]
+    assert first["time_correction"] == 1.0  # nothing measured before it
+    # the second is predicted with the first's measured/modelled ratio, a real measurement
+    assert second["time_correction"] == pytest.approx(
+        first["measured_s"] / first["predicted_s"], rel=0.05)
+    assert second["time_correction"] != 1.0
+    assert report["time_within_corrected"].endswith("/1")
+    # the host's own record is left alone
+    assert not correction_path(calibration_path(cache, None)).exists()
