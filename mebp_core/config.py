@@ -46,10 +46,11 @@ class EngineKnobs(BaseModel):
     # to float32 costs what upcasting a held bf16 tile does, so sharing would only hold a
     # block's weights (measured on qwen2.5-0.5b seq 256: 25-30 MB more, no faster).
     share_decompression: bool | Literal["auto"] = "auto"
-    # The backward runs each block's MLP over this many tokens at a time (the attention
-    # still sees the whole sequence): its (tokens, intermediate) activations and gradients
-    # shrink to a chunk's, for one more decompression of the MLP weights per extra chunk
-    # unless they are resident or shared. None: the whole batch at once.
+    # Every pass runs each block's MLP over this many tokens at a time (the attention still
+    # sees the whole sequence): no (tokens, intermediate) activation or gradient is larger
+    # than a chunk's, for one more decompression of the MLP weights per extra chunk in each
+    # pass that decompresses them (all but resident weights and a shared backward).
+    # None: the whole batch at once.
     mlp_chunk_tokens: int | None = Field(default=None, ge=1)
     decompress_tile_bytes: int = Field(default=8 << 20, ge=1 << 16)
     loss_vocab_tile_bytes: int = Field(default=8 << 20, ge=1 << 16)

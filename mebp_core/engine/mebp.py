@@ -59,8 +59,23 @@ def forward_blocks(engine: EngineModel, input_ids: torch.Tensor, checkpoints=Non
         for index, layer in enumerate(engine.layers):
             if checkpoints is not None and index % every == 0:
                 checkpoints.put(index // every, hidden)
-            hidden = layer(hidden, ctx)
+            hidden = run_block(engine, layer, hidden, ctx)
     return hidden
+
+
+def run_block(engine: EngineModel, block, hidden: torch.Tensor, ctx) -> torch.Tensor:
+    """One block's forward without autograd, its MLP part ``mlp_chunk_tokens`` tokens at a
+    time if asked (so no (tokens, intermediate) tensor is made)."""
+    chunk = engine.knobs.mlp_chunk_tokens
+    n_tokens = hidden.numel() // hidden.shape[-1]
+    if chunk is None or chunk >= n_tokens:
+        return block(hidden, ctx)
+    middle = block.attention_part(hidden, ctx)
+    flat = middle.view(n_tokens, -1)
+    for start in range(0, n_tokens, chunk):
+        rows = slice(start, start + chunk)
+        flat[rows] = block.mlp_part(flat[rows])  # each row depends on its own input only
+    return middle
 
 
 def evaluate_batch(engine: EngineModel, input_ids: torch.Tensor,
@@ -156,7 +171,7 @@ def _segment_inputs(engine: EngineModel, first_input: torch.Tensor, first: int, 
     inputs = [first_input]
     with torch.no_grad():
         for index in range(first, stop - 1):
-            inputs.append(engine.layers[index](inputs[-1], ctx))
+            inputs.append(run_block(engine, engine.layers[index], inputs[-1], ctx))
     if len(inputs) > 1 and engine.shares_decompression:
         engine.working_set.release_buffers(shared=False)  # the backward needs no tiles
     return inputs

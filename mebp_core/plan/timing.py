@@ -105,23 +105,16 @@ def _matmul_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
     resident_blocks = _resident_blocks(workload, resident)
     seconds = 0.0
     chunk = mlp_chunk_tokens(workload, knobs)
-    shared = shares_decompression(workload, knobs)
     for suffix, (out, inp) in arch.projections().items():
         flops = 2 * n * out * inp
         tile = tile_rows(out, inp, knobs.decompress_tile_bytes, e)
         share = resident_blocks[suffix] / layers  # resident blocks never tile
-        # the same FLOPs, a chunk of rows per matmul in the backward's MLP passes
-        backward_tokens = chunk if suffix in MLP_PROJECTIONS else n
+        tokens = chunk if suffix in MLP_PROJECTIONS else n  # the same FLOPs, fewer rows
         for kind, form in (("forward", "nt"), ("backward", "nn")):
             tiled, whole = passes[f"tiled_{kind}"], passes[f"whole_{kind}"]
-            # a forward kind's recompute passes (one a block) belong to the backward
-            recompute = layers if kind == "forward" and knobs.checkpoint_blocks != "none" \
-                else 0
-            for tokens, n_tiled, n_whole in _split_passes(kind, tiled, whole, recompute,
-                                                          shared, n, backward_tokens):
-                seconds += flops * (
-                    n_tiled * (1 - share) / host.matmul_rate(dtype, tokens, tile, form) +
-                    (n_tiled * share + n_whole) / host.matmul_rate(dtype, tokens, out, form))
+            seconds += flops * (
+                tiled * (1 - share) / host.matmul_rate(dtype, tokens, tile, form) +
+                (tiled * share + whole) / host.matmul_rate(dtype, tokens, out, form))
     forwards = passes["tiled_forward"] + passes["whole_forward"]
     backwards = passes["tiled_backward"] + passes["whole_backward"]
     attention = _attention_flops(workload) * (forwards + 2.5 * backwards)
@@ -132,18 +125,6 @@ def _matmul_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
     seconds += head_flops / host.matmul_rate(dtype, n, head_tile, "nt")
     seconds += head_flops / host.matmul_rate(dtype, n, head_tile, "nn")
     return seconds
-
-
-def _split_passes(kind: str, tiled: int, whole: int, recompute: int, shared: bool, n: int,
-                  backward_tokens: int) -> list[tuple[int, int, int]]:
-    """(tokens per matmul, tiled passes, whole passes) of one projection's passes of a kind:
-    the backward's own (its recompute and the backward proper) at ``backward_tokens``."""
-    if kind == "backward":
-        return [(backward_tokens, tiled, whole)]
-    recompute_tiled = 0 if shared else recompute
-    recompute_whole = recompute if shared else 0
-    return [(n, tiled - recompute_tiled, whole - recompute_whole),
-            (backward_tokens, recompute_tiled, recompute_whole)]
 
 
 def _decompress_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
@@ -160,9 +141,7 @@ def _decompress_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
     # once for its recompute and its backward)
     tiled_uses = (passes["tiled_forward"] + passes["tiled_backward"]) / layers
     whole_uses = passes["whole_backward"] / layers
-    # each further MLP chunk of an unshared backward decompresses its tiles for a recompute
-    # and a backward again (shared ones are kept for the block's whole backward)
-    extra_mlp_uses = 0 if passes["whole_backward"] else 2 * (mlp_chunks(workload, knobs) - 1)
+    chunks = mlp_chunks(workload, knobs)  # each decompresses the MLP's tiles again
     tiled_params = whole_params = calls = 0.0
     for name, count in arch.frozen_weights():
         if name in resident:
@@ -175,7 +154,7 @@ def _decompress_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
         suffix = name.split(".")[-2]
         rows, cols = arch.projections()[suffix]
         tiles = math.ceil(rows / tile_rows(rows, cols, knobs.decompress_tile_bytes, e))
-        uses = tiled_uses + (extra_mlp_uses if suffix in MLP_PROJECTIONS else 0)
+        uses = tiled_uses * (chunks if suffix in MLP_PROJECTIONS else 1)
         tiled_params += count * uses
         whole_params += count * whole_uses
         calls += tiles * uses + whole_uses
@@ -230,14 +209,14 @@ def _upcast_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str], e:
     shared_uses = (passes["whole_forward"] + passes["whole_backward"]) / layers
     all_uses = sum(passes[k] for k in ("tiled_forward", "whole_forward", "tiled_backward",
                                        "whole_backward")) / layers
-    extra_mlp_uses = 2 * (mlp_chunks(workload, knobs) - 1)  # recompute and backward per chunk
+    chunks = mlp_chunks(workload, knobs)  # each upcasts the MLP's tiles again
     params = 0.0
     for name, count in arch.frozen_weights():
-        mlp = extra_mlp_uses if name.split(".")[-2] in MLP_PROJECTIONS else 0
+        per_use = chunks if "layers" in name and name.split(".")[-2] in MLP_PROJECTIONS else 1
         if name in resident:
-            params += count * (all_uses + mlp if "layers" in name else 1)
-        elif "layers" in name and shared_uses:
-            params += count * (shared_uses + mlp)
+            params += count * (all_uses * per_use if "layers" in name else 1)
+        elif "layers" in name:
+            params += count * shared_uses * per_use
     return params * (e + em)
 
 
@@ -245,6 +224,7 @@ def _overhead_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -
     passes = pass_counts(workload, knobs)
     forwards = passes["tiled_forward"] + passes["whole_forward"]
     backwards = passes["tiled_backward"] + passes["whole_backward"]
-    extra_mlp_passes = workload.arch.num_layers * (mlp_chunks(workload, knobs) - 1)
-    return ((forwards + 2 * backwards) * OPS_PER_BLOCK_FORWARD +
-            3 * extra_mlp_passes * OPS_PER_MLP_FORWARD) * host.op_overhead_s
+    extra_chunks = mlp_chunks(workload, knobs) - 1  # each runs the MLP's ops again
+    return (forwards + 2 * backwards) * (OPS_PER_BLOCK_FORWARD +
+                                         extra_chunks * OPS_PER_MLP_FORWARD) * \
+        host.op_overhead_s
