@@ -1,6 +1,9 @@
 """Step time of one configuration: matmuls projection by projection at the host's measured
 rate for their shape, decompressions, elementwise traffic and per-op overhead.
 
+``step_work`` counts what a step does (the same on any machine); ``host_step_time`` prices it
+at this host's calibration, and ``mebp_core.plan.devices`` at a phone's rates.
+
 The engine's passes: a forward without autograd (lazy weights tiled), then per block a
 recompute under autograd and its backward (whole decompressed weights when shared, tiles
 otherwise); with checkpoints every k blocks each segment's forward is re-run first; without
@@ -11,6 +14,7 @@ of the matmul dtype (``workload.matmul_bytes``); upcasting held bf16 weights is 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.calibration import HostCalibration
@@ -38,9 +42,13 @@ OPS_PER_BLOCK_FORWARD = 100  # torch ops dispatched by one block's forward (back
 OPS_PER_MLP_FORWARD = 30  # of those, its MLP part's (run again per extra chunk of tokens)
 
 
-def pass_counts(workload: Workload, knobs: EngineKnobs) -> dict[str, int]:
-    """Block passes per step by kind: tiled or whole-weight forwards and backwards."""
+def pass_counts(workload: Workload, knobs: EngineKnobs, method: str = "mebp") -> dict[str, int]:
+    """Block passes per step by kind: tiled or whole-weight forwards and backwards. MeZO
+    runs two forwards without autograd (the loss at +eps and -eps) and no backward."""
     layers, every = workload.arch.num_layers, knobs.checkpoint_blocks
+    if method == "mezo":
+        return {"tiled_forward": 2 * layers, "whole_forward": 0, "tiled_backward": 0,
+                "whole_backward": 0, "rerun": 0}
     if every == "none":
         return {"tiled_forward": layers, "whole_forward": 0, "tiled_backward": layers,
                 "whole_backward": 0, "rerun": 0}
@@ -52,10 +60,11 @@ def pass_counts(workload: Workload, knobs: EngineKnobs) -> dict[str, int]:
             "whole_backward": layers if shared else 0, "rerun": rerun}
 
 
-def count_step_flops(workload: Workload, knobs: EngineKnobs) -> float:
-    """Matmul FLOPs of one step: frozen projections, LoRA branches, attention, the head."""
+def count_step_flops(workload: Workload, knobs: EngineKnobs, method: str = "mebp") -> float:
+    """Matmul FLOPs of one step: frozen projections, LoRA branches, attention, the head
+    (MeBP: the logits, then the gradient accumulator; MeZO: the logits twice)."""
     arch, n = workload.arch, workload.tokens
-    passes = pass_counts(workload, knobs)
+    passes = pass_counts(workload, knobs, method)
     forwards = passes["tiled_forward"] + passes["whole_forward"]
     backwards = passes["tiled_backward"] + passes["whole_backward"]
     frozen = 2 * n * arch.block_params()
@@ -71,14 +80,55 @@ def count_step_flops(workload: Workload, knobs: EngineKnobs) -> float:
     return forwards * per_forward + backwards * per_backward + head
 
 
+@dataclass(frozen=True)
+class StepWork:
+    """What one step does, whatever it runs on."""
+
+    matmuls: tuple[tuple[float, int, int, str], ...]  # (FLOPs, rows, width, form) groups
+    matmul_dtype: str
+    tile_params: float  # decompressed in tiles, to the matmul dtype
+    whole_params: float  # decompressed whole (a shared block), to the storage dtype
+    decompress_calls: float
+    traffic_bytes: float  # elementwise, as counted (TRAFFIC_MULTIPLIER prices the rest)
+    ops: float  # torch ops dispatched
+    flops: float
+
+    @property
+    def matmul_flops(self) -> float:
+        return sum(flops for flops, *_ in self.matmuls)
+
+
+def step_work(workload: Workload, knobs: EngineKnobs, resident: set[str],
+              method: str = "mebp") -> StepWork:
+    tile_params, whole_params, calls = _decompress_work(workload, knobs, resident, method)
+    return StepWork(matmuls=tuple(_matmul_work(workload, knobs, resident, method)),
+                    matmul_dtype=matmul_dtype_of(workload, knobs), tile_params=tile_params,
+                    whole_params=whole_params, decompress_calls=calls,
+                    traffic_bytes=_traffic_bytes(workload, knobs, resident, method),
+                    ops=_op_count(workload, knobs, method),
+                    flops=count_step_flops(workload, knobs, method))
+
+
+def host_step_time(work: StepWork, workload: Workload, host: HostCalibration
+                   ) -> dict[str, float]:
+    """Seconds per step by part at this host's measured rates."""
+    matmul = sum(flops / host.matmul_rate(work.matmul_dtype, rows, width, form)
+                 for flops, rows, width, form in work.matmuls)
+    decompress = (
+        work.tile_params / host.decompress_rate(workload.quant, work.matmul_dtype) +
+        work.whole_params / host.decompress_rate(workload.quant, workload.compute_dtype) +
+        work.decompress_calls * (host.decompress_call_s + 3 * host.op_overhead_s))
+    return {"matmul": matmul, "decompress": decompress,
+            "elementwise": TRAFFIC_MULTIPLIER * work.traffic_bytes /
+            host.elementwise_bytes_per_s,
+            "overhead": work.ops * host.op_overhead_s, "disk": 0.0}
+
+
 def step_time(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
               resident: set[str]) -> tuple[dict[str, float], float]:
-    """Seconds per step by part, and the step's matmul FLOPs."""
-    time = {"matmul": _matmul_s(workload, knobs, host, resident),
-            "decompress": _decompress_s(workload, knobs, host, resident),
-            "elementwise": _elementwise_s(workload, knobs, host, resident),
-            "overhead": _overhead_s(workload, knobs, host), "disk": 0.0}
-    return time, count_step_flops(workload, knobs)
+    """Seconds per step by part on this host, and the step's matmul FLOPs."""
+    work = step_work(workload, knobs, resident)
+    return host_step_time(work, workload, host), work.flops
 
 
 def _attention_flops(workload: Workload) -> float:
@@ -95,61 +145,63 @@ def _resident_blocks(workload: Workload, resident: set[str]) -> dict[str, int]:
     return counts
 
 
-def _matmul_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
-              resident: set[str]) -> float:
+def _matmul_work(workload: Workload, knobs: EngineKnobs, resident: set[str],
+                 method: str) -> list[tuple[float, int, int, str]]:
+    """Each projection's FLOPs by pass kind and whether tiled, with the rows and output width
+    of its matmuls; attention; the head's vocabulary tiles."""
     arch, n = workload.arch, workload.tokens
-    dtype = matmul_dtype_of(workload, knobs)
-    e = DTYPE_BYTES[dtype]
-    passes = pass_counts(workload, knobs)
+    e = matmul_bytes(workload, knobs)
+    passes = pass_counts(workload, knobs, method)
     layers = arch.num_layers
     resident_blocks = _resident_blocks(workload, resident)
-    seconds = 0.0
     chunk = mlp_chunk_tokens(workload, knobs)
+    work = []
     for suffix, (out, inp) in arch.projections().items():
         flops = 2 * n * out * inp
         tile = tile_rows(out, inp, knobs.decompress_tile_bytes, e)
         share = resident_blocks[suffix] / layers  # resident blocks never tile
-        tokens = chunk if suffix in MLP_PROJECTIONS else n  # the same FLOPs, fewer rows
+        rows = chunk if suffix in MLP_PROJECTIONS else n  # the same FLOPs, fewer rows
         for kind, form in (("forward", "nt"), ("backward", "nn")):
             tiled, whole = passes[f"tiled_{kind}"], passes[f"whole_{kind}"]
-            seconds += flops * (
-                tiled * (1 - share) / host.matmul_rate(dtype, tokens, tile, form) +
-                (tiled * share + whole) / host.matmul_rate(dtype, tokens, out, form))
+            work.append((flops * tiled * (1 - share), rows, tile, form))
+            work.append((flops * (tiled * share + whole), rows, out, form))
     forwards = passes["tiled_forward"] + passes["whole_forward"]
     backwards = passes["tiled_backward"] + passes["whole_backward"]
-    attention = _attention_flops(workload) * (forwards + 2.5 * backwards)
-    seconds += attention / host.matmul_rate(dtype, n, workload.seq_len, "nt")
-    # the head runs in vocabulary tiles, resident or not: logits, then the gradient sum
+    work.append((_attention_flops(workload) * (forwards + 2.5 * backwards), n,
+                 workload.seq_len, "nt"))
+    # the head runs in vocabulary tiles, resident or not: MeBP's logits, then its gradient
+    # sum; MeZO's logits twice
     head_flops = 2 * n * arch.vocab_size * arch.hidden_size
     head_tile = tile_rows(arch.vocab_size, arch.hidden_size, knobs.loss_vocab_tile_bytes, e)
-    seconds += head_flops / host.matmul_rate(dtype, n, head_tile, "nt")
-    seconds += head_flops / host.matmul_rate(dtype, n, head_tile, "nn")
-    return seconds
+    work.append((head_flops, n, head_tile, "nt"))
+    work.append((head_flops, n, head_tile, "nt" if method == "mezo" else "nn"))
+    return [w for w in work if w[0] > 0]
 
 
-def _decompress_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
-                  resident: set[str]) -> float:
-    """Parameters decompressed per step over the measured rate, plus a fixed cost per call
-    (one per tile, or one per projection when a block is decompressed whole). Tiles are
-    decompressed to the matmul dtype, whole shared blocks to the storage dtype."""
+def _decompress_work(workload: Workload, knobs: EngineKnobs, resident: set[str],
+                     method: str) -> tuple[float, float, float]:
+    """Parameters decompressed per step in tiles (to the matmul dtype) and whole (shared
+    blocks, to the storage dtype), and the dequantization calls: one per tile, or one per
+    projection when a block is decompressed whole."""
     arch = workload.arch
-    tile_dtype = matmul_dtype_of(workload, knobs)
-    e = DTYPE_BYTES[tile_dtype]
-    passes = pass_counts(workload, knobs)
+    e = matmul_bytes(workload, knobs)
+    passes = pass_counts(workload, knobs, method)
     layers = arch.num_layers
     # per block weight: its share of the step's block passes (a shared block is decompressed
     # once for its recompute and its backward)
     tiled_uses = (passes["tiled_forward"] + passes["tiled_backward"]) / layers
     whole_uses = passes["whole_backward"] / layers
+    head_uses = 2 if method == "mezo" else 1  # MeBP's one pass makes loss and gradient
     chunks = mlp_chunks(workload, knobs)  # each decompresses the MLP's tiles again
     tiled_params = whole_params = calls = 0.0
     for name, count in arch.frozen_weights():
         if name in resident:
             continue
-        if "layers" not in name:  # the head: once per step, in vocabulary tiles
+        if "layers" not in name:  # the head, in vocabulary tiles
             rows, cols = arch.vocab_size, arch.hidden_size
-            tiled_params += count
-            calls += math.ceil(rows / tile_rows(rows, cols, knobs.loss_vocab_tile_bytes, e))
+            tiled_params += count * head_uses
+            calls += head_uses * math.ceil(
+                rows / tile_rows(rows, cols, knobs.loss_vocab_tile_bytes, e))
             continue
         suffix = name.split(".")[-2]
         rows, cols = arch.projections()[suffix]
@@ -158,19 +210,16 @@ def _decompress_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
         tiled_params += count * uses
         whole_params += count * whole_uses
         calls += tiles * uses + whole_uses
-    tiled_rate = host.decompress_rate(workload.quant, tile_dtype)
-    whole_rate = host.decompress_rate(workload.quant, workload.compute_dtype)
-    return (tiled_params / tiled_rate + whole_params / whole_rate +
-            calls * (host.decompress_call_s + 3 * host.op_overhead_s))
+    return tiled_params, whole_params, calls
 
 
-def _elementwise_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
-                   resident: set[str]) -> float:
+def _traffic_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str],
+                   method: str) -> float:
     """Activation traffic of the blocks, the logits' softmax passes, the LoRA branches
     (rank-r matmuls are bandwidth-bound) and the tiled projections' copies."""
     arch, n, e = workload.arch, workload.tokens, DTYPE_BYTES[workload.compute_dtype]
     em = matmul_bytes(workload, knobs)
-    passes = pass_counts(workload, knobs)
+    passes = pass_counts(workload, knobs, method)
     forwards = passes["tiled_forward"] + passes["whole_forward"]
     backwards = passes["tiled_backward"] + passes["whole_backward"]
     block = n * saved_bytes_per_token(workload, knobs) * ELEMENTWISE_PASSES
@@ -183,7 +232,8 @@ def _elementwise_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration
                                         if knobs.lora_hidden == "store" else 0)
     traffic = (forwards + 2 * backwards) * block + logits + forwards * lora_forward + \
         backwards * lora_backward
-    if knobs.checkpoint_storage == "mmap" and knobs.checkpoint_blocks != "none":
+    if method == "mebp" and knobs.checkpoint_storage == "mmap" and \
+            knobs.checkpoint_blocks != "none":
         # copied into the mapping in the forward, copied out again in the backward
         saved = math.ceil(arch.num_layers / knobs.checkpoint_blocks)
         traffic += 4 * saved * n * arch.hidden_size * e
@@ -196,15 +246,15 @@ def _elementwise_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration
         traffic += lazy * passes["tiled_forward"] * n * out * e * 2
         traffic += lazy * passes["tiled_backward"] * tiles * n * inp * e * 3
     if em != e:
-        traffic += _upcast_bytes(workload, knobs, resident, e, em)
-    return TRAFFIC_MULTIPLIER * traffic / host.elementwise_bytes_per_s
+        traffic += _upcast_bytes(workload, knobs, resident, e, em, method)
+    return traffic
 
 
 def _upcast_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str], e: int,
-                  em: int) -> float:
+                  em: int, method: str) -> float:
     """Bytes read and written upcasting held weights to the matmul dtype, a tile at a time:
     shared block weights at their recompute and backward, resident ones at every use."""
-    arch, passes = workload.arch, pass_counts(workload, knobs)
+    arch, passes = workload.arch, pass_counts(workload, knobs, method)
     layers = arch.num_layers
     shared_uses = (passes["whole_forward"] + passes["whole_backward"]) / layers
     all_uses = sum(passes[k] for k in ("tiled_forward", "whole_forward", "tiled_backward",
@@ -220,11 +270,10 @@ def _upcast_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str], e:
     return params * (e + em)
 
 
-def _overhead_s(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> float:
-    passes = pass_counts(workload, knobs)
+def _op_count(workload: Workload, knobs: EngineKnobs, method: str) -> float:
+    passes = pass_counts(workload, knobs, method)
     forwards = passes["tiled_forward"] + passes["whole_forward"]
     backwards = passes["tiled_backward"] + passes["whole_backward"]
     extra_chunks = mlp_chunks(workload, knobs) - 1  # each runs the MLP's ops again
     return (forwards + 2 * backwards) * (OPS_PER_BLOCK_FORWARD +
-                                         extra_chunks * OPS_PER_MLP_FORWARD) * \
-        host.op_overhead_s
+                                         extra_chunks * OPS_PER_MLP_FORWARD)
