@@ -21,6 +21,9 @@ def sync_builtin_devices(session: Session) -> None:
 
 
 def profile_of(row: Device) -> DeviceProfile:
+    builtin = load_devices()
+    if row.builtin and row.id in builtin:  # its rates and sources are the data file's
+        return builtin[row.id]
     return make_profile({"id": row.id, "name": row.name, "ram_mb": row.ram_mb,
                          "budget_mb": row.budget_mb, "chip": row.chip,
                          "relative_compute": row.relative_compute, "sources": row.sources})

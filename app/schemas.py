@@ -35,6 +35,8 @@ class DevicePublic(BaseModel):
     relative_compute_estimate: float | None
     effective_gflops_estimate: float | None = Field(
         description="an estimate, used only for on-device step-time estimates")
+    memory_gb_s: float | None = Field(default=None, description=(
+        "an estimate of its memory bandwidth: decompression and elementwise traffic"))
     sources: list[str]
 
 
@@ -119,6 +121,8 @@ class PlanPublic(BaseModel):
     feasible: bool | None
     smallest_budget_mb: int
     dominant_component: str
+    device_mezo_step_time_s_estimate: float | None = Field(default=None, description=(
+        "MeZO's step on the device for the same workload: two forwards, no backward"))
     pareto: list[str]
     configurations: list[ConfigurationPublic]
 

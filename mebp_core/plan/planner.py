@@ -13,7 +13,7 @@ from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.errors import MebpError
 from mebp_core.plan.arch import Architecture
 from mebp_core.plan.calibration import HostCalibration
-from mebp_core.plan.devices import DeviceProfile
+from mebp_core.plan.devices import DeviceProfile, mezo_device_step_time
 from mebp_core.plan.predict import Prediction, predict, under_budget
 from mebp_core.plan.workload import DTYPE_BYTES, Workload
 from mebp_core.units import MB
@@ -59,6 +59,12 @@ class Plan:
     entries: list[PlanEntry]
     calibration: dict | None = None  # which host calibration the predictions came from
 
+    def device_mezo_step_time_s(self) -> float | None:
+        """MeZO on the device for the same workload (two forwards, no knobs to plan)."""
+        if self.device is None or self.device.rates is None:
+            return None
+        return round(mezo_device_step_time(self.workload, self.device.rates), 3)
+
     @property
     def pareto(self) -> list[PlanEntry]:
         return sorted((e for e in self.entries if e.pareto),
@@ -102,6 +108,7 @@ class Plan:
             "margin": self.margin,
             "calibration": self.calibration,
             "device": None if self.device is None else self.device.to_json(),
+            "device_mezo_step_time_s_estimate": self.device_mezo_step_time_s(),
             "auto": None if auto is None else auto.id,
             "feasible": None if self.budget_bytes is None else auto is not None,
             "smallest_budget_mb": self.smallest_budget_mb(),
@@ -199,7 +206,7 @@ def make_plan(workload: Workload, host: HostCalibration, *, budget_bytes: int | 
                 reason = (f"needs {math.ceil(needed / MB)} MB with the {margin:.0%} margin, budget "
                           f"{budget_bytes / MB:.0f} MB; largest part: "
                           f"{p.dominant_component()} {max(p.memory.values()) / MB:.0f} MB")
-        device_time = None if device is None else device.estimate_step_time(p)
+        device_time = None if device is None else device.estimate_step_time(p, workload)
         entries.append(PlanEntry(knobs_id(k), k, p, feasible, reason, id(p) in front,
                                  device_time))
     return Plan(workload, budget_bytes, margin, device, entries, host.provenance())

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import Architecture
 from mebp_core.plan.calibration import HostCalibration
-from mebp_core.plan.timing import step_time
+from mebp_core.plan.timing import StepWork, step_time
 from mebp_core.plan.workload import (
     DTYPE_BYTES,
     MLP_PROJECTIONS,
@@ -60,13 +60,17 @@ class Prediction:
     time: dict[str, float]  # matmul, decompress, elementwise, overhead, disk -> seconds
     store_bytes: int  # packed bytes read per step: page cache, not anonymous memory
     checkpoint_file_bytes: int  # checkpoints in a memory-mapped file: dirty page cache
-    flops: float  # matmul work of one step, for on-device estimates
+    work: StepWork  # what the step does, for on-device estimates
     time_factor: float = 1.0  # the host's measured-run correction, applied to ``time``
 
     @property
     def modelled_step_time_s(self) -> float:
         """The step time before the host's correction: what measured runs are compared to."""
         return self.step_time_s / self.time_factor
+
+    @property
+    def flops(self) -> float:
+        return self.work.flops
 
     @property
     def peak_bytes(self) -> int:
@@ -133,14 +137,14 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
               "activations": phase["activations"], "lora": lora,
               "loss_chunk": phase["loss_chunk"]}
     store_bytes = _lazy_store_bytes(workload, set(resident))
-    time, flops = step_time(workload, knobs, host, set(resident))
+    time, work = step_time(workload, knobs, host, set(resident))
     time_factor = host.time_factor(matmul_dtype_of(workload, knobs))
     time = {part: seconds * time_factor for part, seconds in time.items()}
     checkpoint_file = 0
     if every != "none" and knobs.checkpoint_storage == "mmap":
         checkpoint_file = math.ceil(arch.num_layers / every) * hidden_bytes
     return Prediction(memory=memory, time=time, store_bytes=store_bytes,
-                      checkpoint_file_bytes=checkpoint_file, flops=flops,
+                      checkpoint_file_bytes=checkpoint_file, work=work,
                       time_factor=time_factor)
 
 

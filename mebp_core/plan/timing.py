@@ -125,10 +125,10 @@ def host_step_time(work: StepWork, workload: Workload, host: HostCalibration
 
 
 def step_time(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
-              resident: set[str]) -> tuple[dict[str, float], float]:
-    """Seconds per step by part on this host, and the step's matmul FLOPs."""
+              resident: set[str]) -> tuple[dict[str, float], StepWork]:
+    """Seconds per step by part on this host, and what the step does."""
     work = step_work(workload, knobs, resident)
-    return host_step_time(work, workload, host), work.flops
+    return host_step_time(work, workload, host), work
 
 
 def _attention_flops(workload: Workload) -> float:
@@ -275,5 +275,8 @@ def _op_count(workload: Workload, knobs: EngineKnobs, method: str) -> float:
     forwards = passes["tiled_forward"] + passes["whole_forward"]
     backwards = passes["tiled_backward"] + passes["whole_backward"]
     extra_chunks = mlp_chunks(workload, knobs) - 1  # each runs the MLP's ops again
+    # MeSP's recompute of h = xA: one more matmul per adapted projection in each backward
+    recompute_h = 0 if knobs.lora_hidden == "store" else len(adapted_projections(workload))
     return (forwards + 2 * backwards) * (OPS_PER_BLOCK_FORWARD +
-                                         extra_chunks * OPS_PER_MLP_FORWARD)
+                                         extra_chunks * OPS_PER_MLP_FORWARD) + \
+        backwards * recompute_h

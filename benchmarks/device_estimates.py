@@ -1,0 +1,82 @@
+"""On-device estimates against the published step times they are meant to reproduce.
+
+The reference phone (iPhone 15 Pro Max) has two constants fitted on qwen2.5-0.5b alone (its
+MeBP and MeZO step times in the MeBP paper); every other figure here is a prediction. The
+iPhone 17 Pro's throughput is fitted on MeSP's qwen2.5-0.5b MeBP figure alone.
+
+    .venv/bin/python benchmarks/device_estimates.py
+
+Pure arithmetic on the planner's count of each step's work: no torch, seconds to run.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from mebp_core.plan.devices import (  # noqa: E402
+    device_step_time,
+    get_device,
+    paper_step_work,
+)
+
+SEQ_LEN = 256
+# Song & Tang, MeBP (EMNLP 2025 Industry): iPhone 15 Pro Max, s/step
+MEBP_PAPER = {"qwen2.5-0.5b": (3.85, 2.68), "qwen2.5-1.5b": (9.09, 5.47),
+              "qwen2.5-3b": (17.96, 10.28), "gemma3-1b": (9.48, 4.88),
+              "gemma3-4b": (28.58, 16.86)}
+# MeSP (arXiv 2602.13069): iPhone 17 Pro, s/step, MeBP (h kept) and MeSP (h recomputed)
+MESP_PAPER = {"qwen2.5-0.5b": (0.68, 0.86), "qwen2.5-1.5b": (1.66, 2.17),
+              "qwen2.5-3b": (3.21, 4.09)}
+FITTED = {("iphone-15-pro-max", "qwen2.5-0.5b", "mebp"), ("iphone-15-pro-max",
+          "qwen2.5-0.5b", "mezo"), ("iphone-17-pro", "qwen2.5-0.5b", "mebp")}
+
+
+def estimate(device: str, model: str, method: str, lora_hidden: str = "store") -> dict:
+    work, workload = paper_step_work(f"preset:{model}", SEQ_LEN, method, lora_hidden)
+    return device_step_time(work, workload, get_device(device).rates)
+
+
+def row(device: str, model: str, label: str, method: str, published: float,
+        lora_hidden: str = "store", tolerance: float = 0.15) -> tuple[str, bool | None]:
+    parts = estimate(device, model, method, lora_hidden)
+    total = sum(parts.values())
+    error = total / published - 1
+    fitted = (device, model, label) in FITTED
+    held = None if fitted else abs(error) <= tolerance
+    split = " / ".join(f"{parts[k]:.2f}" for k in ("matmul", "decompress", "elementwise",
+                                                     "overhead"))
+    verdict = "fitted" if fitted else ("yes" if held else "no")
+    return (f"| {device} | {model} | {label} | {published:.2f} | {total:.2f} | "
+            f"{error:+.0%} | {verdict} | {split} |", held)
+
+
+def main() -> int:
+    header = ("| device | model | method | published s/step | estimate | error | within | "
+              "matmul / decompress / elementwise / overhead s |")
+    lines = [header, "|" + "---|" * 8]
+    results = []
+    for model, (mebp, mezo) in MEBP_PAPER.items():
+        for label, method, published in (("mebp", "mebp", mebp), ("mezo", "mezo", mezo)):
+            text, held = row("iphone-15-pro-max", model, label, method, published)
+            lines.append(text)
+            results.append(held)
+    for model, (mebp, mesp) in MESP_PAPER.items():
+        for label, hidden, published in (("mebp", "store", mebp), ("mesp", "recompute", mesp)):
+            text, held = row("iphone-17-pro", model, label, "mebp", published, hidden, 0.20)
+            lines.append(text)
+            results.append(held)
+    checked = [r for r in results if r is not None]
+    lines.append(f"\n{sum(checked)} of {len(checked)} predicted figures within tolerance "
+                 "(15% on the iPhone 15 Pro Max, 20% on the iPhone 17 Pro); fitted rows "
+                 "match by construction.")
+    print("\n".join(lines))
+    return 0 if all(checked) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
