@@ -21,7 +21,7 @@ from mebp_core.cache import default_cache_dir
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.plan.arch import PlanInputError
 from mebp_core.plan.calibration import load_calibration
-from mebp_core.plan.devices import DeviceProfile
+from mebp_core.plan.devices import DeviceProfile, mezo_device_step_time
 from mebp_core.plan.planner import Plan, PlanEntry, make_plan
 from mebp_core.plan.workload import Workload, matmul_dtype_of
 from mebp_core.units import MB
@@ -67,9 +67,13 @@ def plan_job(body: JobCreate, settings: Settings, session: Session) -> PlannedJo
         raise invalid(("hyperparameters", "seq_len"), str(exc), config.seq_len) from None
     if config.method != "mebp":
         # the planner models the mebp engine's knobs; other methods meet the cap as they are
+        estimate = None
+        if config.method == "mezo" and device is not None and device.rates is not None:
+            estimate = round(mezo_device_step_time(workload, device.rates), 3)
         return PlannedJob(config, device, budget_bytes,
                           {"planned": False, "budget_mb": budget_bytes / MB,
-                           "reason": f"the planner models method mebp, not {config.method}"})
+                           "reason": f"the planner models method mebp, not {config.method}",
+                           "device_step_time_s_estimate": estimate})
     host = load_calibration(settings.cache_dir or default_cache_dir(), settings.threads)
     plan = make_plan(workload, host, budget_bytes=budget_bytes, device=device,
                      knobs=None if body.config == "auto" else [knobs])

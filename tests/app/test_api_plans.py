@@ -33,6 +33,11 @@ def test_a_plan_on_a_device_has_the_front_auto_and_estimates(service, check_fron
     auto = by_id[plan["auto"]]
     assert auto["feasible"] and auto["device_step_time_s_estimate"] > 0
     check_front(plan)
+    # the phone's time moves with every knob, and MeZO (two forwards) is estimated beside it
+    estimates = {c["device_step_time_s_estimate"] for c in plan["configurations"]}
+    assert len(estimates) > 0.8 * len(plan["configurations"])
+    assert 0 < plan["device_mezo_step_time_s_estimate"] < min(estimates)
+    assert plan["device"]["memory_gb_s"] > 0
 
 
 def test_an_infeasible_budget_names_the_smallest_that_fits(service):
