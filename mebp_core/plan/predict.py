@@ -42,11 +42,16 @@ from mebp_core.units import MB
 
 # What a training run holds above its imports and the modelled tensors: the data, allocator
 # slack, the store's index, rotary tables, small tensors. Fitted by least squares on the
-# kernel's count together with the per-token term of ``_backward_transient_bytes``: ten
-# runs of ``benchmarks/plan_caps.py --uncapped`` (smollm2-135m, qwen2.5-0.5b, gemma3-1b and
-# qwen2.5-1.5b at seq 256, qwen2.5-0.5b at 1024, float32 and bfloat16), each then within
-# -2.6%..+3.6%.
-RUNTIME_OVERHEAD_BYTES = 34 * MB
+# kernel's count together with the per-token terms of ``_backward_transient_bytes`` and
+# NATIVE_BF16_BYTES: 30 uncapped runs of the smallest configurations, whole and in MLP
+# chunks of 64 (smollm2-135m, qwen2.5-0.5b, gemma3-1b and qwen2.5-1.5b at seq 256,
+# qwen2.5-0.5b at 1024; float32, native bf16 and upcast bf16), each then within -6.1%..+6.0%
+# (2-core Xeon with AMX, 2026-12-01; BENCHMARKS.md).
+RUNTIME_OVERHEAD_BYTES = 22 * MB
+# What native bf16 matmuls keep beyond the same run in float32 (same fit: 19 MB; disabling
+# AMX in oneDNN took off only 5 MB of it). On a Zen 4 with avx512_bf16 the native rows of the
+# earlier fit were over-predicted, so this may be host-specific: refit when it is.
+NATIVE_BF16_BYTES = 19 * MB
 # Anonymous memory an autograd graph costs per byte of the tensors it saves: the temporaries
 # freed between saved tensors leave heap holes the allocator cannot return (fitted: 1.7-1.8x
 # on smollm2-135m and qwen2.5-0.5b, seq 128-512, float32, without checkpoints).
@@ -132,7 +137,8 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
                      "loss_chunk": loss_chunk}
     backward_phase = {"weights": weights_bwd, "activations": activations_bwd, "loss_chunk": 0}
     phase = max((forward_phase, backward_phase), key=lambda p: sum(p.values()))
-    memory = {"runtime": host.runtime_bytes + RUNTIME_OVERHEAD_BYTES,
+    native_bf16 = NATIVE_BF16_BYTES if matmul_dtype_of(workload, knobs) == "bfloat16" else 0
+    memory = {"runtime": host.runtime_bytes + RUNTIME_OVERHEAD_BYTES + native_bf16,
               "weights": resident_bytes + phase["weights"], "checkpoints": saved,
               "activations": phase["activations"], "lora": lora,
               "loss_chunk": phase["loss_chunk"]}
@@ -181,15 +187,15 @@ def _transient_weights(arch: Architecture, knobs: EngineKnobs, e: int, em: int,
 def _backward_transient_bytes(workload: Workload, em: int, n_tokens: int,
                               mlp_tokens: int) -> float:
     """Gradients and temporaries alive at once inside a block's backward: MLP-sized gradients
-    and a dozen hidden-sized ones in the storage dtype (fitted to measured peaks of
-    smollm2-135m and qwen2.5-0.5b at seq 128-512: the single-block backward peaks ~2x above
-    its saved tensors), and two more MLP-sized ones in the matmul dtype: the MLP's input
-    gradients from the frozen and LoRA paths and their sum (least squares on the kernel's
-    count of 10 runs, seq 256 and 1024: 1.8 per token). The MLP-sized ones exist for the
-    ``mlp_tokens`` of one MLP pass."""
+    and a dozen hidden-sized ones in the storage dtype (the single-block backward peaks ~2x
+    above its saved tensors: smollm2-135m and qwen2.5-0.5b, seq 128-512), hidden-sized ones
+    in float32 whatever the dtype (12 bytes per token and hidden unit), and MLP-sized ones in
+    the matmul dtype (1.15 per token: the MLP's input gradients from the frozen and LoRA paths
+    and their sum); the last two fitted with RUNTIME_OVERHEAD_BYTES. The MLP-sized ones exist
+    for the ``mlp_tokens`` of one MLP pass."""
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
-    return n_tokens * e * 12 * arch.hidden_size + \
-        mlp_tokens * (e * 4 + em * 2) * arch.intermediate_size
+    return n_tokens * (e * 12 + 12) * arch.hidden_size + \
+        mlp_tokens * (e * 4 + em * 1.15) * arch.intermediate_size
 
 
 def _lora_bytes(workload: Workload, *, keep_all_grads: bool) -> int:
