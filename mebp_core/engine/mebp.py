@@ -66,16 +66,23 @@ def forward_blocks(engine: EngineModel, input_ids: torch.Tensor, checkpoints=Non
 def run_block(engine: EngineModel, block, hidden: torch.Tensor, ctx) -> torch.Tensor:
     """One block's forward without autograd, its MLP part ``mlp_chunk_tokens`` tokens at a
     time if asked (so no (tokens, intermediate) tensor is made)."""
+    chunks = _mlp_row_chunks(engine, hidden)
+    if chunks is None:
+        return block(hidden, ctx)
+    middle = block.attention_part(hidden, ctx)
+    flat = middle.view(-1, middle.shape[-1])
+    for rows in chunks:
+        flat[rows] = block.mlp_part(flat[rows])  # each row depends on its own input only
+    return middle
+
+
+def _mlp_row_chunks(engine: EngineModel, hidden: torch.Tensor) -> list[slice] | None:
+    """The token rows of each MLP pass over ``hidden`` (..., D), or None: the block whole."""
     chunk = engine.knobs.mlp_chunk_tokens
     n_tokens = hidden.numel() // hidden.shape[-1]
     if chunk is None or chunk >= n_tokens:
-        return block(hidden, ctx)
-    middle = block.attention_part(hidden, ctx)
-    flat = middle.view(n_tokens, -1)
-    for start in range(0, n_tokens, chunk):
-        rows = slice(start, start + chunk)
-        flat[rows] = block.mlp_part(flat[rows])  # each row depends on its own input only
-    return middle
+        return None
+    return [slice(start, start + chunk) for start in range(0, n_tokens, chunk)]
 
 
 def evaluate_batch(engine: EngineModel, input_ids: torch.Tensor,
@@ -145,18 +152,16 @@ def _block_backward(engine: EngineModel, block, block_input: torch.Tensor,
                     grad: torch.Tensor, ctx) -> None:
     """Recompute one block from its input under autograd and run its backward, the MLP part
     ``mlp_chunk_tokens`` tokens at a time if asked (the same sums, in a different order)."""
-    chunk = engine.knobs.mlp_chunk_tokens
-    n_tokens = grad.numel() // grad.shape[-1]
-    if chunk is None or chunk >= n_tokens:
+    chunks = _mlp_row_chunks(engine, grad)
+    if chunks is None:
         backward_from(block(block_input, ctx), grad)
         return
     middle = block.attention_part(block_input, ctx)  # (B, T, D), its graph kept
-    flat_middle = middle.detach().view(n_tokens, -1)
-    flat_grad = grad.reshape(n_tokens, -1)
+    flat_middle = middle.detach().view(-1, middle.shape[-1])
+    flat_grad = grad.reshape(-1, grad.shape[-1])
     grad_middle = torch.empty_like(flat_middle)
     with engine.working_set.reuse_shared():
-        for start in range(0, n_tokens, chunk):
-            rows = slice(start, start + chunk)
+        for rows in chunks:
             x = flat_middle[rows].requires_grad_(True)
             backward_from(block.mlp_part(x), flat_grad[rows])
             grad_middle[rows] = x.grad
