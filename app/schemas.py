@@ -123,6 +123,9 @@ class PlanPublic(BaseModel):
     dominant_component: str
     device_mezo_step_time_s_estimate: float | None = Field(default=None, description=(
         "MeZO's step on the device for the same workload: two forwards, no backward"))
+    ranked_by: Literal["device", "host"] = Field(default="host", description=(
+        "what the front and auto rank by: the device's estimated step time when a device "
+        "with rates is given, else this host's predicted one"))
     pareto: list[str]
     configurations: list[ConfigurationPublic]
 

@@ -33,7 +33,13 @@ class PlanEntry:
     feasible: bool | None  # None: no budget given
     reason: str | None  # why it does not fit
     pareto: bool
-    device_step_time_s: float | None  # an estimate from the device's compute figure
+    device_step_time_s: float | None  # the device model's estimate, if a device is given
+
+    @property
+    def ranking_time_s(self) -> float:
+        """The time a plan ranks by: the phone's when a device is given, else this host's."""
+        return self.prediction.step_time_s if self.device_step_time_s is None \
+            else self.device_step_time_s
 
     def to_json(self) -> dict:
         p = self.prediction
@@ -76,12 +82,16 @@ class Plan:
         fitting = [e for e in self.entries if e.feasible is not False]
         if not fitting:
             return None
-        return min(fitting, key=lambda e: (e.prediction.step_time_s, e.prediction.peak_bytes))
+        return min(fitting, key=lambda e: (e.ranking_time_s, e.prediction.peak_bytes))
 
     @property
     def smallest(self) -> PlanEntry:
-        return min(self.entries, key=lambda e: (e.prediction.peak_bytes,
-                                                e.prediction.step_time_s))
+        return min(self.entries, key=lambda e: (e.prediction.peak_bytes, e.ranking_time_s))
+
+    @property
+    def ranked_by(self) -> str:
+        """"device" when the plan's times are the phone's estimates, else "host"."""
+        return "host" if any(e.device_step_time_s is None for e in self.entries) else "device"
 
     def smallest_budget_bytes(self) -> int:
         """The least budget under which some configuration fits, margin included."""
@@ -109,6 +119,7 @@ class Plan:
             "calibration": self.calibration,
             "device": None if self.device is None else self.device.to_json(),
             "device_mezo_step_time_s_estimate": self.device_mezo_step_time_s(),
+            "ranked_by": self.ranked_by,
             "auto": None if auto is None else auto.id,
             "feasible": None if self.budget_bytes is None else auto is not None,
             "smallest_budget_mb": self.smallest_budget_mb(),
@@ -195,9 +206,13 @@ def make_plan(workload: Workload, host: HostCalibration, *, budget_bytes: int | 
     predictions = [(k, predict(workload, k, host)) for k in candidates]
     if budget_bytes is not None:
         predictions = [(k, under_budget(p, budget_bytes, host)) for k, p in predictions]
-    front = _pareto_ids(predictions)
+    device_times = [None if device is None else device.estimate_step_time(p, workload)
+                    for _, p in predictions]
+    # with a device, the front and auto are the phone's: ranked by its estimated time
+    front = _pareto_ids([(p, p.step_time_s if device_time is None else device_time)
+                         for (_, p), device_time in zip(predictions, device_times, strict=True)])
     entries = []
-    for k, p in predictions:
+    for (k, p), device_time in zip(predictions, device_times, strict=True):
         feasible, reason = None, None
         if budget_bytes is not None:
             needed = p.peak_bytes * (1 + margin)
@@ -206,7 +221,6 @@ def make_plan(workload: Workload, host: HostCalibration, *, budget_bytes: int | 
                 reason = (f"needs {math.ceil(needed / MB)} MB with the {margin:.0%} margin, budget "
                           f"{budget_bytes / MB:.0f} MB; largest part: "
                           f"{p.dominant_component()} {max(p.memory.values()) / MB:.0f} MB")
-        device_time = None if device is None else device.estimate_step_time(p, workload)
         entries.append(PlanEntry(knobs_id(k), k, p, feasible, reason, id(p) in front,
                                  device_time))
     return Plan(workload, budget_bytes, margin, device, entries, host.provenance())
@@ -235,12 +249,12 @@ def auto_knobs(arch: Architecture, config: TrainConfig, host: HostCalibration,
     return plan.auto.knobs.model_copy(update={"threads": config.knobs.threads})
 
 
-def _pareto_ids(predictions: list[tuple[EngineKnobs, Prediction]]) -> set[int]:
+def _pareto_ids(timed: list[tuple[Prediction, float]]) -> set[int]:
     """Configurations no other one beats on both peak memory and step time."""
-    ranked = sorted((p for _, p in predictions), key=lambda p: (p.peak_bytes, p.step_time_s))
+    ranked = sorted(timed, key=lambda pt: (pt[0].peak_bytes, pt[1]))
     front, best_time = set(), float("inf")
-    for p in ranked:
-        if p.step_time_s < best_time:
+    for p, seconds in ranked:
+        if seconds < best_time:
             front.add(id(p))
-            best_time = p.step_time_s
+            best_time = seconds
     return front

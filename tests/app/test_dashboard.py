@@ -96,6 +96,16 @@ def test_explore_click_a_feasible_point_submit_and_watch_it_train(page, service,
     traces = chart_traces(page, "tradeoff-chart")
     front = next(t for t in traces if t["name"] == "Pareto front")
     assert front["x"], traces
+    # with a device, the time axis is the phone's estimate and the front is the phone's
+    title = page.evaluate("document.getElementById('tradeoff-chart').layout.yaxis.title.text")
+    assert title == "seconds per step on Pixel 8 (estimated)"
+    status, plan = service.request("POST", "/v1/plans", {
+        "model": "preset:tiny", "device": "pixel-8", "seq_len": 64})
+    assert status == 200 and plan["ranked_by"] == "device"
+    estimates = {c["id"]: c["device_step_time_s_estimate"] for c in plan["configurations"]}
+    assert sorted(front["y"]) == sorted(estimates[i] for i in plan["pareto"]
+                                        if next(c for c in plan["configurations"]
+                                                if c["id"] == i)["feasible"])
     shoot(page, "explorer")
     page.mouse.click(*point_on_page(page, "tradeoff-chart", "Pareto front", 0))
 

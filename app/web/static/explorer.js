@@ -6,15 +6,20 @@
   const form = window.explorerForm;
   const configs = plan.configurations;
   const byId = Object.fromEntries(configs.map((c) => [c.id, c]));
+  // with a device the plan ranks by the phone's estimated time: that is the y axis, and
+  // this host's predicted time is in the hover
+  const onDevice = plan.ranked_by === "device";
+  const timeOf = (c) => onDevice ? c.device_step_time_s_estimate : c.step_time_s;
 
   function trace(name, points, marker, extra) {
     return Object.assign({
       name, type: "scatter", mode: "markers",
-      x: points.map((c) => c.peak_mb), y: points.map((c) => c.step_time_s),
+      x: points.map((c) => c.peak_mb), y: points.map(timeOf),
       customdata: points.map((c) => c.id),
       text: points.map((c) => c.id + (c.reason ? "<br>" + c.reason : "") +
-        (c.device_step_time_s_estimate != null ?
-          "<br>on device (est.): " + c.device_step_time_s_estimate.toFixed(2) + " s/step" : "")),
+        (onDevice ? "<br>this host (predicted): " + c.step_time_s.toFixed(3) + " s/step" :
+          (c.device_step_time_s_estimate != null ? "<br>on device (est.): " +
+            c.device_step_time_s_estimate.toFixed(2) + " s/step" : ""))),
       hovertemplate: "%{text}<br>%{x:.0f} MB, %{y:.3f} s/step<extra>" + name + "</extra>",
       marker,
     }, extra || {});
@@ -32,12 +37,16 @@
     trace("Pareto front (does not fit)", frontInfeasible,
           {color: "#bbb", size: 13, line: {color: "#f58518", width: 2}}),
   ];
-  if (data.measured.length) {
+  // measured on this host: at the phone's estimate for that configuration on a device axis
+  const measured = data.measured.filter((m) => !onDevice || byId[m.configuration]);
+  if (measured.length) {
     traces.push({
       name: "measured", type: "scatter", mode: "markers",
-      x: data.measured.map((m) => m.peak_mb), y: data.measured.map((m) => m.step_time_s),
-      customdata: data.measured.map((m) => m.configuration),
-      text: data.measured.map((m) => m.configuration + "<br>measured by " + m.job_id),
+      x: measured.map((m) => m.peak_mb),
+      y: measured.map((m) => onDevice ? timeOf(byId[m.configuration]) : m.step_time_s),
+      customdata: measured.map((m) => m.configuration),
+      text: measured.map((m) => m.configuration + "<br>measured by " + m.job_id +
+        (onDevice ? ": " + m.step_time_s.toFixed(3) + " s/step on this host" : "")),
       hovertemplate: "%{text}<br>%{x:.0f} MB, %{y:.3f} s/step<extra>measured</extra>",
       marker: {symbol: "diamond", color: "#222", size: 11},
     });
@@ -54,7 +63,8 @@
   Plotly.newPlot(chart, traces, {
     margin: {t: 30, r: 20}, hovermode: "closest", shapes, annotations,
     xaxis: {title: {text: "predicted peak memory, anonymous + shared (MB)"}, type: "log"},
-    yaxis: {title: {text: "seconds per step (this host)"}, type: "log"},
+    yaxis: {title: {text: onDevice ? "seconds per step on " + plan.device.name +
+                            " (estimated)" : "seconds per step (this host)"}, type: "log"},
     legend: {orientation: "h", y: -0.2},
   }, {displaylogo: false, responsive: true});
   chart.on("plotly_click", (event) => {
