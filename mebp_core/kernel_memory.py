@@ -71,6 +71,14 @@ class MemoryCgroup:
     def usage_bytes(self) -> int:
         return int(self._usage.read_text())
 
+    def limit_bytes(self) -> int | None:
+        """The group's hard limit, or None when it has none."""
+        if self.version == 2:
+            text = (self.path / "memory.max").read_text().strip()
+            return None if text == "max" else int(text)
+        limit = int((self.path / "memory.limit_in_bytes").read_text())
+        return None if limit >= 1 << 62 else limit  # v1 writes "unlimited" as ~2^63
+
     def procs(self) -> list[int]:
         return [int(pid) for pid in (self.path / "cgroup.procs").read_text().split()]
 

@@ -47,3 +47,31 @@ def test_knob_flags_are_checked_before_anything_runs(tiny_hf, tmp_path,  # noqa:
         assert done.returncode == 2, flags
         assert message in done.stderr, (flags, done.stderr)
     assert not (tmp_path / "c").exists()
+
+
+def test_inside_a_memory_cap_the_calibration_is_not_measured(tiny_hf, tmp_path):  # noqa: F811
+    """Measuring would run torch inside the cap and count against it: refused, with what to
+    run instead; nothing is written."""
+    import os
+    import subprocess
+    import sys
+    import uuid
+
+    from worker.memory_cap import PROCS_ENV, open_memory_cap
+
+    cap, _ = open_memory_cap("auto", f"test-{uuid.uuid4().hex[:8]}", 2048 << 20)
+    try:
+        procs = cap.child_env()[PROCS_ENV]
+        data = write_jsonl(tmp_path / "train.jsonl", token_rows(seed=6))
+        cache = tmp_path / "empty-cache"
+        done = subprocess.run(
+            ["/bin/sh", "-c", f'echo $$ > {procs} && exec "$@"', "sh", sys.executable, "-m",
+             "mebp_core.cli", "train", "--model", str(tiny_hf), "--data", str(data), "--out",
+             str(tmp_path / "d"), "--steps", "1", "--seq-len", "16", "--plan-budget-mb", "900"],
+            capture_output=True, text=True, timeout=300,
+            env={**os.environ, "MEBP_CACHE_DIR": str(cache), "HF_HUB_OFFLINE": "1"})
+    finally:
+        cap.close()
+    assert done.returncode == 2, done.stderr
+    assert "memory cap of 2048 MB" in done.stderr and "mebp plan --model" in done.stderr
+    assert not (tmp_path / "d").exists() and not (cache / "calibration").exists()
