@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None,
     try:
         return run(args)
     except ValidationError as exc:
-        return _fail("; ".join(_describe_validation(err) for err in exc.errors()))
+        return _fail(_describe_validation(exc.errors()))
     except (MebpError, OSError) as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
@@ -126,11 +126,18 @@ def _fail(message: str, code: int = 2) -> int:
     return code
 
 
-def _describe_validation(err: dict) -> str:
-    # Every TrainConfig field has the flag of the same name: lora_rank -> --lora-rank.
-    field = str(err["loc"][-1]) if err["loc"] else ""
-    message = err["msg"].removeprefix("Value error, ")
-    return f"--{field.replace('_', '-')}: {message}" if field else message
+def _describe_validation(errors: list[dict]) -> str:
+    """One clause per option: every config field has the option of the same name
+    (lora_rank -> --lora-rank); a union's failed alternatives are joined with "or"."""
+    from mebp_core.config import EngineKnobs, TrainConfig
+
+    fields = set(TrainConfig.model_fields) | set(EngineKnobs.model_fields)
+    by_option: dict[str, list[str]] = {}
+    for err in errors:
+        names = [str(part) for part in err["loc"] if str(part) in fields]
+        option = f"--{names[-1].replace('_', '-')}: " if names else ""
+        by_option.setdefault(option, []).append(err["msg"].removeprefix("Value error, "))
+    return "; ".join(option + ", or ".join(messages) for option, messages in by_option.items())
 
 
 def _run_pack(args: argparse.Namespace) -> int:
@@ -209,6 +216,7 @@ def _planned(config, args: argparse.Namespace):
 
 def _train_config(args: argparse.Namespace):
     from mebp_core.config import EngineKnobs, TrainConfig
+    from mebp_core.config_args import model_values
 
     return TrainConfig(
         method=args.method, steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size,
@@ -220,78 +228,18 @@ def _train_config(args: argparse.Namespace):
         compute_dtype=args.compute_dtype, eval_every=args.eval_every,
         validation_fraction=args.validation_fraction, checkpoint_every=args.checkpoint_every,
         skip_malformed=args.skip_malformed,
-        knobs=EngineKnobs(
-            frozen_weights=args.frozen_weights, resident_weight_bytes=args.resident_weight_bytes,
-            checkpoint_blocks=args.checkpoint_blocks, checkpoint_storage=args.checkpoint_storage,
-            lora_hidden=args.lora_hidden, share_decompression=args.share_decompression,
-            mlp_chunk_tokens=args.mlp_chunk_tokens,
-            decompress_tile_bytes=args.decompress_tile_bytes,
-            loss_vocab_tile_bytes=args.loss_vocab_tile_bytes, bf16_matmul=args.bf16_matmul,
-            threads=args.threads))
+        knobs=EngineKnobs(**model_values(args, EngineKnobs)))
 
 
 def _add_knob_arguments(knobs) -> None:
+    from mebp_core.config import EngineKnobs
+    from mebp_core.config_args import add_model_arguments
     from mebp_core.plan.command import positive_float
 
-    knobs.add_argument("--frozen-weights", choices=["lazy", "resident"], default="lazy",
-                       help="decompress frozen weights on every use, or once and keep them")
-    knobs.add_argument("--resident-weight-bytes", type=parse_size, metavar="SIZE",
-                       help="with --frozen-weights resident: keep at most this much "
-                       "(e.g. 300M), first blocks first")
-    knobs.add_argument("--checkpoint-blocks", type=_checkpoint_blocks, default=1,
-                       metavar="K|none", help="save every K-th block input (1: every block; "
-                       "none: keep every activation, no recompute)")
-    knobs.add_argument("--checkpoint-storage", choices=["ram", "mmap"], default="ram",
-                       help="keep block-input checkpoints in RAM or in a memory-mapped file")
-    knobs.add_argument("--lora-hidden", choices=["recompute", "store"], default="recompute",
-                       help="recompute LoRA's rank-r intermediate in backward or keep it")
-    knobs.add_argument("--share-decompression", action=argparse.BooleanOptionalAction,
-                       default="auto", help="decompress a block once for recompute and "
-                       "backward (faster) instead of twice, tile by tile (less memory); by "
-                       "default shared unless bf16 matmuls run upcast to float32")
-    knobs.add_argument("--mlp-chunk-tokens", type=int, metavar="N",
-                       help="run each block's MLP backward N tokens at a time (less memory; "
-                       "unshared lazy weights are decompressed again per chunk)")
-    knobs.add_argument("--decompress-tile-bytes", type=parse_size, default=8 << 20,
-                       metavar="SIZE", help="rows decompressed at once by a lazy projection")
-    knobs.add_argument("--loss-vocab-tile-bytes", type=parse_size, default=8 << 20,
-                       metavar="SIZE", help="output-head rows per loss chunk")
-    knobs.add_argument("--bf16-matmul", choices=["auto", "native", "float32"], default="auto",
-                       help="with --compute-dtype bfloat16: matmuls in bf16 or in float32 on "
-                       "bf16 tiles (auto: native only where the CPU has bf16 instructions)")
-    knobs.add_argument("--threads", type=int, help="torch intra-op threads")
+    add_model_arguments(knobs, EngineKnobs)  # one option per field, described by the field
     knobs.add_argument("--plan-budget-mb", type=positive_float, metavar="MB",
                        help="let the planner pick the knobs: the fastest configuration "
                        "predicted to fit MB (overrides the knob options above)")
-
-
-def parse_size(text: str) -> int:
-    """``123``, ``64K``, ``300M``, ``1.5G`` -> bytes (binary multiples)."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    scale = units.get(text[-1:].upper(), 1)
-    number = text[:-1] if scale != 1 else text
-    try:
-        value = float(number)
-        nbytes = int(value * scale)
-    except (ValueError, OverflowError):
-        raise argparse.ArgumentTypeError(
-            f"not a size: {text!r} (e.g. 4096, 64K, 300M, 1G)") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"size must not be negative: {text!r}")
-    return nbytes
-
-
-def _checkpoint_blocks(text: str) -> int | str:
-    if text == "none":
-        return text
-    try:
-        blocks = int(text)
-    except ValueError:
-        blocks = 0
-    if blocks < 1:
-        raise argparse.ArgumentTypeError(f"expected a block count of at least 1 or 'none', "
-                                         f"got {text!r}")
-    return blocks
 
 
 def _print_step(metrics) -> None:

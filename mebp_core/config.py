@@ -27,39 +27,44 @@ class EngineKnobs(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
-    # Frozen weights decompressed from the store on every use ("lazy"), or decompressed once
-    # and kept in RAM ("resident"), up to resident_weight_bytes if set (block projections
-    # first, from block 0, then the output head: with the other knobs at their defaults a
-    # resident byte saves two decompressions per step in a block and one in the head).
-    frozen_weights: FrozenWeights = "lazy"
-    resident_weight_bytes: int | None = Field(default=None, ge=0)
-    # Block inputs saved by the forward: every block (1), every k blocks (the backward
-    # re-runs each segment's forward from its checkpoint), or "none" (one autograd graph
-    # over the whole model: every activation kept, no recompute).
-    checkpoint_blocks: Annotated[int, Field(ge=1)] | Literal["none"] = 1
-    checkpoint_storage: CheckpointStorage = "ram"
-    # The LoRA rank-r intermediate h = x A^T recomputed in backward (MeSP) or kept.
-    lora_hidden: LoraHidden = "recompute"
-    # Decompress each projection once per block in backward and reuse it for the recompute
-    # and the backward matmul (one block's weights live) instead of twice, tile by tile.
-    # "auto" shares unless bf16 matmuls are upcast to float32: a tile decompressed straight
-    # to float32 costs what upcasting a held bf16 tile does, so sharing would only hold a
-    # block's weights (measured on qwen2.5-0.5b seq 256: 25-30 MB more, no faster).
-    share_decompression: bool | Literal["auto"] = "auto"
-    # Every pass runs each block's MLP over this many tokens at a time (the attention still
-    # sees the whole sequence): no (tokens, intermediate) activation or gradient is larger
-    # than a chunk's, for one more decompression of the MLP weights per extra chunk in each
-    # pass that decompresses them (all but resident weights and a shared backward).
-    # None: the whole batch at once.
-    mlp_chunk_tokens: int | None = Field(default=None, ge=1)
-    decompress_tile_bytes: int = Field(default=8 << 20, ge=1 << 16)
-    loss_vocab_tile_bytes: int = Field(default=8 << 20, ge=1 << 16)
-    # With compute_dtype bfloat16: run matmuls in bfloat16 ("native") or in float32 on
-    # bf16-stored operands, upcast a bounded tile at a time ("float32"); "auto" picks native
-    # only on CPUs with bf16 matmul instructions (mebp_core.cpu). Storage stays bf16 either way.
-    bf16_matmul: Bf16Matmul = "auto"
-    # torch's intra-op threads; the engine uses at most the host's cores
-    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS)
+    frozen_weights: FrozenWeights = Field(default="lazy", description=(
+        "decompress frozen weights from the store on every use (lazy), or once and keep "
+        "them in RAM (resident)"))
+    resident_weight_bytes: int | None = Field(default=None, ge=0, description=(
+        "with frozen_weights resident: keep at most this much (e.g. 300M), block "
+        "projections first from block 0, then the output head (a resident byte saves two "
+        "decompressions per step in a block and one in the head)"))
+    checkpoint_blocks: Annotated[int, Field(ge=1)] | Literal["none"] = Field(
+        default=1, description=(
+            "save every K-th block input (1: every block; the backward re-runs each "
+            "segment's forward from its checkpoint), or none: one autograd graph over the "
+            "whole model, every activation kept, no recompute"))
+    checkpoint_storage: CheckpointStorage = Field(default="ram", description=(
+        "keep block-input checkpoints in RAM or in a memory-mapped file beside the output"))
+    lora_hidden: LoraHidden = Field(default="recompute", description=(
+        "recompute LoRA's rank-r intermediate h = x A^T in backward (MeSP), or keep it"))
+    # (measured on qwen2.5-0.5b seq 256 with upcast bf16: sharing held 25-30 MB more for no
+    # speed, hence "auto")
+    share_decompression: bool | Literal["auto"] = Field(default="auto", description=(
+        "decompress each projection once per block in backward for its recompute and "
+        "backward (faster; one block's weights live) instead of twice, tile by tile (less "
+        "memory); auto shares unless bf16 matmuls are upcast to float32, where a tile "
+        "decompressed straight to float32 costs what upcasting a held one does"))
+    mlp_chunk_tokens: int | None = Field(default=None, ge=1, description=(
+        "run each block's MLP this many tokens at a time in every pass (the attention still "
+        "sees the whole sequence): no (tokens, intermediate) activation or gradient is "
+        "larger than a chunk's, for one more decompression of the MLP's tiles per extra "
+        "chunk in each pass that decompresses them; unset: the whole batch at once"))
+    decompress_tile_bytes: int = Field(default=8 << 20, ge=1 << 16, description=(
+        "rows a lazy projection decompresses at once"))
+    loss_vocab_tile_bytes: int = Field(default=8 << 20, ge=1 << 16, description=(
+        "output-head rows per loss chunk"))
+    bf16_matmul: Bf16Matmul = Field(default="auto", description=(
+        "with compute_dtype bfloat16: matmuls in bf16 (native) or in float32 on bf16 storage, "
+        "upcast a bounded tile at a time (float32); auto: native only on CPUs with bf16 "
+        "matmul instructions. Storage stays bf16 either way"))
+    threads: int | None = Field(default=None, ge=1, le=MAX_THREADS, description=(
+        "torch's intra-op threads (at most the host's cores are used)"))
 
     def shares_decompression(self, upcasts: bool) -> bool:
         """What ``share_decompression`` means for a run whose matmuls are (not) upcast."""

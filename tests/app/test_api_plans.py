@@ -91,6 +91,11 @@ def test_the_openapi_document_describes_every_route(service):
     for path, methods in expected.items():
         assert methods <= paths.get(path, set()), path
     schemas = spec["components"]["schemas"]
+    # the knobs are TrainConfig's own: every field, described as on the command line
+    from mebp_core.config import EngineKnobs
+    knobs = schemas["EngineKnobs"]["properties"]
+    for name, field in EngineKnobs.model_fields.items():
+        assert knobs[name]["description"] == field.description, name
     for name in ("PlanPublic", "JobCreate", "JobPublic", "Hyperparameters", "EngineKnobs",
                  "DatasetPublic", "FleetCreate", "FleetPublic", "EventPublic"):
         assert name in schemas, name

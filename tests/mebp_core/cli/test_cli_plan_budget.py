@@ -38,7 +38,12 @@ def test_knob_flags_are_checked_before_anything_runs(tiny_hf, tmp_path,  # noqa:
     common = ("train", "--model", tiny_hf, "--data", data, "--out", tmp_path / "c")
     for flags, message in [
         (("--method", "mezo", "--plan-budget-mb", "900"), "does not use them"),
-        (("--checkpoint-blocks", "0"), "block count of at least 1 or 'none'"),
+        (("--checkpoint-blocks", "0"),
+         "--checkpoint-blocks: Input should be greater than or equal to 1, or Input should "
+         "be 'none'"),
+        (("--checkpoint-blocks", "some"), "expected a number or 'none', got 'some'"),
+        (("--mlp-chunk-tokens", "0"), "--mlp-chunk-tokens: Input should be greater than or "
+         "equal to 1"),
         (("--loss-vocab-tile-bytes", "lots"), "not a size: 'lots'"),
         (("--plan-budget-mb", "-3"), "must be a positive number"),
         (("--resident-weight-bytes", "10M"), "needs frozen_weights 'resident'"),
