@@ -7,8 +7,9 @@ import json
 
 ROWS = b"".join(json.dumps({"text": f"row {i}: a fleet of phones fine-tunes together"})
                 .encode() + b"\n" for i in range(30))
-# the smallest configuration needs about 590 MB: a 1 GB budget fits, a 512 MB one does not
-HEAVY = {"steps": 1, "seq_len": 1024, "batch_size": 6}
+# the smallest configuration (MLP in chunks) needs about 580 MB: a 1 GB budget fits, a
+# 512 MB one does not
+HEAVY = {"steps": 1, "seq_len": 1024, "batch_size": 14}
 
 
 def dataset(service) -> str:
