@@ -15,15 +15,13 @@ from pydantic import ValidationError
 
 from mebp_core.errors import MebpError
 
+# what eval shares with train: the model's storage and the batches' shape
+_MODEL_FIELDS = ("quant", "group_size", "compute_dtype", "seq_len", "batch_size")
 
-def _add_model_options(parser: argparse.ArgumentParser) -> None:
+
+def _add_model_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True,
                         help="a packed dir, a Hugging Face dir, or preset:NAME")
-    parser.add_argument("--quant", choices=["none", "int8", "int4"], default="int4")
-    parser.add_argument("--group-size", type=int, default=64)
-    parser.add_argument("--compute-dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=1)
 
 
 @dataclass(frozen=True)
@@ -47,42 +45,29 @@ def build_parser(extra: Mapping[str, Command] = MappingProxyType({})) -> argpars
     pack.add_argument("--quant", choices=["none", "int8", "int4"], default="int4")
     pack.add_argument("--group-size", type=int, default=64)
 
+    from mebp_core.config import TrainConfig
+    from mebp_core.config_args import add_model_arguments
+
     train = sub.add_parser("train", help="fine-tune LoRA adapters")
-    _add_model_options(train)
+    _add_model_option(train)
     train.add_argument("--data", type=Path, required=True)
     train.add_argument("--out", type=Path, required=True)
-    train.add_argument("--method", choices=["mebp", "mezo", "backprop"], default="mebp")
-    train.add_argument("--steps", type=int, default=10)
-    train.add_argument("--lora-rank", type=int, default=8)
-    train.add_argument("--lora-alpha", type=float, default=16.0)
-    train.add_argument("--lora-targets", default="q,k,v,o,gate,up,down")
-    train.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
-    train.add_argument("--lr", type=float, default=1e-4)
-    train.add_argument("--mezo-eps", type=float, default=1e-3, help="MeZO's perturbation scale")
-    train.add_argument("--seed", type=int, default=0)
     train.add_argument("--init-adapter", type=Path)
     train.add_argument("--metrics", type=Path, help="write one JSON line per step here")
-    loop = train.add_argument_group("training loop")
-    loop.add_argument("--schedule", choices=["constant", "cosine"], default="constant")
-    loop.add_argument("--warmup-steps", type=int, default=0)
-    loop.add_argument("--grad-accum-steps", type=int, default=1)
-    loop.add_argument("--max-grad-norm", type=float, help="clip the global gradient norm")
-    loop.add_argument("--weight-decay", type=float, default=0.0)
-    loop.add_argument("--validation-data", type=Path, help="a JSONL file to validate on")
-    loop.add_argument("--validation-fraction", type=float,
-                      help="hold out this fraction of --data for validation instead")
-    loop.add_argument("--eval-every", type=int, help="validate every N steps (and at the end)")
-    loop.add_argument("--checkpoint-every", type=int, help="save a checkpoint every N steps")
+    train.add_argument("--validation-data", type=Path, help="a JSONL file to validate on")
+    # one option per TrainConfig field, described by the field
+    add_model_arguments(train.add_argument_group("training"), TrainConfig,
+                        exclude=("schema_version", "knobs"))
+    loop = train.add_argument_group("checkpoints")
     loop.add_argument("--checkpoint-dir", type=Path,
                       help="where checkpoints go (default: OUT.checkpoint)")
     loop.add_argument("--resume", action="store_true",
                       help="continue the run saved in the checkpoint directory")
-    loop.add_argument("--skip-malformed", action="store_true",
-                      help="skip and count malformed JSONL lines instead of failing")
     _add_knob_arguments(train.add_argument_group("memory/time trade-off knobs"))
 
     evaluate = sub.add_parser("eval", help="loss and next-token accuracy on a dataset")
-    _add_model_options(evaluate)
+    _add_model_option(evaluate)
+    add_model_arguments(evaluate, TrainConfig, include=_MODEL_FIELDS)
     evaluate.add_argument("--data", type=Path, required=True)
     evaluate.add_argument("--adapter", type=Path)
     evaluate.add_argument("--json", action="store_true")
@@ -218,17 +203,8 @@ def _train_config(args: argparse.Namespace):
     from mebp_core.config import EngineKnobs, TrainConfig
     from mebp_core.config_args import model_values
 
-    return TrainConfig(
-        method=args.method, steps=args.steps, seq_len=args.seq_len, batch_size=args.batch_size,
-        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets,
-        optimizer=args.optimizer, lr=args.lr, weight_decay=args.weight_decay,
-        schedule=args.schedule, warmup_steps=args.warmup_steps,
-        grad_accum_steps=args.grad_accum_steps, max_grad_norm=args.max_grad_norm,
-        mezo_eps=args.mezo_eps, seed=args.seed, quant=args.quant, group_size=args.group_size,
-        compute_dtype=args.compute_dtype, eval_every=args.eval_every,
-        validation_fraction=args.validation_fraction, checkpoint_every=args.checkpoint_every,
-        skip_malformed=args.skip_malformed,
-        knobs=EngineKnobs(**model_values(args, EngineKnobs)))
+    return TrainConfig(**model_values(args, TrainConfig, exclude=("schema_version", "knobs")),
+                       knobs=EngineKnobs(**model_values(args, EngineKnobs)))
 
 
 def _add_knob_arguments(knobs) -> None:

@@ -88,29 +88,42 @@ class TrainConfig(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     schema_version: int = SCHEMA_VERSION
-    method: Method = "mebp"
-    steps: int = Field(default=10, ge=1, le=1_000_000)
-    seq_len: int = Field(default=256, ge=2, le=131_072)
-    batch_size: int = Field(default=1, ge=1, le=1024)
-    lora_rank: int = Field(default=8, ge=1, le=1024)
-    lora_alpha: float = Field(default=16.0, gt=0, le=65536)
-    lora_targets: tuple[str, ...] = tuple(TARGET_SUFFIXES)
-    optimizer: Optimizer = "sgd"
-    lr: float = Field(default=1e-4, gt=0, le=10.0)
-    weight_decay: float = Field(default=0.0, ge=0, le=10.0)
-    seed: int = 0
-    quant: Quant = "int4"
-    schedule: Schedule = "constant"
-    warmup_steps: int = Field(default=0, ge=0)
-    grad_accum_steps: int = Field(default=1, ge=1, le=1024)
-    max_grad_norm: float | None = Field(default=None, gt=0)
-    mezo_eps: float = Field(default=1e-3, gt=0, le=1.0)
-    group_size: int = Field(default=64, ge=8, le=4096)
-    compute_dtype: ComputeDtype = "float32"
-    eval_every: int | None = Field(default=None, ge=1)
-    validation_fraction: float | None = Field(default=None, gt=0, lt=1)
-    checkpoint_every: int | None = Field(default=None, ge=1)
-    skip_malformed: bool = False
+    method: Method = Field(default="mebp", description=(
+        "mebp (exact gradients, memory-efficient), mezo (zeroth-order, two forwards) or "
+        "backprop (plain autograd, the baseline)"))
+    steps: int = Field(default=10, ge=1, le=1_000_000, description="optimizer steps")
+    seq_len: int = Field(default=256, ge=2, le=131_072, description="tokens per sequence")
+    batch_size: int = Field(default=1, ge=1, le=1024, description="sequences per step")
+    lora_rank: int = Field(default=8, ge=1, le=1024, description="LoRA rank r")
+    lora_alpha: float = Field(default=16.0, gt=0, le=65536, description=(
+        "LoRA alpha: the update is scaled by alpha / r"))
+    lora_targets: tuple[str, ...] = Field(default=tuple(TARGET_SUFFIXES), description=(
+        "the projections LoRA adapts, comma-separated (q,k,v,o,gate,up,down)"))
+    optimizer: Optimizer = Field(default="sgd", description="sgd or adamw")
+    lr: float = Field(default=1e-4, gt=0, le=10.0, description="learning rate")
+    weight_decay: float = Field(default=0.0, ge=0, le=10.0, description="weight decay")
+    seed: int = Field(default=0, description="seeds the adapter's init, the data order, MeZO")
+    quant: Quant = Field(default="int4", description="how the frozen weights are stored")
+    schedule: Schedule = Field(default="constant", description="learning-rate schedule")
+    warmup_steps: int = Field(default=0, ge=0, description="linear warm-up steps")
+    grad_accum_steps: int = Field(default=1, ge=1, le=1024, description=(
+        "batches whose gradients are summed per optimizer step"))
+    max_grad_norm: float | None = Field(default=None, gt=0, description=(
+        "clip the global gradient norm to this"))
+    mezo_eps: float = Field(default=1e-3, gt=0, le=1.0, description=(
+        "MeZO's perturbation scale"))
+    group_size: int = Field(default=64, ge=8, le=4096, description=(
+        "weights per quantization group"))
+    compute_dtype: ComputeDtype = Field(default="float32", description=(
+        "activations, checkpoints and decompressed weights in float32 or bfloat16"))
+    eval_every: int | None = Field(default=None, ge=1, description=(
+        "validate every N steps (and at the end)"))
+    validation_fraction: float | None = Field(default=None, gt=0, lt=1, description=(
+        "hold out this fraction of the training data for validation"))
+    checkpoint_every: int | None = Field(default=None, ge=1, description=(
+        "save a resumable checkpoint every N steps"))
+    skip_malformed: bool = Field(default=False, description=(
+        "skip and count malformed JSONL lines instead of failing"))
     knobs: EngineKnobs = EngineKnobs()
 
     @model_validator(mode="after")

@@ -2,10 +2,10 @@
 appears in ``--help`` with its description, type, choices and default, with no other edit.
 
 Each field ``some_name`` becomes ``--some-name``. The option's parser follows the field's
-type: a ``Literal`` is a choice; ``bool | Literal["auto"]`` is ``--x/--no-x`` defaulting to
-auto; ``int | Literal[...]`` takes a number or one of the words; a field named ``*_bytes``
-takes a size (``64K``, ``300M``); numbers are numbers. Values are checked by the model itself
-(its bounds and validators), so the messages are the model's.
+type: a ``Literal`` is a choice; a bool (or ``bool | Literal["auto"]``) is ``--x/--no-x``;
+``int | Literal[...]`` takes a number or one of the words; a field named ``*_bytes`` takes a
+size (``64K``, ``300M``); a tuple takes ``a,b,c``; numbers are numbers. Values are checked by
+the model itself (its bounds and validators), so the messages are the model's.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 
-def add_model_arguments(group, model: type[BaseModel], *,
-                        exclude: tuple[str, ...] = ()) -> None:
+def add_model_arguments(group, model: type[BaseModel], *, exclude: tuple[str, ...] = (),
+                        include: tuple[str, ...] | None = None) -> None:
     for name, field in model.model_fields.items():
-        if name not in exclude:
+        if name not in exclude and (include is None or name in include):
             group.add_argument("--" + name.replace("_", "-"), dest=name,
                                help=field.description, **_argument_for(name, field))
 
@@ -54,6 +54,8 @@ def _argument_for(name: str, field: FieldInfo) -> dict[str, Any]:
     kinds, words = _kinds(field.annotation)
     if name.endswith("_bytes"):
         return {"type": parse_size, "metavar": "SIZE", "default": default}
+    if typing.get_origin(field.annotation) is tuple:  # the model parses "a,b,c" itself
+        return {"type": str, "metavar": "A,B,..", "default": default}
     if kinds == {bool}:
         return {"action": argparse.BooleanOptionalAction, "default": default}
     if not kinds:
@@ -64,7 +66,7 @@ def _argument_for(name: str, field: FieldInfo) -> dict[str, Any]:
     if kinds == {int}:
         return {"type": int, "metavar": "N", "default": default}
     if kinds == {float}:
-        return {"type": float, "default": default}
+        return {"type": float, "metavar": "X", "default": default}
     raise TypeError(f"{name}: no command-line form for {field.annotation!r}")
 
 

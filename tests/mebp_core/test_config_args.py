@@ -10,14 +10,17 @@ import pytest
 from pydantic import BaseModel, Field
 
 from mebp_core.cli import build_parser
-from mebp_core.config import EngineKnobs
+from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.config_args import add_model_arguments, model_values
 
 
-def test_every_knob_is_a_train_option_with_its_description():
+def test_every_config_field_is_a_train_option_with_its_description():
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     options = {action.dest: action for action in train._actions}
-    for name, field in EngineKnobs.model_fields.items():
+    fields = {**EngineKnobs.model_fields, **TrainConfig.model_fields}
+    for name, field in fields.items():
+        if name in ("schema_version", "knobs"):
+            continue
         assert name in options, name
         assert options[name].help == field.description and field.description
         assert options[name].option_strings[0] == "--" + name.replace("_", "-")
