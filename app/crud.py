@@ -57,7 +57,7 @@ def job_public(job: Job, adapter: Adapter | None) -> JobPublic:
         code=job.error_code, message=job.error_message or "", detail=job.error_detail)
     return JobPublic(
         id=job.id, status=job.status, model=job.model, device=job.device_id,
-        memory_budget_mb=_mb(job.memory_budget_bytes), method=job.config.get("method", "mebp"),
+        memory_budget_mb=_mb(job.memory_budget_bytes), method=job.train_config().method,
         config=job.config, plan=job.plan, training_file=job.training_file,
         validation_file=job.validation_file, fleet_id=job.fleet_id,
         enforcement=job.enforcement, attempts=job.attempts, worker=job.worker,

@@ -7,6 +7,8 @@ from datetime import UTC, datetime
 from sqlalchemy import JSON, BigInteger, Column
 from sqlmodel import Field, SQLModel
 
+from mebp_core.config import TrainConfig
+
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
@@ -98,6 +100,11 @@ class Job(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utc_now)
     started_at: datetime | None = None
     finished_at: datetime | None = None
+
+    def train_config(self) -> TrainConfig:
+        """The stored config, validated (its schema version included): every reader uses
+        this, never the raw dict."""
+        return TrainConfig.model_validate(self.config)
 
 
 class Event(SQLModel, table=True):

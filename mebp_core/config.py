@@ -126,6 +126,14 @@ class TrainConfig(BaseModel):
         "skip and count malformed JSONL lines instead of failing"))
     knobs: EngineKnobs = EngineKnobs()
 
+    @field_validator("schema_version")
+    @classmethod
+    def _known_schema(cls, value: int) -> int:
+        if value != SCHEMA_VERSION:
+            raise ValueError(f"a config of schema version {value}; this version reads and "
+                             f"writes version {SCHEMA_VERSION}")
+        return value
+
     @model_validator(mode="after")
     def _mezo_is_plain_sgd(self) -> TrainConfig:
         if self.method != "mezo":

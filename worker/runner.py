@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+from pydantic import ValidationError
 from sqlalchemy import Engine, func
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, delete, select
@@ -106,6 +107,11 @@ class JobRun:
                     self._fail_if_still_ours(session, worker, "invalid_input",
                                              f"model {job.model}: {exc}")
                     return "failed"
+                except ValidationError as exc:  # a stored config this version cannot read
+                    session.rollback()
+                    self._fail_if_still_ours(session, worker, "invalid_input",
+                                             f"the job's stored config: {exc}")
+                    return "failed"
                 except Exception as exc:  # the job ends failed; the worker keeps serving
                     session.rollback()
                     if out_of_space(exc):  # wherever it filled: a known end, not a bug
@@ -145,21 +151,21 @@ class JobRun:
 
     def _prepare(self, session: Session, job: Job) -> dict:
         self.dir.mkdir(parents=True, exist_ok=True)
-        config = job.config
+        config = job.train_config()
         add_event(session, job_id=job.id, kind="log", message=f"preparing {job.model}")
         session.commit()
         source = model_source(session, job.model)  # preset:NAME, or a registered path
         if not source.startswith(PRESET):
             confine_model_dir(self.settings.model_root_paths, source)
-        model_dir = resolve_model(source, quant=config["quant"],
-                                  group_size=config["group_size"],
+        model_dir = resolve_model(source, quant=config.quant, group_size=config.group_size,
                                   cache_dir=self.settings.cache_dir or default_cache_dir(),
                                   isolated=True)
         shutil.copyfile(model_dir / "config.json",
                         base_config_path(self.settings.storage_root, job.id))
         validation = None if job.validation_file is None else \
             session.get(Dataset, job.validation_file).path
-        request = {"config": config, "model": source, "model_dir": str(model_dir),
+        request = {"config": config.model_dump(mode="json"), "model": source,
+                   "model_dir": str(model_dir),
                    "data": session.get(Dataset, job.training_file).path,
                    "validation_data": validation, "resume": self._resume_point(session, job)}
         (self.dir / REQUEST).write_text(json.dumps(request, indent=2))

@@ -78,7 +78,7 @@ def loss_curves(session, tenant: str, training_files: set[str], limit: int = 40)
         rows = session.exec(select(Metric.step, Metric.loss).where(Metric.job_id == job.id)
                             .order_by(Metric.step)).all()
         if rows:
-            curves.append({"job_id": job.id, "method": job.config["method"],
+            curves.append({"job_id": job.id, "method": job.train_config().method,
                            "device": job.device_id, "fleet_id": job.fleet_id,
                            "steps": [r[0] for r in rows], "loss": [r[1] for r in rows]})
     return curves

@@ -1,5 +1,6 @@
-"""The CLI's knob options are derived from ``EngineKnobs``: every field is an option with its
-description, and a field added to a model appears with no other edit."""
+"""The CLI's options are derived from ``TrainConfig`` and its ``EngineKnobs``: every field is
+an option with its description, and a field added to a model appears with no other edit; a
+stored config is read back only at its own schema version."""
 
 from __future__ import annotations
 
@@ -44,3 +45,13 @@ def test_a_new_field_becomes_an_option_of_the_right_kind():
     for bad in (["--speed", "warp"], ["--blocks", "many"], ["--buffer-bytes", "lots"]):
         with pytest.raises(SystemExit):
             parser.parse_args(bad)
+
+
+def test_a_stored_config_of_another_schema_version_is_refused_by_name():
+    from pydantic import ValidationError
+
+    stored = TrainConfig(steps=3).model_dump(mode="json")
+    assert TrainConfig.model_validate(stored) == TrainConfig(steps=3)  # round trip
+    with pytest.raises(ValidationError, match="a config of schema version 2; this version "
+                                              "reads and writes version 1"):
+        TrainConfig.model_validate({**stored, "schema_version": 2})
