@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import copy
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    create_model,
+    model_validator,
+)
 
 from app.api.request_model import RequestModel
 from mebp_core import config as core
@@ -50,22 +58,32 @@ class EngineKnobs(RequestModel, core.EngineKnobs):
     counts."""
 
 
-class WorkloadFields(RequestModel):
-    """What the planner's predictions depend on, besides the model and the knobs."""
+def _config_fields(names, **overrides) -> dict:
+    """``TrainConfig``'s own fields (type, bounds, default, description), for a request
+    body: one definition of each setting."""
+    fields = core.TrainConfig.model_fields
+    return {**{name: (fields[name].annotation, copy.copy(fields[name])) for name in names},
+            **overrides}
 
-    seq_len: int = Field(default=256, ge=2, le=131_072)
-    batch_size: int = Field(default=1, ge=1, le=1024)
-    lora_rank: int = Field(default=8, ge=1, le=1024)
-    lora_alpha: float = Field(default=16.0, gt=0, le=65536)
-    lora_targets: LoraTargets = "all"
-    optimizer: Literal["sgd", "adamw"] = "sgd"
-    compute_dtype: Literal["float32", "bfloat16"] = "float32"
-    quant: Literal["none", "int8", "int4"] = "int4"
-    group_size: int = Field(default=64, ge=8, le=4096)
+
+# what the planner's predictions depend on, besides the model and the knobs
+WORKLOAD_FIELDS = ("seq_len", "batch_size", "lora_rank", "lora_alpha", "lora_targets",
+                   "optimizer", "compute_dtype", "quant", "group_size")
+# TrainConfig fields a job request carries elsewhere or not at all: every other field is a
+# hyperparameter, so a field added to TrainConfig is one with no other edit
+_NOT_HYPERPARAMETERS = ("schema_version", "knobs", "method", "seed", "lr",
+                        "validation_fraction", "skip_malformed")
+
+
+class WorkloadFields(create_model(
+        "Workload", __base__=RequestModel, **_config_fields(
+            WORKLOAD_FIELDS, lora_targets=(LoraTargets, Field(default="all", description=(
+                "the projections LoRA adapts: all, comma-separated suffixes or a list")))))):
+    """What the planner's predictions depend on, besides the model and the knobs."""
 
     def workload(self) -> dict:
         """These fields alone, as ``TrainConfig`` takes them."""
-        return self.model_dump(include=set(WorkloadFields.model_fields))
+        return self.model_dump(include=set(WORKLOAD_FIELDS))
 
 
 class PlanCreate(WorkloadFields):
@@ -146,21 +164,16 @@ class DatasetsPublic(BaseModel):
     count: int
 
 
-class Hyperparameters(WorkloadFields):
-    """Training settings; names as in ``mebp train`` (``learning_rate`` is ``--lr``)."""
-
-    steps: int = Field(default=10, ge=1, le=1_000_000)
-    learning_rate: float = Field(default=1e-4, gt=0, le=10.0)
-    weight_decay: float = Field(default=0.0, ge=0, le=10.0)
-    schedule: Literal["constant", "cosine"] = "constant"
-    warmup_steps: int = Field(default=0, ge=0)
-    grad_accum_steps: int = Field(default=1, ge=1, le=1024)
-    max_grad_norm: float | None = Field(default=None, gt=0)
-    mezo_eps: float = Field(default=1e-3, gt=0, le=1.0)
-    eval_every: int | None = Field(default=None, ge=1)
-    checkpoint_every: int | None = Field(default=None, ge=1, description=(
-        "steps between checkpoints, from which a job resumes after losing its worker "
-        "(default MEBP_CHECKPOINT_EVERY)"))
+class Hyperparameters(create_model(
+        "Training", __base__=WorkloadFields, **_config_fields(
+            [name for name in core.TrainConfig.model_fields
+             if name not in WORKLOAD_FIELDS and name not in _NOT_HYPERPARAMETERS],
+            learning_rate=(float, copy.copy(core.TrainConfig.model_fields["lr"])),
+            checkpoint_every=(int | None, Field(default=None, ge=1, description=(
+                "steps between checkpoints, from which a job resumes after losing its "
+                "worker (default MEBP_CHECKPOINT_EVERY)")))))):
+    """Training settings: ``TrainConfig``'s fields, named as in ``mebp train``
+    (``learning_rate`` is ``--lr``)."""
 
 
 class JobCreate(RequestModel):

@@ -96,6 +96,16 @@ def test_the_openapi_document_describes_every_route(service):
     knobs = schemas["EngineKnobs"]["properties"]
     for name, field in EngineKnobs.model_fields.items():
         assert knobs[name]["description"] == field.description, name
+    # ...and so are the hyperparameters: every TrainConfig field a job does not carry
+    # elsewhere, with the field's own description (lr under its public name)
+    from mebp_core.config import TrainConfig
+    hyper = schemas["Hyperparameters"]["properties"]
+    elsewhere = {"schema_version", "knobs", "method", "seed", "lr", "validation_fraction",
+                 "skip_malformed", "checkpoint_every"}
+    for name, field in TrainConfig.model_fields.items():
+        if name not in elsewhere and name != "lora_targets":
+            assert hyper[name]["description"] == field.description, name
+    assert hyper["learning_rate"]["description"] == TrainConfig.model_fields["lr"].description
     for name in ("PlanPublic", "JobCreate", "JobPublic", "Hyperparameters", "EngineKnobs",
                  "DatasetPublic", "FleetCreate", "FleetPublic", "EventPublic"):
         assert name in schemas, name
