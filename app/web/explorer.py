@@ -14,12 +14,12 @@ from app.api.deps import SessionDep, SettingsDep
 from app.api.routes.plans import plan_for
 from app.devices import all_devices
 from app.models import Dataset, RegisteredModel
-from app.schemas import PlanCreate
+from app.schemas import Hyperparameters, PlanCreate
 from app.submit import submit_job
 from app.uploads import store_upload
 from app.web.auth import PagePrincipal
 from app.web.csrf import SameOrigin, require_form_token
-from app.web.job_form import JobForm
+from app.web.job_form import JobForm, hyperparameter_inputs
 from app.web.measured import measured_points
 from app.web.templating import script_json, templates
 from mebp_core.store.preset_configs import PRESET_CONFIGS
@@ -64,7 +64,8 @@ def job_form(request: Request, session: SessionDep, principal: PagePrincipal,
              config: str = "auto", configuration: str = "auto") -> HTMLResponse:
     try:
         form, error = JobForm(model=model, device=device, memory_budget_mb=budget_mb,
-                              seq_len=seq_len, config=config, configuration=configuration), None
+                              config=config, configuration=configuration,
+                              hyperparameters={"seq_len": str(seq_len)}), None
     except ValidationError as exc:  # a hand-edited link: start from the defaults, say why
         form, error = JobForm(model=model), _describe(exc)
     return _render_form(request, session, principal, form.model_dump(), error)
@@ -85,8 +86,7 @@ def _submit_form(request: Request, session, settings, principal, fields) -> HTML
     values = {name: value for name, value in fields.items() if isinstance(value, str)}
     file = fields.get("file")
     try:
-        form = JobForm.model_validate({k: v for k, v in values.items()
-                                       if k in JobForm.model_fields})
+        form = JobForm.from_fields(values)
         values = form.model_dump()
         training_file = form.training_file
         if isinstance(file, UploadFile) and file.filename:
@@ -108,8 +108,11 @@ def _submit_form(request: Request, session, settings, principal, fields) -> HTML
 
 def _render_form(request: Request, session, principal, form: dict, error: str | None,
                  status_code: int = 200) -> HTMLResponse:
+    hyper = form.get("hyperparameters") or {k: v for k, v in form.items()
+                                             if k in Hyperparameters.model_fields}
     return templates.TemplateResponse(request, "job_form.html",
                                       {"form": form, "error": error,
+                                       "hyperparameters": hyperparameter_inputs(hyper),
                                        **choices(session, principal.tenant)},
                                       status_code=status_code)
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
+import typing
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field
 
 from app.schemas import Hyperparameters, JobCreate
 
@@ -51,39 +52,70 @@ def _nesting_depth(text: str) -> int:
     return deepest
 
 
+# the settings the form shows first; every other hyperparameter is under "more settings"
+PROMINENT = ("steps", "seq_len", "batch_size", "lora_rank", "learning_rate", "optimizer",
+             "eval_every")
+FORM_DEFAULTS = {"steps": 20}  # a dashboard run: a little longer than the API's default
+
+
 class JobForm(BaseModel):
     model: str
     device: str = ""
     memory_budget_mb: str = ""
     training_file: str = ""
     validation_file: str = ""
-    eval_every: int | None = Field(default=None, ge=1)
-    seq_len: int = Field(default=256, ge=2)
-    steps: int = Field(default=20, ge=1)
-    batch_size: int = Field(default=1, ge=1)
-    lora_rank: int = Field(default=8, ge=1)
-    learning_rate: float = Field(default=1e-4, gt=0)
-    optimizer: Literal["sgd", "adamw"] = "sgd"
     method: Literal["mebp", "mezo", "backprop"] = "mebp"
     config: str = "auto"  # "auto", or the knobs of the configuration clicked, as JSON
     configuration: str = "auto"  # that configuration's id, for display
     allow_infeasible: bool = False
+    # every field of the API's Hyperparameters, as typed (blank: the API's default)
+    hyperparameters: dict[str, str] = Field(default_factory=dict)
 
-    @field_validator("eval_every", mode="before")
     @classmethod
-    def _blank_is_none(cls, value: object) -> object:
-        return None if value == "" else value
+    def from_fields(cls, values: dict[str, str]) -> JobForm:
+        """The form from flat HTML fields: its own, and one per hyperparameter."""
+        own = {k: v for k, v in values.items() if k in cls.model_fields
+               and k != "hyperparameters"}
+        hyper = {k: v for k, v in values.items() if k in Hyperparameters.model_fields}
+        return cls(**own, hyperparameters=hyper)
 
     def to_job(self, training_file: str) -> JobCreate:
         """Raises pydantic's ``ValidationError`` naming the field, as the API would, or
         ``ValueError`` for the form's own text fields."""
         config = parse_config(self.config)
+        given = {k: v for k, v in self.hyperparameters.items() if v.strip() != ""}
         return JobCreate(
             model=self.model, training_file=training_file, device=self.device or None,
             validation_file=self.validation_file or None,
             memory_budget_mb=float(self.memory_budget_mb) if self.memory_budget_mb else None,
             method=self.method, config=config, allow_infeasible=self.allow_infeasible,
-            hyperparameters=Hyperparameters(
-                steps=self.steps, seq_len=self.seq_len, batch_size=self.batch_size,
-                lora_rank=self.lora_rank, learning_rate=self.learning_rate,
-                optimizer=self.optimizer, eval_every=self.eval_every))
+            hyperparameters=Hyperparameters(**given))
+
+
+def hyperparameter_inputs(values: dict[str, str]) -> list[dict]:
+    """One input per field of ``Hyperparameters``, derived from the field: its name, its
+    description as the label's hint, a choice for a literal, a number or text otherwise."""
+    inputs = []
+    for name, field in Hyperparameters.model_fields.items():
+        default = FORM_DEFAULTS.get(name, field.default)
+        choices = _choices(field.annotation)
+        value = values.get(name)
+        if value is None:
+            value = "" if default is None else str(default)
+        inputs.append({
+            "name": name, "label": name.replace("_", " "), "hint": field.description or "",
+            "choices": choices, "value": value, "prominent": name in PROMINENT,
+            "type": "text" if choices is None and _is_text(field.annotation) else "number",
+            "placeholder": "default" if default is None else ""})
+    return inputs
+
+
+def _choices(annotation) -> list[str] | None:
+    if typing.get_origin(annotation) is Literal:
+        return [str(value) for value in typing.get_args(annotation)]
+    return None
+
+
+def _is_text(annotation) -> bool:
+    """A field that takes words (LoRA targets), not a number."""
+    return "str" in repr(annotation)

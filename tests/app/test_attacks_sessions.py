@@ -224,3 +224,28 @@ def test_a_deep_or_huge_config_on_the_job_form_is_answered_with_a_message(svc, d
     assert 'role="alert"' in response.text or 'class="error"' in response.text
     assert message in response.text and "config" in response.text
     assert job_count(svc) == jobs_before
+
+
+def test_the_job_form_has_an_input_for_every_hyperparameter_and_submits_them(svc,
+                                                                            dataset_id):
+    """The form is derived from the API's Hyperparameters (themselves TrainConfig's fields):
+    a field added there appears here with no other edit, and what is typed reaches the job."""
+    from app.schemas import Hyperparameters
+
+    cookie = sign_in(svc)
+    with browser(svc) as client:
+        page = client.get("/jobs/new?model=preset:tiny&seq_len=16",
+                          headers={"Cookie": f"{COOKIE}={cookie}"})
+    assert page.status_code == 200
+    for name in Hyperparameters.model_fields:
+        assert f'name="{name}"' in page.text, name
+    response = post_form(svc, "/jobs/new", cookie,
+                         job_form(dataset_id, page_token(svc, cookie), warmup_steps="1",
+                                  lora_alpha="4", schedule="cosine", max_grad_norm=""),
+                         svc.url)
+    assert response.status_code == 303, response.text
+    job_id = response.headers["location"].rsplit("/", 1)[1]
+    config = svc.client.get(f"/v1/jobs/{job_id}").json()["config"]
+    assert (config["warmup_steps"], config["lora_alpha"], config["schedule"]) == \
+        (1, 4.0, "cosine")
+    assert config["max_grad_norm"] is None  # left blank: the default
