@@ -51,7 +51,7 @@ def parse_size(text: str) -> int:
 
 def _argument_for(name: str, field: FieldInfo) -> dict[str, Any]:
     default = field.default
-    kinds, words = _kinds(field.annotation)
+    kinds, words = value_kinds(field.annotation)
     if name.endswith("_bytes"):
         return {"type": parse_size, "metavar": "SIZE", "default": default}
     if typing.get_origin(field.annotation) is tuple:  # the model parses "a,b,c" itself
@@ -70,7 +70,7 @@ def _argument_for(name: str, field: FieldInfo) -> dict[str, Any]:
     raise TypeError(f"{name}: no command-line form for {field.annotation!r}")
 
 
-def _kinds(annotation) -> tuple[set[type], list[str]]:
+def value_kinds(annotation) -> tuple[set[type], list[str]]:
     """The plain types (bool, int, float) and the literal words a field's type admits."""
     kinds: set[type] = set()
     words: list[str] = []

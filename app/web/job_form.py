@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import typing
 from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from app.schemas import Hyperparameters, JobCreate
+from mebp_core.config_args import value_kinds
 
 # the knobs are one flat object; anything larger or deeper is not a configuration, and
 # json.loads would recurse once per level (a RecursionError, not a message)
@@ -111,11 +111,10 @@ def hyperparameter_inputs(values: dict[str, str]) -> list[dict]:
 
 
 def _choices(annotation) -> list[str] | None:
-    if typing.get_origin(annotation) is Literal:
-        return [str(value) for value in typing.get_args(annotation)]
-    return None
+    kinds, words = value_kinds(annotation)
+    return words if words and not kinds else None
 
 
 def _is_text(annotation) -> bool:
-    """A field that takes words (LoRA targets), not a number."""
-    return "str" in repr(annotation)
+    """A field that takes words (LoRA targets), not only a number."""
+    return not value_kinds(annotation)[0] <= {int, float}
