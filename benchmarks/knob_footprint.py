@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -25,7 +24,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._cgroup import create_cgroup  # noqa: E402
-from benchmarks._train import train_argv  # noqa: E402
+from benchmarks._train import timed_step_s, train_argv  # noqa: E402
 from mebp_core.bench.corpus import collect_docstrings, write_jsonl  # noqa: E402
 from mebp_core.engine.metrics_file import read_steps  # noqa: E402
 
@@ -60,7 +59,7 @@ def run(args: argparse.Namespace, data: Path, work: Path, flags: list[str]) -> d
         raise SystemExit(f"mebp train exited with {code} after {len(steps)} steps")
     return {"footprint_mb": round(max(s["footprint_mb"] for s in steps), 1),
             "peak_mb": round(max(s["peak_mb"] for s in steps), 1),
-            "s_per_step": round(statistics.median(s["step_time_s"] for s in steps[1:]), 3)}
+            "s_per_step": round(timed_step_s(steps), 3)}
 
 
 def main(argv: list[str] | None = None) -> int:
