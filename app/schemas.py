@@ -17,6 +17,7 @@ from pydantic import (
 
 from app.api.request_model import RequestModel
 from mebp_core import config as core
+from mebp_core.plan.workload import PLAN_QUERY_FIELDS
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
@@ -66,9 +67,6 @@ def _config_fields(names, **overrides) -> dict:
             **overrides}
 
 
-# what the planner's predictions depend on, besides the model and the knobs
-WORKLOAD_FIELDS = ("seq_len", "batch_size", "lora_rank", "lora_alpha", "lora_targets",
-                   "optimizer", "compute_dtype", "quant", "group_size")
 # TrainConfig fields a job request carries elsewhere or not at all: every other field is a
 # hyperparameter, so a field added to TrainConfig is one with no other edit
 _NOT_HYPERPARAMETERS = ("schema_version", "knobs", "method", "seed", "lr",
@@ -77,13 +75,13 @@ _NOT_HYPERPARAMETERS = ("schema_version", "knobs", "method", "seed", "lr",
 
 class WorkloadFields(create_model(
         "Workload", __base__=RequestModel, **_config_fields(
-            WORKLOAD_FIELDS, lora_targets=(LoraTargets, Field(default="all", description=(
+            PLAN_QUERY_FIELDS, lora_targets=(LoraTargets, Field(default="all", description=(
                 "the projections LoRA adapts: all, comma-separated suffixes or a list")))))):
     """What the planner's predictions depend on, besides the model and the knobs."""
 
     def workload(self) -> dict:
         """These fields alone, as ``TrainConfig`` takes them."""
-        return self.model_dump(include=set(WORKLOAD_FIELDS))
+        return self.model_dump(include=set(PLAN_QUERY_FIELDS))
 
 
 class PlanCreate(WorkloadFields):
@@ -167,7 +165,7 @@ class DatasetsPublic(BaseModel):
 class Hyperparameters(create_model(
         "Training", __base__=WorkloadFields, **_config_fields(
             [name for name in core.TrainConfig.model_fields
-             if name not in WORKLOAD_FIELDS and name not in _NOT_HYPERPARAMETERS],
+             if name not in PLAN_QUERY_FIELDS and name not in _NOT_HYPERPARAMETERS],
             learning_rate=(float, copy.copy(core.TrainConfig.model_fields["lr"])),
             checkpoint_every=(int | None, Field(default=None, ge=1, description=(
                 "steps between checkpoints, from which a job resumes after losing its "

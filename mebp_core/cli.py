@@ -42,11 +42,10 @@ def build_parser(extra: Mapping[str, Command] = MappingProxyType({})) -> argpars
     pack = sub.add_parser("pack", help="pack a model into the memory-mapped quantized format")
     pack.add_argument("src", help="a Hugging Face model directory or preset:NAME")
     pack.add_argument("out", type=Path)
-    pack.add_argument("--quant", choices=["none", "int8", "int4"], default="int4")
-    pack.add_argument("--group-size", type=int, default=64)
-
     from mebp_core.config import TrainConfig
     from mebp_core.config_args import add_model_arguments
+
+    add_model_arguments(pack, TrainConfig, include=("quant", "group_size"))
 
     train = sub.add_parser("train", help="fine-tune LoRA adapters")
     _add_model_option(train)

@@ -28,9 +28,11 @@ def add_model_arguments(group, model: type[BaseModel], *, exclude: tuple[str, ..
 
 
 def model_values(args: argparse.Namespace, model: type[BaseModel], *,
-                 exclude: tuple[str, ...] = ()) -> dict[str, Any]:
+                 exclude: tuple[str, ...] = (),
+                 include: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The parsed values of ``model``'s options, ready for ``model(**values)``."""
-    return {name: getattr(args, name) for name in model.model_fields if name not in exclude}
+    return {name: getattr(args, name) for name in model.model_fields
+            if name not in exclude and (include is None or name in include)}
 
 
 def parse_size(text: str) -> int:

@@ -46,9 +46,19 @@ class PlanCheckSpec:
 
 
 def run_plan_check(spec: PlanCheckSpec) -> dict:
+    """With ``learn``, in a private copy of this host's calibration, removed afterwards."""
+    if not spec.learn:
+        return _run_plan_check(spec, default_cache_dir())
+    cache = _private_calibration(spec.threads)
+    try:
+        return _run_plan_check(spec, cache)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _run_plan_check(spec: PlanCheckSpec, cache: Path) -> dict:
     from mebp_core.store.resolve import resolve_model
 
-    cache = _private_calibration(spec.threads) if spec.learn else default_cache_dir()
     host = load_calibration(cache, spec.threads)
     rows, baselines = [], []
     for model in spec.models:

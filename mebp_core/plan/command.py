@@ -6,35 +6,29 @@ import argparse
 import json
 
 from mebp_core.cache import default_cache_dir
-from mebp_core.config import TrainConfig
+from mebp_core.config import EngineKnobs, TrainConfig
+from mebp_core.config_args import add_model_arguments, model_values
 from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.calibration import load_calibration
 from mebp_core.plan.devices import get_device
 from mebp_core.plan.planner import DEFAULT_MARGIN, Plan, make_plan
-from mebp_core.plan.workload import Workload
+from mebp_core.plan.workload import PLAN_QUERY_FIELDS, Workload
 from mebp_core.units import MB
+
+# the knobs a plan takes as given, not as trade-offs: choices of the host the runs use
+RUN_KNOBS = ("threads", "bf16_matmul")
 
 
 def add_plan_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True,
                         help="preset:NAME, or a Hugging Face or packed dir with config.json")
-    parser.add_argument("--seq-len", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=1)
-    parser.add_argument("--lora-rank", type=int, default=8)
-    parser.add_argument("--lora-alpha", type=float, default=16.0)
-    parser.add_argument("--lora-targets", default="all")
-    parser.add_argument("--optimizer", choices=["sgd", "adamw"], default="sgd")
-    parser.add_argument("--compute-dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--quant", choices=["none", "int8", "int4"], default="int4")
-    parser.add_argument("--group-size", type=int, default=64)
+    add_model_arguments(parser, TrainConfig, include=PLAN_QUERY_FIELDS)
     parser.add_argument("--budget-mb", type=positive_float,
                         help="memory budget (default: the device's)")
     parser.add_argument("--device", help="a device profile id (see --list-devices)")
     parser.add_argument("--margin", type=non_negative_float, default=DEFAULT_MARGIN,
                         help="safety margin on predicted peaks (default 0.10)")
-    parser.add_argument("--threads", type=int, help="torch threads the runs will use")
-    parser.add_argument("--bf16-matmul", choices=["auto", "native", "float32"], default="auto",
-                        help="the bf16 matmul path the runs will take (auto: this CPU's)")
+    add_model_arguments(parser, EngineKnobs, include=RUN_KNOBS)
     parser.add_argument("--all", action="store_true",
                         help="list every configuration, not only the Pareto front")
     parser.add_argument("--json", action="store_true", help="print the whole plan as JSON")
@@ -60,11 +54,7 @@ def _bounded_float(text: str, *, allow_zero: bool) -> float:
 
 
 def build_plan(args: argparse.Namespace) -> Plan:
-    config = TrainConfig(seq_len=args.seq_len, batch_size=args.batch_size,
-                         lora_rank=args.lora_rank, lora_alpha=args.lora_alpha,
-                         lora_targets=args.lora_targets, optimizer=args.optimizer,
-                         compute_dtype=args.compute_dtype, quant=args.quant,
-                         group_size=args.group_size)
+    config = TrainConfig(**model_values(args, TrainConfig, include=PLAN_QUERY_FIELDS))
     workload = Workload.from_config(load_architecture(args.model), config)
     device = get_device(args.device) if args.device else None
     budget = None if args.budget_mb is None else int(args.budget_mb * MB)
@@ -101,5 +91,5 @@ def format_plan(plan: Plan, show_all: bool = False) -> str:
     lines.append(f"auto (*): {summary['auto'] or 'nothing fits'}")
     if plan.auto is not None and plan.auto.device_step_time_s is not None:
         lines.append(f"{plan.device.name}: about {plan.auto.device_step_time_s:.2f} s/step "
-                     "(an estimate from its compute figure)")
+                     "(the device model's estimate)")
     return "\n".join(lines)

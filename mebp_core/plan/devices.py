@@ -23,7 +23,7 @@ from pathlib import Path
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import PlanInputError, load_architecture
 from mebp_core.plan.timing import TRAFFIC_MULTIPLIER, StepWork, step_work
-from mebp_core.plan.workload import Workload
+from mebp_core.plan.workload import Workload, packed_bytes_per_param
 from mebp_core.units import MB
 
 DEVICES_FILE = Path(__file__).with_name("devices.json")
@@ -76,9 +76,7 @@ class DeviceProfile:
 def device_step_time(work: StepWork, workload, rates: DeviceRates,
                      store_read_bytes: float = 0) -> dict[str, float]:
     """Seconds per step by part at a phone's rates (the host prediction's parts)."""
-    bits = {"int4": 4, "int8": 8, "none": 16}[workload.quant]
-    scales = 0 if workload.quant == "none" else 4 / workload.group_size  # fp16 scale + bias
-    per_param = bits / 8 + scales + ON_DEVICE_BYTES
+    per_param = packed_bytes_per_param(workload) + ON_DEVICE_BYTES  # read packed, write 16-bit
     decompressed = work.tile_params + work.whole_params
     return {"matmul": work.matmul_flops / rates.matmul_flops,
             "decompress": decompressed * per_param / rates.memory_bytes_per_s,

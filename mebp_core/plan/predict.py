@@ -32,6 +32,7 @@ from mebp_core.plan.workload import (
     matmul_bytes,
     matmul_dtype_of,
     mlp_chunk_tokens,
+    packed_bytes_per_param,
     saved_bytes_per_token_by_part,
     shape_of,
     shares_decompression,
@@ -72,10 +73,6 @@ class Prediction:
     def modelled_step_time_s(self) -> float:
         """The step time before the host's correction: what measured runs are compared to."""
         return self.step_time_s / self.time_factor
-
-    @property
-    def flops(self) -> float:
-        return self.work.flops
 
     @property
     def peak_bytes(self) -> int:
@@ -219,10 +216,8 @@ def _loss_chunk_bytes(workload: Workload, knobs: EngineKnobs, em: int) -> int:
 def _lazy_store_bytes(workload: Workload, resident: set[str]) -> int:
     """Packed bytes a step reads from the memory-mapped store: every weight not resident,
     plus the embedding rows (a sliver, ignored)."""
-    bits = {"int4": 4, "int8": 8, "none": 16}[workload.quant]
-    overhead = 0 if workload.quant == "none" else 2 * 2 / workload.group_size  # fp16 scale+bias
     lazy = sum(params for name, params in workload.arch.frozen_weights() if name not in resident)
-    return int(lazy * (bits / 8 + overhead))
+    return int(lazy * packed_bytes_per_param(workload))
 
 
 def under_budget(prediction: Prediction, budget_bytes: int, host: HostCalibration

@@ -60,26 +60,6 @@ def pass_counts(workload: Workload, knobs: EngineKnobs, method: str = "mebp") ->
             "whole_backward": layers if shared else 0, "rerun": rerun}
 
 
-def count_step_flops(workload: Workload, knobs: EngineKnobs, method: str = "mebp") -> float:
-    """Matmul FLOPs of one step: frozen projections, LoRA branches, attention, the head
-    (MeBP: the logits, then the gradient accumulator; MeZO: the logits twice)."""
-    arch, n = workload.arch, workload.tokens
-    passes = pass_counts(workload, knobs, method)
-    forwards = passes["tiled_forward"] + passes["whole_forward"]
-    backwards = passes["tiled_backward"] + passes["whole_backward"]
-    frozen = 2 * n * arch.block_params()
-    adapted = adapted_projections(workload).values()
-    lora = sum(2 * n * workload.lora.rank * (inp + out) for out, inp in adapted)
-    recompute_h = 0 if knobs.lora_hidden == "store" else \
-        sum(2 * n * workload.lora.rank * inp for _, inp in adapted)
-    attention = _attention_flops(workload)
-    per_forward = frozen + lora + attention
-    # input gradients; LoRA's A and B gradients (and h = xA again unless it was kept)
-    per_backward = frozen + 2 * lora + recompute_h + 2.5 * attention
-    head = 4 * n * arch.vocab_size * arch.hidden_size  # logits, then the gradient accumulator
-    return forwards * per_forward + backwards * per_backward + head
-
-
 @dataclass(frozen=True)
 class StepWork:
     """What one step does, whatever it runs on."""
@@ -91,7 +71,6 @@ class StepWork:
     decompress_calls: float
     traffic_bytes: float  # elementwise, as counted (TRAFFIC_MULTIPLIER prices the rest)
     ops: float  # torch ops dispatched
-    flops: float
 
     @property
     def matmul_flops(self) -> float:
@@ -105,8 +84,7 @@ def step_work(workload: Workload, knobs: EngineKnobs, resident: set[str],
                     matmul_dtype=matmul_dtype_of(workload, knobs), tile_params=tile_params,
                     whole_params=whole_params, decompress_calls=calls,
                     traffic_bytes=_traffic_bytes(workload, knobs, resident, method),
-                    ops=_op_count(workload, knobs, method),
-                    flops=count_step_flops(workload, knobs, method))
+                    ops=_op_count(workload, knobs, method))
 
 
 def host_step_time(work: StepWork, workload: Workload, host: HostCalibration

@@ -12,6 +12,10 @@ from mebp_core.lora.spec import LoraSpec
 from mebp_core.plan.arch import Architecture, PlanInputError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
+# the TrainConfig fields a plan query names (the model aside): what the predictions depend on
+# besides the knobs; the planner takes the other fields at their defaults
+PLAN_QUERY_FIELDS = ("seq_len", "batch_size", "lora_rank", "lora_alpha", "lora_targets",
+                     "optimizer", "compute_dtype", "quant", "group_size")
 
 
 @dataclass(frozen=True)
@@ -80,11 +84,19 @@ def adapted_projections(workload: Workload) -> dict[str, tuple[int, int]]:
     return {s: shape for s, shape in workload.arch.projections().items() if s in suffixes}
 
 
+def packed_bytes_per_param(workload: Workload) -> float:
+    """Bytes of the packed store per frozen parameter: its bits, plus an fp16 scale and bias
+    per quantization group."""
+    bits = {"int4": 4, "int8": 8, "none": 16}[workload.quant]
+    scales = 0 if workload.quant == "none" else 2 * 2 / workload.group_size
+    return bits / 8 + scales
+
+
 MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 
 def mlp_chunk_tokens(workload: Workload, knobs: EngineKnobs) -> int:
-    """Tokens per MLP pass in a block's backward: all of them unless ``mlp_chunk_tokens``."""
+    """Tokens per pass of a block's MLP: all of them unless ``mlp_chunk_tokens``."""
     chunk = knobs.mlp_chunk_tokens
     if chunk is None or knobs.checkpoint_blocks == "none":
         return workload.tokens
