@@ -7,9 +7,10 @@ import json
 
 ROWS = b"".join(json.dumps({"text": f"row {i}: a fleet of phones fine-tunes together"})
                 .encode() + b"\n" for i in range(30))
-# the smallest configuration (MLP in chunks) needs about 580 MB: a 1 GB budget fits, a
-# 512 MB one does not
-HEAVY = {"steps": 1, "seq_len": 1024, "batch_size": 14}
+# the smallest configuration (MLP in chunks) is predicted at about 750 MB and the kernel counts
+# about 710: a 1 GB budget fits and a 512 MB cap is exceeded with room on both sides (at batch
+# 14 the kernel counted 498 MB, so a 512 MB cap held and the job did not fail as meant)
+HEAVY = {"steps": 1, "seq_len": 1024, "batch_size": 20}
 
 
 def dataset(service) -> str:
