@@ -21,7 +21,7 @@ test: setup browser
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 lint: setup
-	$(VENV)/bin/ruff check mebp_core app worker tests benchmarks
+	$(VENV)/bin/ruff check mebp_core service app worker tests benchmarks
 
 browser:
 	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }

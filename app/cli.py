@@ -3,32 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
-from pathlib import Path
 
 from mebp_core.cli import Command
 from mebp_core.cli import main as core_main
+from service.cli_args import add_data_dir_argument, add_worker_arguments, worker_argv
 
 
 def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", help="default 127.0.0.1 (MEBP_HOST)")
     parser.add_argument("--port", type=int, help="default 8000 (MEBP_PORT)")
-    parser.add_argument("--data-dir", type=Path, help="default ~/.local/share/mebp")
+    add_data_dir_argument(parser)
     parser.add_argument("--workers", type=int, help="workers to start (default 1, "
                         "MEBP_WORKERS)")
 
 
-def _worker_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--data-dir", type=Path, help="default ~/.local/share/mebp")
-    parser.add_argument("--burst", action="store_true",
-                        help="exit once the queue is empty")
-
-
 def _db_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["upgrade"], help="apply pending migrations")
-    parser.add_argument("--data-dir", type=Path, help="where the SQLite database lives when "
-                        "DATABASE_URL is unset (default ~/.local/share/mebp)")
+    add_data_dir_argument(parser, "where the SQLite database lives when DATABASE_URL is "
+                          "unset; ")
 
 
 def _keys_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +35,8 @@ def _keys_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key", help="revoke: this key (e.g. a rotated MEBP_API_KEY)")
     parser.add_argument("--admin", action="store_true",
                         help="may also add device profiles and register models")
-    parser.add_argument("--data-dir", type=Path, help="where the SQLite database lives when "
-                        "DATABASE_URL is unset (default ~/.local/share/mebp)")
+    add_data_dir_argument(parser, "where the SQLite database lives when DATABASE_URL is "
+                          "unset; ")
 
 
 def _tenant(text: str) -> str:
@@ -75,9 +70,9 @@ def _run_serve(args: argparse.Namespace) -> int:
 
 
 def _run_worker(args: argparse.Namespace) -> int:
-    from app.serve import worker
-
-    return worker(data_dir=args.data_dir, burst=args.burst)
+    """The worker package's own command, in this process's place (the API never imports
+    the worker)."""
+    os.execv(sys.executable, [sys.executable, "-m", "worker", *worker_argv(args)])
 
 
 def _run_db(args: argparse.Namespace) -> int:
@@ -90,7 +85,7 @@ SERVICE_COMMANDS = {
     "serve": Command("run the service (the API key comes from MEBP_API_KEY, or one is made "
                      "and printed)", _serve_arguments, _run_serve),
     "worker": Command("run a worker for a shared Redis (REDIS_URL), database (DATABASE_URL) "
-                      "and storage (MEBP_STORAGE_DIR)", _worker_arguments, _run_worker),
+                      "and storage (MEBP_STORAGE_DIR)", add_worker_arguments, _run_worker),
     "keys": Command("API keys: `mebp keys create --tenant T [--admin]`, "
                     "`mebp keys revoke --key K | --tenant T`", _keys_arguments,
                     _run_keys),

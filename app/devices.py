@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from sqlmodel import Session, select
 
-from app.models import Device
 from mebp_core.plan.devices import DeviceProfile, load_devices, make_profile
+from service.models import Device
 
 
 def sync_builtin_devices(session: Session) -> None:

@@ -7,8 +7,8 @@ from statistics import mean
 
 from sqlmodel import Session, select
 
-from app.models import Fleet, Job
 from app.schemas import FleetMember, FleetPublic, FleetSummary
+from service.models import Fleet, Job
 
 
 def fleet_public(session: Session, fleet: Fleet) -> FleetPublic:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from sqlmodel import Session, col, delete, select
 
-from app.models import ApiKey, DashboardSession
+from service.models import ApiKey, DashboardSession
 
 BOOTSTRAP_TENANT = "default"
 ADMIN, USER = "admin", "user"

@@ -16,7 +16,6 @@ from app.api.errors import invalid, invalid_from
 from app.api.model_lookup import model_architecture_or_422
 from app.devices import find_device
 from app.schemas import JobCreate
-from app.settings import Settings
 from mebp_core.cache import default_cache_dir
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.plan.arch import PlanInputError
@@ -25,6 +24,7 @@ from mebp_core.plan.devices import DeviceProfile, mezo_device_step_time
 from mebp_core.plan.planner import Plan, PlanEntry, make_plan
 from mebp_core.plan.workload import Workload, matmul_dtype_of
 from mebp_core.units import MB
+from service.settings import Settings
 
 
 @dataclass(frozen=True)

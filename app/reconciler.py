@@ -22,11 +22,11 @@ from sqlalchemy import Engine, update
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, select
 
-from app.crud import add_event
-from app.fairness import ids_to_enqueue
-from app.models import Job, utc_now
-from app.queue import enqueue_job
-from app.settings import Settings
+from service.crud import add_event
+from service.fairness import ids_to_enqueue
+from service.models import Job, utc_now
+from service.queue import enqueue_job
+from service.settings import Settings
 
 log = logging.getLogger("mebp.reconciler")
 # RQ states in which it will still run the job ("started" is not one: the database says

@@ -1,6 +1,6 @@
 """``mebp serve``: the whole service on one machine (API, workers, and an embedded Redis when
 ``REDIS_URL`` is unset; workers and Redis restarted when they exit), printing its URL and API
-key; ``mebp worker`` and ``mebp db``."""
+key; ``mebp keys`` and ``mebp db``. ``mebp worker`` is the worker package's own command."""
 
 from __future__ import annotations
 
@@ -11,19 +11,13 @@ from pathlib import Path
 
 import uvicorn
 
-from app.db import database_url, upgrade_database
 from app.main import create_app
-from app.queue import EmbeddedRedis
-from app.settings import Settings
-from app.supervisor import WorkerPool
 from mebp_core.cache import default_cache_dir
 from mebp_core.plan.calibration import load_calibration
-
-
-def load_settings(**overrides) -> Settings:
-    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
-    return settings
+from service.db import database_url, upgrade_database
+from service.queue import EmbeddedRedis
+from service.settings import load_settings
+from service.supervisor import WorkerPool
 
 
 def upgrade(*, data_dir: Path | None) -> int:
@@ -41,8 +35,8 @@ def keys_command(action: str, *, tenant: str | None, key: str | None, admin: boo
     revoke`` deletes one key or a tenant's keys."""
     from sqlmodel import Session
 
-    from app.db import make_engine
     from app.keys import create_key, revoke_keys
+    from service.db import make_engine
 
     settings = load_settings(data_dir=data_dir)
     url = database_url(settings.database_url, settings.data_dir)
@@ -58,12 +52,6 @@ def keys_command(action: str, *, tenant: str | None, key: str | None, admin: boo
         engine.dispose()
     print(f"mebp: revoked {revoked} key(s)", file=sys.stderr)
     return 0 if revoked else 1
-
-
-def worker(*, data_dir: Path | None, burst: bool) -> int:
-    from worker.main import work
-
-    return work(load_settings(data_dir=data_dir), burst=burst)
 
 
 def serve(*, host: str | None, port: int | None, data_dir: Path | None,

@@ -12,7 +12,7 @@ from datetime import timedelta
 from sqlmodel import Session, col, delete
 
 from app.keys import Principal, principal_for_hash
-from app.models import DashboardSession, utc_now
+from service.models import DashboardSession, utc_now
 
 SESSION_COOKIE = "mebp_session"
 CSRF_FIELD = "csrf_token"  # the hidden field every dashboard form posts

@@ -12,12 +12,12 @@ from sqlmodel import Session, col, select
 
 from app.api.errors import invalid
 from app.api.model_lookup import model_source_or_422
-from app.crud import add_event, set_status
-from app.models import Dataset, Job
 from app.planning import PlannedJob, plan_job
 from app.schemas import JobCreate
-from app.settings import Settings
-from app.storage import new_id
+from service.crud import add_event, set_status
+from service.models import Dataset, Job
+from service.settings import Settings
+from service.storage import new_id
 
 
 def check_references(session: Session, body: JobCreate, tenant: str) -> None:

@@ -18,12 +18,12 @@ from sqlalchemy.exc import OperationalError
 from sqlmodel import Session
 
 from app.api.errors import invalid
-from app.disk_space import out_of_space
-from app.models import Dataset
-from app.settings import Settings
-from app.storage import dataset_path, new_id
 from mebp_core.data.check import JsonlChecker
 from mebp_core.data.example import DatasetError
+from service.disk_space import out_of_space
+from service.models import Dataset
+from service.settings import Settings
+from service.storage import dataset_path, new_id
 
 CHUNK_BYTES = 1 << 20
 MULTIPART_OVERHEAD_BYTES = 64 << 10  # boundaries and part headers around the file

@@ -1,4 +1,4 @@
-"""Alembic environment: the engine comes from ``app.db.upgrade_database`` (or the URL given
+"""Alembic environment: the engine comes from ``service.db.upgrade_database`` (or the URL given
 with ``-x url=...`` on the alembic command line); the target is the SQLModel metadata."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from alembic import context
 from sqlmodel import SQLModel
 
-import app.models  # noqa: F401 (registers the tables on SQLModel.metadata)
-from app.db import make_engine
+import service.models  # noqa: F401 (registers the tables on SQLModel.metadata)
+from service.db import make_engine
 
 config = context.config
 engine = config.attributes.get("engine") or make_engine(context.get_x_argument(True)["url"])

@@ -3,7 +3,7 @@ kept alive by a heartbeat the reconciler watches. A job whose heartbeat goes sta
 re-queued, and its next attempt resumes from the last checkpoint.
 
 A delivered id means "a worker is free": the worker claims the job it is fairest to run next
-(``app.fairness``), which may be another one; the delivered job keeps its place and the
+(``service.fairness``), which may be another one; the delivered job keeps its place and the
 reconciler gives it a message again."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import aliased
 from sqlmodel import Session
 
-from app.crud import add_event
-from app.fairness import next_tenant, oldest_queued
-from app.models import Job, utc_now
+from service.crud import add_event
+from service.fairness import next_tenant, oldest_queued
+from service.models import Job, utc_now
 
 CLAIM_TRIES = 10  # another worker took the job chosen, or it was cancelled: choose again
 CLAIM_LOCK = 0x6D656270_636C6169  # PostgreSQL advisory lock serializing claims ("mebpclai")

@@ -14,12 +14,12 @@ import time
 import redis
 from rq import Worker, worker_registration
 
-from app.db import database_url, upgrade_database
-from app.queue import WORKER_HEARTBEAT_S, connect, job_queue
-from app.settings import Settings
-from app.supervisor import SUPERVISOR_ENV
 from mebp_core.proc import die_with_parent
 from mebp_core.store.kernel_build import build_kernel
+from service.db import database_url, upgrade_database
+from service.queue import WORKER_HEARTBEAT_S, connect, job_queue
+from service.settings import Settings
+from service.supervisor import SUPERVISOR_ENV
 from worker.memory_cap import remove_idle_caps
 
 REDIS_WAIT_MAX_S = 5.0

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.models import Job
 from mebp_core.plan.calibration import calibration_path, load_calibration
 from mebp_core.plan.correction import TimeCorrection, record_run
+from service.models import Job
 
 
 def predicted_figures(plan: dict | None) -> dict:

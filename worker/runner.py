@@ -21,19 +21,6 @@ from sqlalchemy import Engine, func
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, delete, select
 
-from app.crud import add_event, fail_job, set_status
-from app.db import database_url, make_engine
-from app.disk_space import keep_reserve, out_of_space, release_reserve
-from app.models import Adapter, Dataset, Job, Metric
-from app.registry import (
-    PRESET,
-    ModelPathError,
-    UnknownModelError,
-    confine_model_dir,
-    model_source,
-)
-from app.settings import Settings
-from app.storage import base_config_path, job_dir, new_id, sha256_files
 from mebp_core.cache import default_cache_dir
 from mebp_core.engine.metrics_file import keep_steps_through
 from mebp_core.lora.peft_io import ADAPTER_FILES
@@ -41,6 +28,19 @@ from mebp_core.plan.correction import measured_step_time
 from mebp_core.proc import die_with_parent
 from mebp_core.store.resolve import resolve_model
 from mebp_core.units import MB
+from service.crud import add_event, fail_job, set_status
+from service.db import database_url, make_engine
+from service.disk_space import keep_reserve, out_of_space, release_reserve
+from service.models import Adapter, Dataset, Job, Metric
+from service.registry import (
+    PRESET,
+    ModelPathError,
+    UnknownModelError,
+    confine_model_dir,
+    model_source,
+)
+from service.settings import Settings
+from service.storage import base_config_path, job_dir, new_id, sha256_files
 from worker.child import (
     ADAPTER,
     CHECKPOINT,

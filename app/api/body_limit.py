@@ -9,8 +9,8 @@ from __future__ import annotations
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.settings import Settings
 from app.uploads import MULTIPART_OVERHEAD_BYTES
+from service.settings import Settings
 
 UPLOAD_ROUTES = {("POST", "/v1/datasets"), ("POST", "/jobs/new")}  # the dashboard's form too
 

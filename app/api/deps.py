@@ -12,7 +12,7 @@ from sqlmodel import Session
 
 from app.keys import Principal, hash_key, principal_for_hash
 from app.sessions import SESSION_COOKIE, principal_for_session
-from app.settings import Settings
+from service.settings import Settings
 
 _bearer = HTTPBearer(auto_error=False, description="Authorization: Bearer <API key>")
 _SAFE_METHODS = {"GET", "HEAD"}

@@ -18,8 +18,8 @@ from sqlalchemy import Engine, and_, or_
 from sqlalchemy.exc import SQLAlchemyError
 from sqlmodel import Session, col, select
 
-from app.crud import TERMINAL
-from app.models import Event, Job, Metric
+from service.crud import TERMINAL
+from service.models import Event, Job, Metric
 
 log = logging.getLogger("mebp.events")
 POLL_S = 0.25

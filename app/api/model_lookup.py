@@ -8,15 +8,15 @@ from pathlib import Path
 from sqlmodel import Session
 
 from app.api.errors import invalid
-from app.registry import (
+from mebp_core.plan.arch import Architecture, PlanInputError
+from service.registry import (
     ModelPathError,
     UnknownModelError,
     confine_model_dir,
     model_architecture,
     model_source,
 )
-from app.settings import Settings
-from mebp_core.plan.arch import Architecture, PlanInputError
+from service.settings import Settings
 
 
 def model_source_or_422(session: Session, name: str, *, where: str = "body") -> str:

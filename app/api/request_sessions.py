@@ -18,7 +18,7 @@ from sqlalchemy import Engine
 from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
-from app.db import POOL_CONNECTIONS
+from service.db import POOL_CONNECTIONS
 
 # the connections kept for the API's background threads: the event hub and the reconciler
 RESERVED_CONNECTIONS = 2

@@ -13,7 +13,6 @@ from starlette.concurrency import run_in_threadpool
 from app.api.deps import SessionDep, SettingsDep
 from app.api.routes.plans import plan_for
 from app.devices import all_devices
-from app.models import Dataset, RegisteredModel
 from app.schemas import Hyperparameters, PlanCreate
 from app.submit import submit_job
 from app.uploads import store_upload
@@ -23,6 +22,7 @@ from app.web.job_form import JobForm, hyperparameter_inputs
 from app.web.measured import measured_points
 from app.web.templating import script_json, templates
 from mebp_core.store.preset_configs import PRESET_CONFIGS
+from service.models import Dataset, RegisteredModel
 
 router = APIRouter(include_in_schema=False)
 DEFAULTS = {"model": "preset:qwen2.5-0.5b", "device": "iphone-15-pro-max", "seq_len": 256}

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from sqlmodel import Session, select
 
-from app.models import Job
 from app.schemas import PlanCreate
 from mebp_core.units import MB
+from service.models import Job
 
 SAME_WORKLOAD = ("seq_len", "batch_size", "lora_rank", "optimizer", "compute_dtype", "quant",
                  "group_size")

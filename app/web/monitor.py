@@ -9,11 +9,12 @@ from sqlmodel import col, select
 from app.api.deps import SessionDep
 from app.api.routes.fleets import list_fleets, read_fleet
 from app.api.routes.jobs import cancel_job, read_job
-from app.crud import job_public, latest_adapter
-from app.models import Job, Metric
+from app.job_view import job_public
 from app.web.auth import PagePrincipal, SessionRequired
 from app.web.csrf import FormToken
 from app.web.templating import script_json, templates
+from service.crud import latest_adapter
+from service.models import Job, Metric
 
 router = APIRouter(include_in_schema=False)
 

@@ -23,8 +23,8 @@ from service_harness import (
 )
 from sqlmodel import Session
 
-from app.db import make_engine
 from app.keys import create_key as create_key_in
+from service.db import make_engine
 
 ROWS = b"".join(json.dumps({"text": f"fair row {i}"}).encode() + b"\n" for i in range(8))
 LIMITS = {"MEBP_MAX_RUNNING_JOBS_PER_TENANT": "1", "MEBP_MAX_QUEUED_JOBS_PER_TENANT": "2",

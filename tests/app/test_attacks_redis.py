@@ -20,7 +20,7 @@ import psutil
 import pytest
 from service_harness import service_env, start_service, stop_service
 
-from app.queue import WORKER_HEARTBEAT_S, WORKER_LIVE_S
+from service.queue import WORKER_HEARTBEAT_S, WORKER_LIVE_S
 
 ROWS = b"".join(json.dumps({"text": f"redis row {i}"}).encode() + b"\n" for i in range(16))
 FAST_RECOVERY = {"MEBP_HEARTBEAT_TIMEOUT_S": "3", "MEBP_RECONCILE_INTERVAL_S": "0.5"}

@@ -28,8 +28,8 @@ from service_harness import (
 )
 from sqlmodel import Session
 
-from app.db import POOL_CONNECTIONS, database_url, make_engine
 from app.keys import create_key
+from service.db import POOL_CONNECTIONS, database_url, make_engine
 
 STREAMS_PER_KEY = 20
 ROWS = b"".join(json.dumps({"text": f"row {i} of a dataset"}).encode() + b"\n"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from app.settings import Settings
+from service.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[2]
 

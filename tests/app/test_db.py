@@ -10,7 +10,7 @@ import sys
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
-from app.db import MIGRATIONS, database_url, make_engine, upgrade_database
+from service.db import MIGRATIONS, database_url, make_engine, upgrade_database
 
 TABLES = {"api_keys", "devices", "datasets", "fleets", "jobs", "events", "metrics", "adapters",
           "dashboard_sessions", "alembic_version"}

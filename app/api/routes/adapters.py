@@ -14,9 +14,9 @@ from fastapi.responses import Response
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.routes.jobs import get_job_or_404
-from app.crud import latest_adapter
-from app.storage import base_config_path
 from mebp_core.lora.export import export_adapter
+from service.crud import latest_adapter
+from service.storage import base_config_path
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 

@@ -13,9 +13,9 @@ from starlette.requests import ClientDisconnect
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.multipart import MultipartField, batched
 from app.keys import Principal
-from app.models import Dataset
 from app.schemas import DatasetPublic, DatasetsPublic
 from app.uploads import CHUNK_BYTES, DatasetUpload
+from service.models import Dataset
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 

@@ -7,8 +7,8 @@ from fastapi import APIRouter, HTTPException, status
 
 from app.api.deps import AdminDep, SessionDep
 from app.devices import all_devices, find_device, profile_of
-from app.models import Device
 from app.schemas import DeviceCreate, DevicePublic, DevicesPublic
+from service.models import Device
 
 router = APIRouter(prefix="/devices", tags=["devices"])
 

@@ -10,11 +10,8 @@ from sqlmodel import Session, select
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.errors import invalid
 from app.fleet_summary import fleet_public
-from app.models import Dataset, Fleet
 from app.planning import device_or_422, plan_job
 from app.schemas import FleetCreate, FleetPublic, FleetsPublic, JobCreate
-from app.settings import Settings
-from app.storage import dataset_path, new_id, write_shards
 from app.submit import (
     check_references,
     insert_job,
@@ -22,6 +19,9 @@ from app.submit import (
     require_queue,
     require_queue_room,
 )
+from service.models import Dataset, Fleet
+from service.settings import Settings
+from service.storage import dataset_path, new_id, write_shards
 
 router = APIRouter(prefix="/fleets", tags=["fleets"])
 JOB_FIELDS = ("model", "validation_file", "memory_budget_mb", "method", "hyperparameters",

@@ -11,16 +11,8 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.events import open_event_stream
-from app.crud import (
-    TERMINAL,
-    add_event,
-    events_after,
-    job_public,
-    latest_adapter,
-    metrics_after,
-)
+from app.job_view import job_public
 from app.keys import Principal
-from app.models import Job, utc_now
 from app.schemas import (
     ErrorMessage,
     EventPublic,
@@ -32,6 +24,14 @@ from app.schemas import (
     MetricsPublic,
 )
 from app.submit import submit_job
+from service.crud import (
+    TERMINAL,
+    add_event,
+    events_after,
+    latest_adapter,
+    metrics_after,
+)
+from service.models import Job, utc_now
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 

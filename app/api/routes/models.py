@@ -8,11 +8,11 @@ from sqlmodel import select
 from app.api.deps import AdminDep, SessionDep, SettingsDep
 from app.api.errors import invalid
 from app.api.model_lookup import confined_model_path_or_422
-from app.models import RegisteredModel
-from app.registry import PRESET
 from app.schemas import ModelCreate, ModelPublic, ModelsPublic
 from mebp_core.plan.arch import PlanInputError, load_architecture
 from mebp_core.store.preset_configs import PRESET_CONFIGS
+from service.models import RegisteredModel
+from service.registry import PRESET
 
 router = APIRouter(prefix="/models", tags=["models"])
 

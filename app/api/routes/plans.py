@@ -16,7 +16,6 @@ from app.api.errors import invalid, invalid_from
 from app.api.model_lookup import model_architecture_or_422
 from app.planning import device_or_422
 from app.schemas import PlanCreate, PlanPublic
-from app.settings import Settings
 from mebp_core.cache import default_cache_dir
 from mebp_core.config import TrainConfig
 from mebp_core.plan.arch import PlanInputError
@@ -24,6 +23,7 @@ from mebp_core.plan.calibration import load_calibration
 from mebp_core.plan.planner import make_plan
 from mebp_core.plan.workload import Workload
 from mebp_core.units import MB
+from service.settings import Settings
 
 router = APIRouter(prefix="/plans", tags=["plans"])
 

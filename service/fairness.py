@@ -15,7 +15,7 @@ from collections.abc import Callable
 from sqlalchemy import func
 from sqlmodel import Session, col, select
 
-from app.models import Job
+from service.models import Job
 
 
 def running_by_tenant(session: Session) -> dict[str, int]:

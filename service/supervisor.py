@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from app.settings import Settings
+from service.settings import Settings
 
 log = logging.getLogger("mebp.supervisor")
 SUPERVISOR_ENV = "MEBP_SUPERVISOR_PID"
@@ -111,4 +111,4 @@ class WorkerPool:
             if value is not None:
                 env[name] = str(value)
         env[SUPERVISOR_ENV] = str(os.getpid())  # the worker stops when we die, however
-        return subprocess.Popen([sys.executable, "-m", "app.cli", "worker"], env=env)
+        return subprocess.Popen([sys.executable, "-m", "worker"], env=env)

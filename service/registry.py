@@ -8,8 +8,8 @@ from pathlib import Path
 
 from sqlmodel import Session
 
-from app.models import RegisteredModel
 from mebp_core.plan.arch import Architecture, load_architecture
+from service.models import RegisteredModel
 
 PRESET = "preset:"
 

@@ -15,7 +15,7 @@ from redis.retry import Retry
 from rq import Queue, worker_registration
 from rq.utils import now, utcparse
 
-from app.supervisor import Child, Watcher
+from service.supervisor import Child, Watcher
 
 RUN_JOB = "worker.runner.run_job"  # by name: the API never imports the worker
 RESULT_TTL_S = 7 * 24 * 3600

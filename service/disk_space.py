@@ -11,8 +11,8 @@ import os
 import shutil
 from pathlib import Path
 
-from app.settings import Settings
 from mebp_core.errors import out_of_space as files_out_of_space
+from service.settings import Settings
 
 RESERVE_NAME = ".mebp-disk-reserve"
 

@@ -75,3 +75,11 @@ class Settings(BaseSettings):
     @property
     def storage_root(self) -> Path:
         return self.storage_dir or self.data_dir / "storage"
+
+
+def load_settings(**overrides) -> Settings:
+    """The environment's settings with the command line's ``overrides`` (None: not given),
+    the data directory made."""
+    settings = Settings(**{k: v for k, v in overrides.items() if v is not None})
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    return settings
