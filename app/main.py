@@ -25,7 +25,6 @@ from app.api.events import StreamSlots
 from app.api.request_sessions import SessionSlots
 from app.api.routes import adapters, datasets, devices, fleets, jobs, models, plans
 from app.api.url_guard import RefuseNulInUrl
-from app.devices import sync_builtin_devices
 from app.keys import ensure_bootstrap_key
 from app.reconciler import Reconciler
 from app.schemas import ErrorMessage
@@ -34,6 +33,7 @@ from app.web import auth, explorer, monitor
 from app.web.auth import SignInRequired
 from app.web.templating import PLOTLY_JS, STATIC_DIR
 from service.db import database_url, make_engine
+from service.devices import sync_builtin_devices
 from service.disk_space import out_of_space, storage_state
 from service.queue import connect, count_live_workers, enqueue_job, job_queue
 from service.settings import Settings

@@ -14,16 +14,14 @@ from sqlmodel import Session
 
 from app.api.errors import invalid, invalid_from
 from app.api.model_lookup import model_architecture_or_422
-from app.devices import find_device
 from app.schemas import JobCreate
-from mebp_core.cache import default_cache_dir
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.plan.arch import PlanInputError
-from mebp_core.plan.calibration import load_calibration
 from mebp_core.plan.devices import DeviceProfile, mezo_device_step_time
-from mebp_core.plan.planner import Plan, PlanEntry, make_plan
-from mebp_core.plan.workload import Workload, matmul_dtype_of
+from mebp_core.plan.on_host import chosen_entry, plan_on_host, plan_summary
+from mebp_core.plan.workload import Workload
 from mebp_core.units import MB
+from service.devices import find_device
 from service.settings import Settings
 
 
@@ -74,15 +72,18 @@ def plan_job(body: JobCreate, settings: Settings, session: Session) -> PlannedJo
                           {"planned": False, "budget_mb": budget_bytes / MB,
                            "reason": f"the planner models method mebp, not {config.method}",
                            "device_step_time_s_estimate": estimate})
-    host = load_calibration(settings.cache_dir or default_cache_dir(), settings.threads)
-    plan = make_plan(workload, host, budget_bytes=budget_bytes, device=device,
-                     knobs=None if body.config == "auto" else [knobs])
-    chosen = plan.auto if plan.auto is not None else plan.smallest
-    config = config.model_copy(update={"knobs": chosen.knobs.model_copy(
+    # predicted with this host's calibration and threads; the worker that runs the job plans
+    # it again on its own host (``worker.replan``) and sets its own threads
+    here = config.model_copy(update={"knobs": knobs.model_copy(
         update={"threads": settings.threads})})
-    summary = {**_plan_summary(plan, chosen),
-               "matmul_dtype": matmul_dtype_of(workload, chosen.knobs),
-               "chosen_by": "auto" if body.config == "auto" else "request"}
+    plan = plan_on_host(arch, here, budget_bytes=budget_bytes, device=device,
+                        candidates=None if body.config == "auto" else [here.knobs],
+                        cache_dir=settings.cache_dir)
+    chosen = chosen_entry(plan)
+    config = config.model_copy(update={"knobs": chosen.knobs.model_copy(
+        update={"threads": None})})
+    summary = plan_summary(plan, chosen, chosen_by="auto" if body.config == "auto"
+                           else "request")
     return PlannedJob(config, device, budget_bytes, summary, feasible=plan.auto is not None)
 
 
@@ -105,23 +106,3 @@ def _budget_bytes(body: JobCreate, device: DeviceProfile | None) -> int:
     field = "memory_budget_mb"
     why = "required" if device is None else f"required: device {device.id!r} sets no budget"
     raise invalid(field, f"{why} (or pick a device profile that has one)", None)
-
-
-def _plan_summary(plan: Plan, chosen: PlanEntry) -> dict:
-    prediction = chosen.prediction
-    return {
-        "planned": True, "configuration": chosen.id, "feasible": chosen.feasible,
-        "budget_mb": round(plan.budget_bytes / MB, 1), "margin": plan.margin,
-        "predicted_peak_mb": round(prediction.peak_bytes / MB, 1),
-        "predicted_memory_mb": {k: round(v / MB, 1) for k, v in prediction.memory.items()},
-        "predicted_step_time_s": round(prediction.step_time_s, 4),
-        # before this host's correction from measured runs (what the next run is compared to)
-        "modelled_step_time_s": round(prediction.modelled_step_time_s, 4),
-        "time_correction": round(prediction.time_factor, 4),
-        "device_step_time_s_estimate": None if chosen.device_step_time_s is None
-        else round(chosen.device_step_time_s, 3),
-        "smallest_budget_mb": plan.smallest_budget_mb(),
-        "smallest_configuration": plan.smallest.id,
-        "dominant_component": plan.smallest.prediction.dominant_component(),
-        "calibration": plan.calibration,
-    }

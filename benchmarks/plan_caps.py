@@ -30,13 +30,13 @@ from benchmarks._cgroup import create_cgroup  # noqa: E402
 from benchmarks._train import timed_step_s, train_argv  # noqa: E402
 from mebp_core.bench.corpus import collect_docstrings, write_jsonl  # noqa: E402
 from mebp_core.cache import default_cache_dir  # noqa: E402
-from mebp_core.config import TrainConfig  # noqa: E402
+from mebp_core.config import EngineKnobs, TrainConfig  # noqa: E402
 from mebp_core.cpu import cpu_flags, cpu_model  # noqa: E402
 from mebp_core.engine.metrics_file import read_steps  # noqa: E402
 from mebp_core.plan.arch import load_architecture  # noqa: E402
 from mebp_core.plan.calibration import load_calibration  # noqa: E402
-from mebp_core.plan.planner import make_plan  # noqa: E402
-from mebp_core.plan.workload import Workload, matmul_dtype_of  # noqa: E402
+from mebp_core.plan.on_host import plan_on_host  # noqa: E402
+from mebp_core.plan.workload import matmul_dtype_of  # noqa: E402
 from mebp_core.units import MB  # noqa: E402
 
 CASES = (("smollm2-135m", 256), ("qwen2.5-0.5b", 256), ("gemma3-1b", 256),
@@ -61,13 +61,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def plan_case(preset: str, seq_len: int, dtype: str, host, bf16_matmul: str = "auto") -> dict:
+def plan_case(preset: str, seq_len: int, dtype: str, bf16_matmul: str = "auto") -> dict:
     arch = load_architecture(f"preset:{preset}")
-    workload = Workload.from_config(arch, TrainConfig(seq_len=seq_len, compute_dtype=dtype))
-    budget_mb = make_plan(workload, host, bf16_matmul=bf16_matmul).smallest_budget_mb()
-    chosen = make_plan(workload, host, budget_bytes=budget_mb * MB, bf16_matmul=bf16_matmul).auto
+    config = TrainConfig(seq_len=seq_len, compute_dtype=dtype,
+                         knobs=EngineKnobs(bf16_matmul=bf16_matmul))
+    budget_mb = plan_on_host(arch, config).smallest_budget_mb()
+    plan = plan_on_host(arch, config, budget_bytes=budget_mb * MB)
+    chosen = plan.auto
     return {"preset": preset, "seq_len": seq_len, "dtype": dtype, "bf16_matmul": bf16_matmul,
-            "matmul_dtype": matmul_dtype_of(workload, chosen.knobs),
+            "matmul_dtype": matmul_dtype_of(plan.workload, chosen.knobs),
             "budget_mb": budget_mb, "config": chosen.id,
             "predicted_peak_mb": round(chosen.prediction.peak_bytes / MB, 1),
             "predicted_step_s": round(chosen.prediction.step_time_s, 2)}
@@ -107,15 +109,14 @@ def run_capped(row: dict, data: Path, steps: int, work: Path, capped: bool = Tru
             "stderr_tail": None if completed else stderr.strip()[-400:]}
 
 
-def prepare(cases: list[tuple[str, int]]):
+def prepare(cases: list[tuple[str, int]]) -> None:
     """Calibrate and pack outside any cap (each would otherwise run inside the first one)."""
     from mebp_core.store.resolve import resolve_model
 
-    host = load_calibration(default_cache_dir())
+    load_calibration(default_cache_dir())
     for preset in dict.fromkeys(name for name, _ in cases):
         print(f"packing {preset}", file=sys.stderr, flush=True)
         resolve_model(f"preset:{preset}")
-    return host
 
 
 def holds(row: dict, tolerance: float) -> bool:
@@ -146,14 +147,14 @@ def markdown(rows: list[dict], tolerance: float) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     cases = [(spec.split(":")[0], int(spec.split(":")[1])) for spec in args.cases]
-    host = prepare(cases)
+    prepare(cases)
     corpus = Path(tempfile.mkdtemp(prefix="mebp-plan-caps-"))
     data = write_jsonl(collect_docstrings(max_files=200), corpus / "train.jsonl")
     rows = []
     try:
         for preset, seq_len in cases:
             for dtype in args.dtypes:
-                row = plan_case(preset, seq_len, dtype, host, args.bf16_matmul)
+                row = plan_case(preset, seq_len, dtype, args.bf16_matmul)
                 print(f"{preset} seq {seq_len} {dtype}: S = {row['budget_mb']} MB, "
                       f"{row['config']}", file=sys.stderr, flush=True)
                 work = Path(tempfile.mkdtemp(dir=corpus))

@@ -172,11 +172,14 @@ def _run_train(args: argparse.Namespace) -> int:
 
 def _planned(config, args: argparse.Namespace):
     """The config with the knobs the planner picks for ``--plan-budget-mb``."""
-    from mebp_core.cache import default_cache_dir
     from mebp_core.kernel_memory import memory_cgroup_of
     from mebp_core.plan.arch import PlanInputError, load_architecture
-    from mebp_core.plan.calibration import load_calibration
-    from mebp_core.plan.planner import auto_knobs, knobs_id
+    from mebp_core.plan.on_host import (
+        CalibrationUnavailableError,
+        fastest_fitting,
+        plan_on_host,
+    )
+    from mebp_core.plan.planner import knobs_id
 
     if config.method != "mebp":
         raise PlanInputError(f"--plan-budget-mb plans the mebp method's knobs; --method "
@@ -184,18 +187,20 @@ def _planned(config, args: argparse.Namespace):
     # the calibration runs torch in a child: inside a memory cap it would count against it
     group = memory_cgroup_of()
     cap = None if group is None else group.limit_bytes()
-    host = load_calibration(default_cache_dir(), config.knobs.threads, measure=cap is None)
-    if host is None:
+    try:
+        plan = plan_on_host(load_architecture(args.model), config,
+                            budget_bytes=int(args.plan_budget_mb * (1 << 20)),
+                            measure=cap is None)
+    except CalibrationUnavailableError:
         raise PlanInputError(
             f"--plan-budget-mb needs this host's calibration, which is not measured yet, and "
             f"measuring it here would run inside this process's memory cap of "
             f"{cap / (1 << 20):.0f} MB: run `mebp plan --model {args.model}` once outside the "
-            f"cap first")
-    knobs = auto_knobs(load_architecture(args.model), config, host,
-                       int(args.plan_budget_mb * (1 << 20)))
-    print(f"planner: {knobs_id(knobs)} (the fastest predicted to fit "
+            f"cap first") from None
+    config = fastest_fitting(plan, config)
+    print(f"planner: {knobs_id(config.knobs)} (the fastest predicted to fit "
           f"{args.plan_budget_mb:.0f} MB)", file=sys.stderr)
-    return config.model_copy(update={"knobs": knobs})
+    return config
 
 
 def _train_config(args: argparse.Namespace):

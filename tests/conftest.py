@@ -34,9 +34,9 @@ def host() -> HostCalibration:
 @pytest.fixture(scope="session")
 def seed_calibration(host) -> Callable[[Path], Path]:
     """Writes ``host`` as this machine's cached calibration in a cache dir (no test waits
-    for a real measurement); returns the cache dir."""
-    def seed(cache_dir: Path) -> Path:
-        path = calibration_path(cache_dir, None)
+    for a real measurement), for runs at ``threads`` threads; returns the cache dir."""
+    def seed(cache_dir: Path, threads: int | None = None) -> Path:
+        path = calibration_path(cache_dir, threads)
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(asdict(host)))
         return cache_dir

@@ -14,6 +14,8 @@ import time
 import redis
 from rq import Worker, worker_registration
 
+from mebp_core.cache import default_cache_dir
+from mebp_core.plan.calibration import load_calibration
 from mebp_core.proc import die_with_parent
 from mebp_core.store.kernel_build import build_kernel
 from service.db import database_url, upgrade_database
@@ -74,6 +76,9 @@ def work(settings: Settings, *, burst: bool = False) -> int:
     remove_idle_caps()  # cgroups of jobs whose worker died on this host
     if build_kernel(settings.cache_dir) is None:  # here, not in a job's engine inside its cap
         print("mebp worker: no C compiler: jobs dequantize with torch", file=sys.stderr)
+    # this host's calibration, which plans its jobs: measured now (after the kernel it keys
+    # on is built), outside any job's cap and not during the first job
+    load_calibration(settings.cache_dir or default_cache_dir(), settings.threads)
     upgrade_database(database_url(settings.database_url, settings.data_dir))
     queue = job_queue(connect(settings.redis_url), settings.queue_name)
     wait_for_redis(queue.connection)

@@ -50,6 +50,7 @@ from worker.child import (
     REQUEST,
     RESULT,
 )
+from worker.host_plan import plan_on_this_worker
 from worker.lease import Heartbeat, claim_job, worker_name
 from worker.measured_time import correct_host_time, predicted_figures
 from worker.memory_cap import MemoryCap, open_memory_cap, remove_stale_caps
@@ -162,6 +163,7 @@ class JobRun:
                                   isolated=True)
         shutil.copyfile(model_dir / "config.json",
                         base_config_path(self.settings.storage_root, job.id))
+        config = plan_on_this_worker(session, job, source, self.settings, worker_name())
         validation = None if job.validation_file is None else \
             session.get(Dataset, job.validation_file).path
         request = {"config": config.model_dump(mode="json"), "model": source,

@@ -12,7 +12,6 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import SessionDep, SettingsDep
 from app.api.routes.plans import plan_for
-from app.devices import all_devices
 from app.schemas import Hyperparameters, PlanCreate
 from app.submit import submit_job
 from app.uploads import store_upload
@@ -22,6 +21,7 @@ from app.web.job_form import JobForm, hyperparameter_inputs
 from app.web.measured import measured_points
 from app.web.templating import script_json, templates
 from mebp_core.store.preset_configs import PRESET_CONFIGS
+from service.devices import all_devices
 from service.models import Dataset, RegisteredModel
 
 router = APIRouter(include_in_schema=False)

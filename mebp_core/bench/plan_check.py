@@ -17,13 +17,12 @@ from pathlib import Path
 
 from mebp_core.bench.side_by_side import preset_hf_dir, run_worker, worker_argv
 from mebp_core.cache import default_cache_dir
-from mebp_core.config import TrainConfig
+from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.calibration import calibration_path, load_calibration
 from mebp_core.plan.correction import record_run
-from mebp_core.plan.planner import make_plan
-from mebp_core.plan.predict import predict
-from mebp_core.plan.workload import Workload, matmul_dtype_of
+from mebp_core.plan.on_host import plan_on_host
+from mebp_core.plan.workload import matmul_dtype_of
 from mebp_core.units import MB
 
 MEMORY_TOLERANCE = 0.15
@@ -59,19 +58,20 @@ def run_plan_check(spec: PlanCheckSpec) -> dict:
 def _run_plan_check(spec: PlanCheckSpec, cache: Path) -> dict:
     from mebp_core.store.resolve import resolve_model
 
-    host = load_calibration(cache, spec.threads)
-    rows, baselines = [], []
+    rows, baselines, calibration = [], [], None
     for model in spec.models:
         packed = resolve_model(model, quant=spec.quant, group_size=spec.group_size)
         arch = load_architecture(model)
         for seq_len in spec.seq_lens:
             config = TrainConfig(seq_len=seq_len, compute_dtype=spec.compute_dtype,
-                                 quant=spec.quant, group_size=spec.group_size)
-            workload = Workload.from_config(arch, config)
-            plan = make_plan(workload, host)
+                                 quant=spec.quant, group_size=spec.group_size,
+                                 knobs=EngineKnobs(threads=spec.threads))
+            plan = plan_on_host(arch, config, cache_dir=cache)
+            calibration = plan.calibration
             for entry in _spread(plan.pareto, spec.max_configs):
                 # with --learn, predicted with every run measured so far
-                prediction = predict(workload, entry.knobs, host)
+                prediction = plan_on_host(arch, config, candidates=[entry.knobs],
+                                          cache_dir=cache).entries[0].prediction
                 knobs = entry.knobs.model_dump(mode="json", exclude={"threads"})
                 options = ["--seq-len", str(seq_len), "--steps", str(spec.steps), "--dtype",
                            spec.compute_dtype, "--seed", str(spec.seed),
@@ -83,11 +83,12 @@ def _run_plan_check(spec: PlanCheckSpec, cache: Path) -> dict:
                 rows.append(_row(model, seq_len, entry.id, prediction, measured))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
                 if spec.learn:
-                    record_run(calibration_path(cache, spec.threads), host.measured_at,
-                               matmul_dtype=matmul_dtype_of(workload, entry.knobs),
+                    # the time-corrections file records against the calibration's own stamp
+                    record_run(calibration_path(cache, spec.threads),
+                               load_calibration(cache, spec.threads).measured_at,
+                               matmul_dtype=matmul_dtype_of(plan.workload, entry.knobs),
                                modelled_s=prediction.modelled_step_time_s,
                                measured_s=measured["s_per_step"], label=entry.id)
-                    host = load_calibration(cache, spec.threads)
             if spec.with_peft and not model.startswith("preset:"):
                 print(f"{model}: --with-peft needs a preset (a Hugging Face copy is generated "
                       "from it); skipped", file=sys.stderr)
@@ -100,7 +101,7 @@ def _run_plan_check(spec: PlanCheckSpec, cache: Path) -> dict:
                 baselines.append({"model": model, "seq_len": seq_len,
                                   "s_per_step": peft["s_per_step"],
                                   "peak_mb": peft["peak_mb"]})
-    report = {"rows": rows, "peft": baselines, "host": host.host, "threads": host.threads,
+    report = {"rows": rows, "peft": baselines, "calibration": calibration,
               "compute_dtype": spec.compute_dtype, "quant": spec.quant, "learn": spec.learn,
               "memory_within": _share(rows, "memory_error", MEMORY_TOLERANCE),
               "time_within": _share(rows, "time_error", TIME_TOLERANCE)}

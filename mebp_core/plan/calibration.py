@@ -10,6 +10,7 @@ taken, and plans say so.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -126,27 +127,34 @@ def calibration_path(cache_dir: Path, threads: int | None) -> Path:
 
 def load_calibration(cache_dir: Path, threads: int | None = None, *,
                      measure: bool = True) -> HostCalibration | None:
-    """The cached calibration for this host, measuring it first if missing and allowed."""
+    """The cached calibration for this host, measuring it first if missing and allowed. One
+    process measures at a time (the API, the workers and the CLI may all start at once, and
+    two measurements side by side would each see the other's load); the others wait for it."""
     path = calibration_path(cache_dir, threads)
-    if path.exists():
-        try:
-            raw = json.loads(path.read_text())
-            raw.pop("time_corrections", None)
-            calibration = HostCalibration(**raw)
-        except (json.JSONDecodeError, TypeError) as exc:
-            raise CalibrationError(f"{path}: unreadable calibration ({exc}); delete it to "
-                                   "measure again") from None
-    elif not measure:
-        return None
-    else:
-        calibration = measure_steady_host(threads)
+    if not path.exists():
+        if not measure:
+            return None
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-        with os.fdopen(fd, "w") as handle:  # concurrent measurers each write their own file
-            handle.write(json.dumps(asdict(calibration), indent=1))
-        os.replace(tmp, path)
+        with open(path.with_suffix(".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not path.exists():  # measured by the holder we waited for
+                _write_json(path, asdict(measure_steady_host(threads)))
+    try:
+        raw = json.loads(path.read_text())
+        raw.pop("time_corrections", None)
+        calibration = HostCalibration(**raw)
+    except (json.JSONDecodeError, TypeError) as exc:
+        raise CalibrationError(f"{path}: unreadable calibration ({exc}); delete it to "
+                               "measure again") from None
     return dataclasses.replace(
         calibration, time_corrections=load_corrections(path, calibration.measured_at))
+
+
+def _write_json(path: Path, data: dict) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps(data, indent=1))
+    os.replace(tmp, path)
 
 
 # A calibration whose figures spread wider than this between repeats was taken on a busy

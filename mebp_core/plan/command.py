@@ -5,14 +5,13 @@ from __future__ import annotations
 import argparse
 import json
 
-from mebp_core.cache import default_cache_dir
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.config_args import add_model_arguments, model_values
 from mebp_core.plan.arch import load_architecture
-from mebp_core.plan.calibration import load_calibration
 from mebp_core.plan.devices import get_device
-from mebp_core.plan.planner import DEFAULT_MARGIN, Plan, make_plan
-from mebp_core.plan.workload import PLAN_QUERY_FIELDS, Workload
+from mebp_core.plan.on_host import plan_on_host
+from mebp_core.plan.planner import DEFAULT_MARGIN, Plan
+from mebp_core.plan.workload import PLAN_QUERY_FIELDS
 from mebp_core.units import MB
 
 # the knobs a plan takes as given, not as trade-offs: choices of the host the runs use
@@ -54,13 +53,12 @@ def _bounded_float(text: str, *, allow_zero: bool) -> float:
 
 
 def build_plan(args: argparse.Namespace) -> Plan:
-    config = TrainConfig(**model_values(args, TrainConfig, include=PLAN_QUERY_FIELDS))
-    workload = Workload.from_config(load_architecture(args.model), config)
-    device = get_device(args.device) if args.device else None
+    config = TrainConfig(**model_values(args, TrainConfig, include=PLAN_QUERY_FIELDS),
+                         knobs=EngineKnobs(**model_values(args, EngineKnobs, include=RUN_KNOBS)))
     budget = None if args.budget_mb is None else int(args.budget_mb * MB)
-    host = load_calibration(default_cache_dir(), args.threads)
-    return make_plan(workload, host, budget_bytes=budget, device=device, margin=args.margin,
-                     bf16_matmul=args.bf16_matmul)
+    return plan_on_host(load_architecture(args.model), config, budget_bytes=budget,
+                        device=get_device(args.device) if args.device else None,
+                        margin=args.margin)
 
 
 def run_plan(args: argparse.Namespace) -> int:

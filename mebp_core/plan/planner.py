@@ -9,9 +9,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from mebp_core.config import EngineKnobs, TrainConfig
+from mebp_core.config import EngineKnobs
 from mebp_core.errors import MebpError
-from mebp_core.plan.arch import Architecture
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.devices import DeviceProfile, mezo_device_step_time
 from mebp_core.plan.predict import Prediction, predict, under_budget
@@ -236,17 +235,6 @@ class InfeasibleBudgetError(MebpError, ValueError):
             f"no configuration fits {plan.budget_bytes / MB:.0f} MB (with the "
             f"{plan.margin:.0%} margin); the smallest budget that fits is "
             f"{self.smallest_budget_mb} MB, where {self.dominant_component} dominates")
-
-
-def auto_knobs(arch: Architecture, config: TrainConfig, host: HostCalibration,
-               budget_bytes: int, margin: float = DEFAULT_MARGIN) -> EngineKnobs:
-    """The knobs of the fastest configuration predicted to fit ``budget_bytes`` (the
-    configuration's own thread count and bf16 matmul path are kept)."""
-    plan = make_plan(Workload.from_config(arch, config), host, budget_bytes=budget_bytes,
-                     margin=margin, bf16_matmul=config.knobs.bf16_matmul)
-    if plan.auto is None:
-        raise InfeasibleBudgetError(plan)
-    return plan.auto.knobs.model_copy(update={"threads": config.knobs.threads})
 
 
 def _pareto_ids(timed: list[tuple[Prediction, float]]) -> set[int]:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, status
 
 from app.api.deps import AdminDep, SessionDep
-from app.devices import all_devices, find_device, profile_of
 from app.schemas import DeviceCreate, DevicePublic, DevicesPublic
+from service.devices import all_devices, find_device, profile_of
 from service.models import Device
 
 router = APIRouter(prefix="/devices", tags=["devices"])

@@ -16,12 +16,9 @@ from app.api.errors import invalid, invalid_from
 from app.api.model_lookup import model_architecture_or_422
 from app.planning import device_or_422
 from app.schemas import PlanCreate, PlanPublic
-from mebp_core.cache import default_cache_dir
-from mebp_core.config import TrainConfig
+from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.plan.arch import PlanInputError
-from mebp_core.plan.calibration import load_calibration
-from mebp_core.plan.planner import make_plan
-from mebp_core.plan.workload import Workload
+from mebp_core.plan.on_host import plan_on_host
 from mebp_core.units import MB
 from service.settings import Settings
 
@@ -44,14 +41,12 @@ def plan_for(body: PlanCreate, settings: Settings, session: Session, where: str)
     device = device_or_422(session, body.device, where=where)
     arch = model_architecture_or_422(session, body.model, where=where)
     try:
-        config = TrainConfig(**body.workload())
-        workload = Workload.from_config(arch, config)
+        config = TrainConfig(**body.workload(), knobs=EngineKnobs(threads=settings.threads))
+        budget = None if body.memory_budget_mb is None else int(body.memory_budget_mb * MB)
+        plan = plan_on_host(arch, config, budget_bytes=budget, device=device,
+                            margin=body.margin, cache_dir=settings.cache_dir)
     except ValidationError as exc:
         raise invalid_from(exc, where=where) from None
     except PlanInputError as exc:
         raise invalid("seq_len", str(exc), body.seq_len, where=where) from None
-    host = load_calibration(settings.cache_dir or default_cache_dir(), settings.threads)
-    budget = None if body.memory_budget_mb is None else int(body.memory_budget_mb * MB)
-    plan = make_plan(workload, host, budget_bytes=budget, device=device, margin=body.margin)
     return PlanPublic(**plan.to_json())
-

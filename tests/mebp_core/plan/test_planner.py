@@ -8,7 +8,8 @@ import pytest
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.devices import get_device, load_devices, paper_knobs, paper_workload
-from mebp_core.plan.planner import auto_knobs, candidate_knobs, make_plan
+from mebp_core.plan.on_host import fastest_fitting, plan_on_host
+from mebp_core.plan.planner import candidate_knobs, make_plan
 from mebp_core.plan.predict import COMPONENTS, NATIVE_BF16_BYTES, predict
 from mebp_core.plan.workload import Workload
 from mebp_core.resident import select_resident
@@ -66,16 +67,20 @@ def test_bfloat16_with_float32_matmuls_stores_in_bf16_and_computes_at_float32_ra
 
 
 @pytest.mark.parametrize("bf16_matmul", ["float32", "native"])
-def test_the_planner_keeps_the_runs_bf16_matmul_path(bf16_matmul, host):
+def test_the_planner_keeps_the_runs_bf16_matmul_path(bf16_matmul, seed_calibration,
+                                                    tmp_path):
     """The path is the host's choice, not a trade-off: every candidate takes it, and so do
-    the knobs ``--plan-budget-mb`` picks; with float32 matmuls no block is held whole."""
+    the knobs ``--plan-budget-mb`` picks, with the run's own thread count; with float32
+    matmuls no block is held whole."""
     arch = load_architecture("preset:qwen2.5-0.5b")
     config = TrainConfig(seq_len=256, compute_dtype="bfloat16",
                          knobs=EngineKnobs(bf16_matmul=bf16_matmul, threads=2))
-    plan = make_plan(Workload.from_config(arch, config), host, bf16_matmul=bf16_matmul)
+    cache = seed_calibration(tmp_path, threads=2)
+    plan = plan_on_host(arch, config, budget_bytes=64 << 30, cache_dir=cache, measure=False)
     assert {entry.knobs.bf16_matmul for entry in plan.entries} == {bf16_matmul}
-    knobs = auto_knobs(arch, config, host, 64 << 30)
+    knobs = fastest_fitting(plan, config).knobs
     assert knobs.bf16_matmul == bf16_matmul and knobs.threads == 2
+    assert knobs == plan.auto.knobs.model_copy(update={"threads": 2})
 
 
 def test_each_knob_moves_memory_and_time_the_way_it_should(workload, host):

@@ -1,0 +1,84 @@
+"""Planning a training config on this host: the one entry point the CLI, the API, the worker
+and the benchmarks call. It reads this host's calibration for the config's thread count
+(measuring it first where allowed), predicts every candidate configuration, and says what a
+run records about the one it chose."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mebp_core.cache import default_cache_dir
+from mebp_core.config import EngineKnobs, TrainConfig
+from mebp_core.plan.arch import Architecture, PlanInputError
+from mebp_core.plan.calibration import load_calibration
+from mebp_core.plan.devices import DeviceProfile
+from mebp_core.plan.planner import (
+    DEFAULT_MARGIN,
+    InfeasibleBudgetError,
+    Plan,
+    PlanEntry,
+    make_plan,
+)
+from mebp_core.plan.workload import Workload, matmul_dtype_of
+from mebp_core.units import MB
+
+
+class CalibrationUnavailableError(PlanInputError):
+    """This host is not calibrated yet and may not be measured here (inside a memory cap)."""
+
+
+def plan_on_host(arch: Architecture, config: TrainConfig, *, budget_bytes: int | None = None,
+                 device: DeviceProfile | None = None, margin: float = DEFAULT_MARGIN,
+                 candidates: list[EngineKnobs] | None = None, cache_dir: Path | None = None,
+                 measure: bool = True) -> Plan:
+    """Every candidate configuration (or ``candidates``) of ``config``'s workload, predicted
+    with this host's calibration at ``config.knobs.threads`` threads; bf16 matmuls take
+    ``config.knobs.bf16_matmul``'s path. ``measure=False`` refuses to calibrate here."""
+    workload = Workload.from_config(arch, config)
+    host = load_calibration(cache_dir or default_cache_dir(), config.knobs.threads,
+                            measure=measure)
+    if host is None:
+        raise CalibrationUnavailableError(
+            "this host's calibration is not measured yet and cannot be measured here")
+    return make_plan(workload, host, budget_bytes=budget_bytes, device=device, margin=margin,
+                     knobs=candidates, bf16_matmul=config.knobs.bf16_matmul)
+
+
+def fastest_fitting(plan: Plan, config: TrainConfig) -> TrainConfig:
+    """``config`` with the knobs of the fastest configuration predicted to fit the plan's
+    budget, keeping its own thread count; ``InfeasibleBudgetError`` when none does."""
+    if plan.auto is None:
+        raise InfeasibleBudgetError(plan)
+    return config.model_copy(update={"knobs": plan.auto.knobs.model_copy(
+        update={"threads": config.knobs.threads})})
+
+
+def chosen_entry(plan: Plan) -> PlanEntry:
+    """What a run with a budget uses: the fastest configuration predicted to fit, or the
+    smallest when none does (the kernel's cap then decides)."""
+    return plan.auto if plan.auto is not None else plan.smallest
+
+
+def plan_summary(plan: Plan, chosen: PlanEntry, *, chosen_by: str) -> dict:
+    """What a job records about its plan: the chosen configuration's predictions beside
+    the smallest budget and the calibration they came from."""
+    prediction = chosen.prediction
+    return {
+        "planned": True, "configuration": chosen.id, "feasible": chosen.feasible,
+        "chosen_by": chosen_by,
+        "budget_mb": None if plan.budget_bytes is None else round(plan.budget_bytes / MB, 1),
+        "margin": plan.margin,
+        "matmul_dtype": matmul_dtype_of(plan.workload, chosen.knobs),
+        "predicted_peak_mb": round(prediction.peak_bytes / MB, 1),
+        "predicted_memory_mb": {k: round(v / MB, 1) for k, v in prediction.memory.items()},
+        "predicted_step_time_s": round(prediction.step_time_s, 4),
+        # before this host's correction from measured runs (what the next run is compared to)
+        "modelled_step_time_s": round(prediction.modelled_step_time_s, 4),
+        "time_correction": round(prediction.time_factor, 4),
+        "device_step_time_s_estimate": None if chosen.device_step_time_s is None
+        else round(chosen.device_step_time_s, 3),
+        "smallest_budget_mb": plan.smallest_budget_mb(),
+        "smallest_configuration": plan.smallest.id,
+        "dominant_component": plan.smallest.prediction.dominant_component(),
+        "calibration": plan.calibration,
+    }

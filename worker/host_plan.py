@@ -1,0 +1,51 @@
+"""The job's plan made again on the host that runs it: its calibration, its thread count and
+its CPU's bf16 path decide the configuration (the API planned on its own host to answer the
+request). Each attempt plans for its own worker; knobs never change the math, so a resumed
+attempt may take other knobs than the one that wrote the checkpoint."""
+
+from __future__ import annotations
+
+from sqlmodel import Session
+
+from mebp_core.config import TrainConfig
+from mebp_core.plan.arch import load_architecture
+from mebp_core.plan.on_host import chosen_entry, plan_on_host, plan_summary
+from service.crud import add_event
+from service.devices import find_device
+from service.models import Job
+from service.settings import Settings
+
+
+def plan_on_this_worker(session: Session, job: Job, source: str, settings: Settings,
+                        worker: str) -> TrainConfig:
+    """The config this attempt runs (this worker's threads, and for a planned job the
+    configuration this host predicts fastest within the budget); the job's config and plan
+    are updated to match, with an event when the configuration differs from the API's."""
+    config = job.train_config()
+    here = config.model_copy(update={"knobs": config.knobs.model_copy(
+        update={"threads": settings.threads})})
+    planned = job.plan or {}
+    if not planned.get("planned"):  # another method: its knobs are as requested
+        return here
+    device = None if job.device_id is None else find_device(session, job.device_id)
+    by_request = planned.get("chosen_by") == "request"
+    plan = plan_on_host(load_architecture(source), here, budget_bytes=job.memory_budget_bytes,
+                        device=device, candidates=[here.knobs] if by_request else None,
+                        cache_dir=settings.cache_dir)
+    chosen = chosen_entry(plan)
+    here = here.model_copy(update={"knobs": chosen.knobs.model_copy(
+        update={"threads": settings.threads})})
+    summary = {**plan_summary(plan, chosen, chosen_by=planned.get("chosen_by", "auto")),
+               "planned_by": worker}
+    if chosen.id != planned.get("configuration"):
+        add_event(session, job_id=job.id, kind="log",
+                  message=f"planned on {worker}: {chosen.id} (predicted "
+                  f"{summary['predicted_peak_mb']:.0f} MB, {summary['predicted_step_time_s']:.2f}"
+                  f" s/step) instead of {planned.get('configuration')}",
+                  data={"configuration": chosen.id,
+                        "previous_configuration": planned.get("configuration")})
+    job.config = here.model_dump(mode="json")
+    job.plan = summary
+    session.add(job)
+    return here
+
