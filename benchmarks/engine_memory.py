@@ -39,12 +39,11 @@ if str(REPO) not in sys.path:
 
 from benchmarks._cgroup import BenchCgroup, create_cgroup  # noqa: E402
 from benchmarks._report import check_targets, markdown_tables  # noqa: E402
-from benchmarks._workers import RESULT_PREFIX  # noqa: E402
-from mebp_core.bench.side_by_side import preset_hf_dir  # noqa: E402
+from mebp_core.bench.side_by_side import parse_result, preset_hf_dir, worker_argv  # noqa: E402
 
 HF_CACHE = Path("/tmp/mebp-bench-hf")
 CGROUP_POLL_S = 0.02
-# Named EngineKnobs sets; the worker gets them as flags.
+# Named EngineKnobs sets; the measurement child gets them as JSON.
 CONFIGS = {
     "default": {"share_decompression": True, "checkpoint_storage": "ram"},
     "low-memory": {"share_decompression": False, "checkpoint_storage": "mmap"},
@@ -81,12 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 # -- children ---------------------------------------------------------------------------------
 
-def worker_argv(kind: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "benchmarks._workers", kind, *extra]
-
-
 def run_child(argv: list[str], cgroup: BenchCgroup | None = None) -> dict:
-    """Run one measurement child; its RESULT line, exit code, wall and CPU time."""
+    """Run one measurement child; its result, exit code, wall and CPU time (a child the cap
+    killed has no result, only its stderr's tail)."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     load = os.getloadavg()[0]
@@ -99,7 +95,7 @@ def run_child(argv: list[str], cgroup: BenchCgroup | None = None) -> dict:
     if poller:
         poller.join()
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    result = _parse_result(stdout)
+    result = parse_result(stdout) or {}
     result.update(exit_code=proc.returncode, wall_s=time.perf_counter() - start,
                   cpu_s=(after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
                   loadavg_1m_at_start=load)
@@ -117,13 +113,6 @@ def _start_poller(cgroup: BenchCgroup, stop: threading.Event) -> threading.Threa
     thread = threading.Thread(target=poll, daemon=True)
     thread.start()
     return thread
-
-
-def _parse_result(stdout: str) -> dict:
-    for line in reversed(stdout.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            return json.loads(line[len(RESULT_PREFIX):])
-    return {}
 
 
 # -- models -----------------------------------------------------------------------------------
@@ -152,7 +141,7 @@ def private_cold_copy(directory: Path, dest: Path) -> Path:
 # -- measurements -----------------------------------------------------------------------------
 
 def measure_bare_torch() -> dict:
-    return run_child(worker_argv("torch"))
+    return run_child(worker_argv("torch", None))
 
 
 def measure_mebp(model: Path, seq_len: int, config: str, args: argparse.Namespace,
@@ -172,12 +161,9 @@ def measure_mebp(model: Path, seq_len: int, config: str, args: argparse.Namespac
 
 
 def mebp_argv(model: Path, seq_len: int, config: str, args: argparse.Namespace) -> list[str]:
-    knobs = CONFIGS[config]
-    share = "--share-decompression" if knobs["share_decompression"] else \
-        "--no-share-decompression"
-    return worker_argv("mebp", "--model", str(model), "--seq-len", str(seq_len),
-                       "--steps", str(args.steps), "--dtype", args.dtype, share,
-                       "--checkpoint-storage", knobs["checkpoint_storage"], *threads_flag(args))
+    return worker_argv("mebp", model, "--seq-len", str(seq_len), "--steps", str(args.steps),
+                       "--dtype", args.dtype, "--knobs", json.dumps(CONFIGS[config]),
+                       *threads_flag(args))
 
 
 def threads_flag(args: argparse.Namespace) -> list[str]:
@@ -185,7 +171,7 @@ def threads_flag(args: argparse.Namespace) -> list[str]:
 
 
 def measure_peft(model: Path, seq_len: int, args: argparse.Namespace) -> dict:
-    return run_child(worker_argv("peft", "--model", str(model), "--seq-len", str(seq_len),
+    return run_child(worker_argv("peft", model, "--seq-len", str(seq_len),
                                  "--steps", str(args.steps), *threads_flag(args)))
 
 

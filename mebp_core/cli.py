@@ -180,6 +180,7 @@ def _planned(config, args: argparse.Namespace):
         plan_on_host,
     )
     from mebp_core.plan.planner import knobs_id
+    from mebp_core.units import MB
 
     if config.method != "mebp":
         raise PlanInputError(f"--plan-budget-mb plans the mebp method's knobs; --method "
@@ -189,13 +190,13 @@ def _planned(config, args: argparse.Namespace):
     cap = None if group is None else group.limit_bytes()
     try:
         plan = plan_on_host(load_architecture(args.model), config,
-                            budget_bytes=int(args.plan_budget_mb * (1 << 20)),
+                            budget_bytes=int(args.plan_budget_mb * MB),
                             measure=cap is None)
     except CalibrationUnavailableError:
         raise PlanInputError(
             f"--plan-budget-mb needs this host's calibration, which is not measured yet, and "
             f"measuring it here would run inside this process's memory cap of "
-            f"{cap / (1 << 20):.0f} MB: run `mebp plan --model {args.model}` once outside the "
+            f"{cap / MB:.0f} MB: run `mebp plan --model {args.model}` once outside the "
             f"cap first") from None
     config = fastest_fitting(plan, config)
     print(f"planner: {knobs_id(config.knobs)} (the fastest predicted to fit "

@@ -82,6 +82,12 @@ class EngineKnobs(BaseModel):
         return self
 
 
+# Plain backprop is the one engine with these knobs: every frozen projection and the head
+# decompressed once and kept, and one autograd graph over the whole model.
+BACKPROP_KNOBS = {"frozen_weights": "resident", "resident_weight_bytes": None,
+                  "checkpoint_blocks": "none", "mlp_chunk_tokens": None}
+
+
 class TrainConfig(BaseModel):
     """Everything that determines a training run; validated once at the edge."""
 
@@ -125,6 +131,16 @@ class TrainConfig(BaseModel):
     skip_malformed: bool = Field(default=False, description=(
         "skip and count malformed JSONL lines instead of failing"))
     knobs: EngineKnobs = EngineKnobs()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _backprop_is_knob_settings(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("method") == "backprop":
+            knobs = data.get("knobs") or {}
+            if isinstance(knobs, EngineKnobs):
+                knobs = knobs.model_dump()
+            data = {**data, "knobs": {**knobs, **BACKPROP_KNOBS}}
+        return data
 
     @field_validator("schema_version")
     @classmethod

@@ -47,9 +47,16 @@ class SideBySideSpec:
     seed: int = 0
 
 
-def worker_argv(kind: str, model: Path, *options: str) -> list[str]:
-    return [sys.executable, "-m", "mebp_core.bench.worker", kind, "--model", str(model),
-            *options]
+def worker_argv(kind: str, model: Path | None, *options: str) -> list[str]:
+    """The measurement child's command line (``mebp_core.bench.worker``)."""
+    return [sys.executable, "-m", "mebp_core.bench.worker", kind,
+            *([] if model is None else ["--model", str(model)]), *options]
+
+
+def parse_result(stdout: str) -> dict | None:
+    """The child's result: its last JSON line, or None if it printed none."""
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
 
 
 def run_worker(argv: list[str]) -> dict:
@@ -57,11 +64,10 @@ def run_worker(argv: list[str]) -> dict:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     start = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if proc.returncode != 0 or not lines:
+    result = parse_result(proc.stdout)
+    if proc.returncode != 0 or result is None:
         raise BenchError(f"{' '.join(argv[2:5])} failed (exit {proc.returncode}): "
                          f"{proc.stderr[-1500:]}")
-    result = json.loads(lines[-1])
     result.update(exit_code=proc.returncode, wall_s=time.perf_counter() - start)
     return result
 

@@ -1,9 +1,11 @@
 """One measurement in a fresh process; prints exactly one JSON line (the result) on stdout.
+The one measurement child of ``mebp bench`` and the scripts in ``benchmarks/``.
 
     python -m mebp_core.bench.worker {mebp,mezo,backprop} --model PACKED_DIR --seq-len 256 \\
-        --steps 3 [--threads N] [--dtype bfloat16]
+        --steps 3 [--threads N] [--dtype bfloat16] [--knobs JSON]
     python -m mebp_core.bench.worker peft --model HF_DIR --seq-len 256 --steps 3
     python -m mebp_core.bench.worker cosine --model PACKED_DIR --seq-len 256 --seeds 5
+    python -m mebp_core.bench.worker torch   # a bare ``import torch``: the runtime's memory
 
 Heavy imports happen inside the runners, and the memory baseline is taken after them, so
 ``footprint_mb`` is what the method added above its imported runtime. Progress goes to stderr.
@@ -36,17 +38,18 @@ def random_batch(vocab_size: int, seq_len: int, seed: int = 0):
     return input_ids, input_ids.clone()
 
 
-def run_timed_steps(step: Callable[[], float], steps: int, memory) -> list[dict]:
-    """``step()`` returns the loss; each record gets its wall time and its own anon peak."""
+def run_timed_steps(step: Callable[[], dict], steps: int, memory) -> list[dict]:
+    """``step()`` returns its record (the loss at least); each record gets its wall time and
+    its own peak."""
     records = []
     for index in range(steps):
         start = time.perf_counter()
-        loss = step()
+        record = step()
         elapsed = time.perf_counter() - start
-        records.append({"loss": loss, "step_time_s": elapsed,
+        records.append({**record, "step_time_s": elapsed,
                         "step_peak_mb": memory.take_step_peak() / MB})
-        print(f"step {index + 1}/{steps}: {elapsed:.2f} s loss {loss:.4f}", file=sys.stderr,
-              flush=True)
+        print(f"step {index + 1}/{steps}: {elapsed:.2f} s loss {record['loss']:.4f}",
+              file=sys.stderr, flush=True)
     return records
 
 
@@ -63,7 +66,27 @@ def summarize_steps(records: list[dict], memory) -> dict:
             "footprint_mb": memory.footprint_bytes / MB,
             "peak_anon_mb": memory.peak_anon_bytes / MB,
             "post_import_anon_mb": memory.baseline_anon_bytes / MB,
-            "step_peak_mb": [r["step_peak_mb"] for r in records]}
+            "step_peak_mb": [r["step_peak_mb"] for r in records],
+            "peak_rss_mb": peak_rss_mb()}
+
+
+def peak_rss_mb() -> float:
+    """VmHWM: peak resident memory, file-backed pages (mapped weights, libraries) included."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def decompression_summary(records: list[dict]) -> dict:
+    """Time spent decompressing frozen weights per step, and its share after warm-up."""
+    timed = records[1:] or records
+    return {"decompress_s": [r["decompress_s"] for r in records],
+            "decompress_s_median": statistics.median(r["decompress_s"] for r in timed),
+            "decompress_share": statistics.median(r["decompress_s"] / r["step_time_s"]
+                                                  for r in timed),
+            "weights_live_peak_mb": max(r["weights_live_peak_mb"] for r in records)}
 
 
 def engine_config(args: argparse.Namespace, method: str):
@@ -101,15 +124,24 @@ def run_engine(args: argparse.Namespace) -> dict:
             batch = random_batch(engine.arch.args.vocab_size, args.seq_len, args.seed)
             counter = iter(range(1, args.steps + 1))
 
-            def step() -> float:
+            def step() -> dict:
+                engine.working_set.reset_counters()
                 result = step_function(next(counter), [batch], config.lr)
-                return result.loss_sum / max(result.valid_tokens, 1)
+                return {"loss": result.loss_sum / max(result.valid_tokens, 1),
+                        "decompress_s": engine.working_set.decompress_s,
+                        "weights_live_peak_mb": engine.working_set.peak_bytes / MB}
 
             records = run_timed_steps(step, args.steps, memory)
+            element = torch.empty((), dtype=engine.dtype).element_size()
+            # L x (B, T, D) block inputs, when every block is checkpointed
+            checkpoint_mb = (len(engine.layers) * args.seq_len * engine.arch.args.hidden_size
+                             * element / MB)
         finally:
             checkpoints.close()
             engine.close()
-    return {**summarize_steps(records, memory), "threads": torch.get_num_threads()}
+    return {**summarize_steps(records, memory), **decompression_summary(records),
+            "threads": torch.get_num_threads(), "knobs": config.knobs.model_dump(mode="json"),
+            "checkpoint_mb": checkpoint_mb}
 
 
 def run_peft(args: argparse.Namespace) -> dict:
@@ -134,16 +166,28 @@ def run_peft(args: argparse.Namespace) -> dict:
         optimizer = torch.optim.SGD(params, lr=LR)
         input_ids, labels = random_batch(model.config.vocab_size, args.seq_len, args.seed)
 
-        def step() -> float:
+        def step() -> dict:
             out = model(input_ids=input_ids, labels=labels, use_cache=False)
             out.loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-            return float(out.loss)
+            return {"loss": float(out.loss)}
 
         records = run_timed_steps(step, args.steps, memory)
     return {**summarize_steps(records, memory), "threads": torch.get_num_threads(),
-            "transformers_version": transformers.__version__, "peft_version": peft.__version__}
+            "transformers_version": transformers.__version__, "peft_version": peft.__version__,
+            "trainable_params": sum(p.numel() for p in params)}
+
+
+def run_torch(_: argparse.Namespace) -> dict:
+    """What a bare ``import torch`` costs: the baseline every footprint is quoted above."""
+    import torch
+
+    from mebp_core.kernel_memory import read_memory
+
+    gc.collect()
+    return {"bare_torch_mb": read_memory().charged_bytes / MB,
+            "torch_version": torch.__version__, "threads": torch.get_num_threads()}
 
 
 def run_cosine(args: argparse.Namespace) -> dict:
@@ -177,14 +221,14 @@ def run_cosine(args: argparse.Namespace) -> dict:
 
 
 RUNNERS = {"mebp": run_engine, "mezo": run_engine, "backprop": run_engine, "peft": run_peft,
-           "cosine": run_cosine}
+           "cosine": run_cosine, "torch": run_torch}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("kind", choices=list(RUNNERS))
-    parser.add_argument("--model", required=True,
-                        help="a packed dir (engine methods, cosine) or a Hugging Face dir (peft)")
+    parser.add_argument("--model", help="a packed dir (engine methods, cosine) or a Hugging "
+                        "Face dir (peft); torch takes none")
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--steps", type=int, default=3, help="the first one is warm-up")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
@@ -193,7 +237,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--knobs", help="engine methods: trade-off knobs as a JSON object")
     parser.add_argument("--seeds", type=int, default=5, help="cosine: MeZO directions")
     parser.add_argument("--eps", type=float, default=1e-3, help="cosine: MeZO's eps")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.kind != "torch" and args.model is None:
+        parser.error(f"{args.kind} needs --model")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,8 +6,9 @@
   block is updated as soon as its gradients are complete (its gradients never coexist with
   the others'); otherwise gradients accumulate over the micro-batches, are clipped, and every
   block steps at the end.
-- ``backprop``: plain autograd with every frozen weight decompressed and resident and all
-  activations kept: the fast, memory-hungry reference.
+- ``backprop``: plain autograd over the whole model, all activations kept; its config's knobs
+  keep every frozen projection and the head resident (``config.BACKPROP_KNOBS``): the fast,
+  memory-hungry reference.
 - ``mezo``: two perturbed forwards and a seed-regenerated update, no backward.
 """
 
@@ -20,7 +21,7 @@ import torch
 from torch.nn.utils import clip_grad_norm_
 
 from mebp_core.config import TrainConfig
-from mebp_core.engine.backprop import make_resident, run_backprop_step
+from mebp_core.engine.backprop import run_backprop_step
 from mebp_core.engine.mebp import StepLoss, count_valid_targets, run_mebp_step
 from mebp_core.engine.mezo import derive_step_seed, run_mezo_step
 from mebp_core.engine.model import EngineModel
@@ -37,8 +38,6 @@ def make_step_function(engine: EngineModel, config: TrainConfig,
     if config.method == "mezo":
         return _mezo_step(engine, config)
     if config.method == "backprop":
-        make_resident(engine)
-
         def backward(input_ids, labels, loss_scale, on_block_done):
             return run_backprop_step(engine, input_ids, labels, loss_scale=loss_scale)
     elif config.method == "mebp":

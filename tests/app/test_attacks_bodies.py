@@ -15,7 +15,8 @@ import httpx
 import pytest
 from service_harness import API_KEY, start_service, stop_service
 
-MB = 1 << 20
+from mebp_core.units import MB
+
 BOUNDARY = "attackboundary7d1f"
 RSS_GROWTH_BYTES = 64 * MB  # a few batches and parsers; the attacks below send 100s of MB
 

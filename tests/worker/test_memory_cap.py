@@ -11,6 +11,7 @@ import uuid
 
 import pytest
 
+from mebp_core.units import MB
 from worker.memory_cap import (
     MemoryCapError,
     RlimitCap,
@@ -20,7 +21,6 @@ from worker.memory_cap import (
     v2_hierarchy,
 )
 
-MB = 1 << 20
 ALLOCATE = "import sys; block = b'x' * (int(sys.argv[1]) << 20)"  # every page written
 
 

@@ -14,9 +14,8 @@ import uuid
 import pytest
 
 from mebp_core.engine.memory import MemorySampler, track_memory
+from mebp_core.units import MB
 from worker.memory_cap import open_memory_cap
-
-MB = 1 << 20
 
 STEPS = r"""
 import json, mmap, os, sys, time
