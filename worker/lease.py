@@ -94,15 +94,22 @@ class Heartbeat:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            try:
-                with Session(self.engine) as session:
-                    beat = session.exec(update(Job).where(Job.id == self.job_id,
-                                                          Job.status == "running",
-                                                          Job.worker == self.worker)
-                                        .values(heartbeat_at=utc_now()))
-                    session.commit()
-            except SQLAlchemyError:  # the database is away: the next beat tries again
-                continue
-            if beat.rowcount == 0:  # finished, or taken from us
-                self.lost.set()
+            if not self.beat():
                 return
+
+    def beat(self) -> bool:
+        """Refresh the heartbeat once; False (and ``lost`` set) when the job is no longer
+        this worker's. A database away for now counts as a beat missed, not a loss."""
+        try:
+            with Session(self.engine) as session:
+                beat = session.exec(update(Job).where(Job.id == self.job_id,
+                                                      Job.status == "running",
+                                                      Job.worker == self.worker)
+                                    .values(heartbeat_at=utc_now()))
+                session.commit()
+        except SQLAlchemyError:
+            return True
+        if beat.rowcount == 0:  # finished, or taken from us
+            self.lost.set()
+            return False
+        return True

@@ -36,7 +36,7 @@ async def validation_error_response(request: Request, exc: RequestValidationErro
     as its name (``"nan"``), long strings and containers cut short."""
     errors = [{**error, "input": _echo(error["input"])} if "input" in error else error
               for error in jsonable_encoder(exc.errors(), custom_encoder={float: _finite})]
-    return JSONResponse({"detail": errors}, status_code=status.HTTP_422_UNPROCESSABLE_ENTITY)
+    return JSONResponse({"detail": errors}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
 
 
 def _finite(value: float) -> float | str:

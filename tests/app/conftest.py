@@ -11,6 +11,7 @@ import pytest
 from service_harness import (
     REDIS_TEST_URL,
     Service,
+    in_process_service,
     start_service,
     stop_service,
     temporary_postgres_database,
@@ -41,6 +42,28 @@ def service(tmp_path_factory, model_cache, model_root) -> Iterator[Service]:
                             {"MEBP_MODEL_ROOTS": str(model_root)})
     yield service
     stop_service(service)
+
+
+@pytest.fixture(scope="session")
+def api(tmp_path_factory, model_cache, model_root) -> Iterator[Service]:
+    """The fast tier: the same app in this process (no worker, so jobs stay queued), for
+    validation, auth and tenancy."""
+    with in_process_service(tmp_path_factory.mktemp("api"), model_cache, model_root) as api:
+        yield api
+
+
+@pytest.fixture(scope="session")
+def shared_api(tmp_path_factory, model_cache, model_root) -> Iterator[Service]:
+    """The fast tier over the machine's PostgreSQL."""
+    with temporary_postgres_database() as url, in_process_service(
+            tmp_path_factory.mktemp("shared-api"), model_cache, model_root, url) as api:
+        yield api
+
+
+@pytest.fixture(params=["embedded", "shared"])
+def any_api(request) -> Service:
+    """Each test using it runs in process on SQLite and on PostgreSQL."""
+    return request.getfixturevalue("api" if request.param == "embedded" else "shared_api")
 
 
 @pytest.fixture(scope="session")

@@ -1,6 +1,9 @@
-"""The service under test: ``mebp serve`` as a real subprocess on a free port, with a known
-API key and a seeded host calibration (so no test waits for a measurement), and a client
-that uploads, follows event streams and waits for jobs."""
+"""The service under test, in two tiers: ``mebp serve`` as a real subprocess on a free port
+(workers, caps, Redis and the database for real), or the same app in this process behind
+Starlette's TestClient (the fast tier for validation, auth and tenancy: no worker runs, so
+jobs stay queued). Both with a known API key and a seeded host calibration (so no test
+waits for a measurement), and a client that uploads, follows event streams and waits for
+jobs."""
 
 from __future__ import annotations
 
@@ -12,7 +15,8 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -30,15 +34,16 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 @dataclass
 class Service:
     url: str
-    process: subprocess.Popen
-    output: Path
+    process: subprocess.Popen | None  # None: the app runs in this process
+    output: Path  # the service's log, beside its data dir
     api_key: str = API_KEY
     max_upload_bytes: int = MAX_UPLOAD_BYTES
-    client: httpx.Client = field(init=False)
+    client: httpx.Client | None = None
 
     def __post_init__(self) -> None:
-        self.client = httpx.Client(base_url=self.url, timeout=120,
-                                   headers={"Authorization": f"Bearer {self.api_key}"})
+        if self.client is None:
+            self.client = httpx.Client(base_url=self.url, timeout=120,
+                                       headers={"Authorization": f"Bearer {self.api_key}"})
 
     def request(self, method: str, path: str, body: dict | None = None,
                 key: str | None = API_KEY) -> tuple[int, dict]:
@@ -127,6 +132,35 @@ def stop_service(service: Service) -> None:
     service.client.close()
     service.process.terminate()
     service.process.wait(timeout=60)
+
+
+@contextmanager
+def in_process_service(root: Path, cache: Path, model_root: Path,
+                       database: str | None = None) -> Iterator[Service]:
+    """The app of ``mebp serve`` in this process over ``database`` (SQLite in ``root`` if
+    None) and the machine's Redis (a queue of its own, emptied after), with the subprocess
+    tier's limits."""
+    from fastapi.testclient import TestClient
+
+    from app.main import create_app
+    from service.db import database_url, upgrade_database
+    from service.queue import connect, job_queue
+    from service.settings import Settings
+
+    data = root / "data"
+    settings = Settings(data_dir=data, cache_dir=cache, api_key=API_KEY,
+                        DATABASE_URL=database, REDIS_URL=REDIS_TEST_URL,
+                        queue_name=f"mebp-test-{uuid.uuid4().hex[:8]}",
+                        model_roots=str(model_root), max_upload_bytes=MAX_UPLOAD_BYTES,
+                        max_upload_rows=MAX_UPLOAD_ROWS, max_line_bytes=MAX_LINE_BYTES)
+    data.mkdir(parents=True)
+    upgrade_database(database_url(database, data))
+    output = root / "serve.log"
+    output.touch()
+    with TestClient(create_app(settings, reconcile=False), base_url="http://testserver",
+                    headers={"Authorization": f"Bearer {API_KEY}"}) as client:
+        yield Service("http://testserver", None, output, client=client)
+    job_queue(connect(REDIS_TEST_URL), settings.queue_name).empty()
 
 
 class temporary_postgres_database:

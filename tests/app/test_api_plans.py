@@ -1,4 +1,5 @@
-"""Devices and the planner over real HTTP, against `mebp serve` running as a subprocess."""
+"""Devices and the planner over HTTP: in this process (the fast tier), and the subprocess
+printing its URL and key."""
 
 from __future__ import annotations
 
@@ -8,24 +9,24 @@ def test_serve_prints_its_url_and_key(service):
     assert service.url in log and service.api_key in log
 
 
-def test_every_v1_route_wants_the_key(service):
-    assert service.request("GET", "/v1/devices", key=None)[0] == 401
-    status, body = service.request("GET", "/v1/devices", key="wrong-key-456")
+def test_every_v1_route_wants_the_key(api):
+    assert api.request("GET", "/v1/devices", key=None)[0] == 401
+    status, body = api.request("GET", "/v1/devices", key="wrong-key-456")
     assert status == 401 and "API key" in body["detail"]
 
 
-def test_devices_are_served_with_their_sources(service):
-    status, body = service.request("GET", "/v1/devices")
+def test_devices_are_served_with_their_sources(api):
+    status, body = api.request("GET", "/v1/devices")
     assert status == 200 and body["count"] == len(body["data"]) >= 9
     by_id = {d["id"]: d for d in body["data"]}
     assert by_id["iphone-15-pro-max"]["budget_mb"] == 1024 and by_id["iphone-15-pro-max"]["sources"]
-    status, one = service.request("GET", "/v1/devices/pixel-8")
+    status, one = api.request("GET", "/v1/devices/pixel-8")
     assert status == 200 and one == by_id["pixel-8"]
-    assert service.request("GET", "/v1/devices/nokia-3310")[0] == 404
+    assert api.request("GET", "/v1/devices/nokia-3310")[0] == 404
 
 
-def test_a_plan_on_a_device_has_the_front_auto_and_estimates(service, check_front):
-    status, plan = service.request("POST", "/v1/plans", {
+def test_a_plan_on_a_device_has_the_front_auto_and_estimates(api, check_front):
+    status, plan = api.request("POST", "/v1/plans", {
         "model": "preset:qwen2.5-0.5b", "seq_len": 256, "device": "iphone-15-pro-max"})
     assert status == 200, plan
     assert plan["budget_mb"] == 1024 and plan["feasible"] is True
@@ -40,18 +41,18 @@ def test_a_plan_on_a_device_has_the_front_auto_and_estimates(service, check_fron
     assert plan["device"]["memory_gb_s"] > 0
 
 
-def test_an_infeasible_budget_names_the_smallest_that_fits(service):
-    status, plan = service.request("POST", "/v1/plans", {
+def test_an_infeasible_budget_names_the_smallest_that_fits(api):
+    status, plan = api.request("POST", "/v1/plans", {
         "model": "preset:qwen2.5-0.5b", "seq_len": 256, "memory_budget_mb": 100})
     assert status == 200
     assert plan["feasible"] is False and plan["auto"] is None
     smallest = plan["smallest_budget_mb"]
-    status, retry = service.request("POST", "/v1/plans", {
+    status, retry = api.request("POST", "/v1/plans", {
         "model": "preset:qwen2.5-0.5b", "seq_len": 256, "memory_budget_mb": smallest})
     assert retry["feasible"] is True
 
 
-def test_bad_fields_get_422_naming_the_field(service):
+def test_bad_fields_get_422_naming_the_field(api):
     cases = [({"model": "preset:nope"}, "model"),
              ({"model": "gpt2"}, "model"),
              ({"model": "preset:tiny", "seq_len": 1}, "seq_len"),
@@ -61,23 +62,23 @@ def test_bad_fields_get_422_naming_the_field(service):
              ({"model": "preset:tiny", "memory_budget_mb": -1}, "memory_budget_mb"),
              ({"model": "preset:tiny", "surprise": 1}, "surprise")]
     for body, field in cases:
-        status, answer = service.request("POST", "/v1/plans", body)
+        status, answer = api.request("POST", "/v1/plans", body)
         assert status == 422, (body, answer)
         assert any(field in map(str, error["loc"]) for error in answer["detail"]), answer
 
 
-def test_a_plan_from_query_parameters_matches_the_post(service):
+def test_a_plan_from_query_parameters_matches_the_post(api):
     query = {"model": "preset:smollm2-135m", "device": "pixel-8", "seq_len": 128}
-    response = service.client.get("/v1/plans", params=query)
+    response = api.client.get("/v1/plans", params=query)
     assert response.status_code == 200
-    assert response.json() == service.request("POST", "/v1/plans", query)[1]
-    response = service.client.get("/v1/plans", params={**query, "device": "nokia-3310"})
+    assert response.json() == api.request("POST", "/v1/plans", query)[1]
+    response = api.client.get("/v1/plans", params={**query, "device": "nokia-3310"})
     assert response.status_code == 422
     assert response.json()["detail"][0]["loc"] == ["query", "device"]
 
 
-def test_the_openapi_document_describes_every_route(service):
-    status, spec = service.request("GET", "/openapi.json", key=None)
+def test_the_openapi_document_describes_every_route(api):
+    status, spec = api.request("GET", "/openapi.json", key=None)
     assert status == 200
     paths = {path: set(methods) for path, methods in spec["paths"].items()}
     expected = {

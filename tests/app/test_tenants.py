@@ -77,28 +77,28 @@ def test_each_tenant_sees_its_own(service, other, default_job):
     assert job.json()["id"] not in theirs and default_job["id"] in theirs
 
 
-def test_without_a_known_key_every_route_is_401(service):
+def test_without_a_known_key_every_route_is_401(api):
     for key in (None, "mebp-never-issued-0000000000"):
-        headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+        headers = {"Authorization": "" if key is None else f"Bearer {key}"}
         for path in ("/v1/jobs", "/v1/datasets", "/v1/fleets", "/v1/devices"):
-            assert httpx.get(service.url + path, headers=headers).status_code == 401
+            assert api.client.get(path, headers=headers).status_code == 401
 
 
-def test_a_tenant_name_is_checked(service):
+def test_a_tenant_name_is_checked(api):
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     done = subprocess.run([sys.executable, "-m", "app.cli", "keys", "create", "--tenant",
-                           "../Evil Corp", "--data-dir", str(service.output.parent / "data")],
+                           "../Evil Corp", "--data-dir", str(api.output.parent / "data")],
                           capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 2 and "--tenant" in done.stderr
 
 
-def test_a_revoked_key_is_a_401_from_then_on(service):
-    key = create_key(service, "gamma")
+def test_a_revoked_key_is_a_401_from_then_on(api):
+    key = create_key(api, "gamma")
     headers = {"Authorization": f"Bearer {key}"}
-    assert httpx.get(service.url + "/v1/jobs", headers=headers).status_code == 200
+    assert api.client.get("/v1/jobs", headers=headers).status_code == 200
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
     done = subprocess.run([sys.executable, "-m", "app.cli", "keys", "revoke", "--key", key,
-                           "--data-dir", str(service.output.parent / "data")],
+                           "--data-dir", str(api.output.parent / "data")],
                           capture_output=True, text=True, timeout=60, env=env)
     assert done.returncode == 0 and "revoked 1 key" in done.stderr, done.stderr
-    assert httpx.get(service.url + "/v1/jobs", headers=headers).status_code == 401
+    assert api.client.get("/v1/jobs", headers=headers).status_code == 401
