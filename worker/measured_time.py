@@ -34,5 +34,6 @@ def correct_host_time(job: Job, *, cache_dir: Path, threads: int | None
     correction = record_run(calibration_path(cache_dir, threads), calibrated_at,
                             matmul_dtype=plan["matmul_dtype"], modelled_s=modelled,
                             measured_s=job.step_time_s,
+                            modelled_parts=plan.get("modelled_time_s"),
                             label=f"job {job.id}: {job.model} {plan.get('configuration')}")
     return None if correction is None else (job.step_time_s, correction)

@@ -331,7 +331,9 @@ class JobRun:
                   message=f"measured {measured:.3g} s/step against "
                   f"{plan['predicted_step_time_s']:.3g} predicted; this host's "
                   f"{correction.matmul_dtype} step times are now "
-                  f"corrected by x{correction.factor:.2f} (median of {correction.runs} runs)",
+                  f"corrected by x{correction.factor:.2f} (median of {correction.runs} runs"
+                  + (f"; per part, fitted on {correction.fitted_runs}"
+                     if correction.fitted_runs > 1 else "") + ")",
                   data={"measured_step_time_s": measured,
                         "predicted_step_time_s": plan["predicted_step_time_s"],
                         "time_correction": correction.to_json()})

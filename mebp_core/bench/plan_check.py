@@ -88,7 +88,8 @@ def _run_plan_check(spec: PlanCheckSpec, cache: Path) -> dict:
                                load_calibration(cache, spec.threads).measured_at,
                                matmul_dtype=matmul_dtype_of(plan.workload, entry.knobs),
                                modelled_s=prediction.modelled_step_time_s,
-                               measured_s=measured["s_per_step"], label=entry.id)
+                               measured_s=measured["s_per_step"], label=entry.id,
+                               modelled_parts=prediction.modelled_time)
             if spec.with_peft and not model.startswith("preset:"):
                 print(f"{model}: --with-peft needs a preset (a Hugging Face copy is generated "
                       "from it); skipped", file=sys.stderr)
@@ -107,6 +108,8 @@ def _run_plan_check(spec: PlanCheckSpec, cache: Path) -> dict:
               "time_within": _share(rows, "time_error", TIME_TOLERANCE)}
     if spec.learn:  # after one corrective run
         report["time_within_corrected"] = _share(rows[1:], "time_error", TIME_TOLERANCE)
+        report["time_within_corrected_one_factor"] = _share(rows[1:], "time_error_one_factor",
+                                                            TIME_TOLERANCE)
     return report
 
 
@@ -133,8 +136,13 @@ def _spread(front: list, limit: int | None) -> list:
 def _row(model: str, seq_len: int, config: str, prediction, measured: dict) -> dict:
     predicted_mb = prediction.peak_bytes / MB
     predicted_s = prediction.step_time_s
+    # what the prior alone (one factor for every part) would have predicted
+    prior = 1.0 if prediction.correction is None else prediction.correction.factor
     return {"model": model, "seq_len": seq_len, "config": config,
             "time_correction": round(prediction.time_factor, 4),
+            "modelled_time_s": {k: round(v, 4) for k, v in prediction.modelled_time.items()},
+            "time_error_one_factor": prediction.modelled_step_time_s * prior
+            / measured["s_per_step"] - 1,
             "predicted_peak_mb": round(predicted_mb, 1),
             "measured_peak_mb": round(measured["peak_mb"], 1),  # the kernel's figure
             "memory_error": measured["peak_mb"] and predicted_mb / measured["peak_mb"] - 1,
@@ -159,7 +167,8 @@ def format_plan_check(report: dict) -> str:
                  f"time within {TIME_TOLERANCE:.0%}: {report['time_within']}")
     if report.get("learn"):
         lines.append(f"time within {TIME_TOLERANCE:.0%} after the first (corrective) run: "
-                     f"{report['time_within_corrected']}")
+                     f"{report['time_within_corrected']} (one factor for every part: "
+                     f"{report['time_within_corrected_one_factor']})")
     for base in report["peft"]:
         same = [r for r in report["rows"]
                 if r["model"] == base["model"] and r["seq_len"] == base["seq_len"]]

@@ -63,10 +63,6 @@ class HostCalibration:
     def max_spread(self) -> float | None:
         return max(self.spread.values()) if self.spread else None
 
-    def time_factor(self, matmul_dtype: str) -> float:
-        correction = self.time_corrections.get(matmul_dtype)
-        return 1.0 if correction is None else correction.factor
-
     def provenance(self) -> dict:
         """What a plan says about the calibration it used."""
         return {"host": self.host, "threads": self.threads, "torch": self.torch,

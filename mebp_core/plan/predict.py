@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import Architecture
 from mebp_core.plan.calibration import HostCalibration
+from mebp_core.plan.correction import TimeCorrection
 from mebp_core.plan.timing import StepWork, step_time
 from mebp_core.plan.workload import (
     DTYPE_BYTES,
@@ -67,12 +68,20 @@ class Prediction:
     store_bytes: int  # packed bytes read per step: page cache, not anonymous memory
     checkpoint_file_bytes: int  # checkpoints in a memory-mapped file: dirty page cache
     work: StepWork  # what the step does, for on-device estimates
-    time_factor: float = 1.0  # the host's measured-run correction, applied to ``time``
+    # ``time`` before the host's measured-run correction (None: the same as ``time``)
+    modelled_time: dict[str, float] | None = None
+    correction: TimeCorrection | None = None  # what measured runs on this host say
 
     @property
     def modelled_step_time_s(self) -> float:
         """The step time before the host's correction: what measured runs are compared to."""
-        return self.step_time_s / self.time_factor
+        return sum((self.modelled_time or self.time).values())
+
+    @property
+    def time_factor(self) -> float:
+        """The correction's overall effect on this configuration's step time."""
+        modelled = self.modelled_step_time_s
+        return self.step_time_s / modelled if modelled > 0 else 1.0
 
     @property
     def peak_bytes(self) -> int:
@@ -140,15 +149,15 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
               "activations": phase["activations"], "lora": lora,
               "loss_chunk": phase["loss_chunk"]}
     store_bytes = _lazy_store_bytes(workload, set(resident))
-    time, work = step_time(workload, knobs, host, set(resident))
-    time_factor = host.time_factor(matmul_dtype_of(workload, knobs))
-    time = {part: seconds * time_factor for part, seconds in time.items()}
+    modelled, work = step_time(workload, knobs, host, set(resident))
+    correction = host.time_corrections.get(matmul_dtype_of(workload, knobs))
+    time = modelled if correction is None else correction.apply(modelled)
     checkpoint_file = 0
     if every != "none" and knobs.checkpoint_storage == "mmap":
         checkpoint_file = math.ceil(arch.num_layers / every) * hidden_bytes
     return Prediction(memory=memory, time=time, store_bytes=store_bytes,
-                      checkpoint_file_bytes=checkpoint_file, work=work,
-                      time_factor=time_factor)
+                      checkpoint_file_bytes=checkpoint_file, work=work, modelled_time=modelled,
+                      correction=correction)
 
 
 def _resident_weights(arch: Architecture, knobs: EngineKnobs, e: int) -> dict[str, int]:
@@ -229,6 +238,7 @@ def under_budget(prediction: Prediction, budget_bytes: int, host: HostCalibratio
     checkpoints = prediction.checkpoint_file_bytes
     missing_checkpoints = max(0, checkpoints - room)
     missing_store = max(0, prediction.store_bytes - max(0, room - checkpoints))
-    disk_s = (missing_store + 2 * missing_checkpoints) / host.disk_read_bytes_per_s * \
-        prediction.time_factor
-    return dataclasses.replace(prediction, time={**prediction.time, "disk": disk_s})
+    disk = {"disk": (missing_store + 2 * missing_checkpoints) / host.disk_read_bytes_per_s}
+    corrected = disk if prediction.correction is None else prediction.correction.apply(disk)
+    return dataclasses.replace(prediction, time={**prediction.time, **corrected},
+                               modelled_time={**(prediction.modelled_time or {}), **disk})

@@ -12,6 +12,7 @@ from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.calibration import calibration_path, load_calibration
 from mebp_core.plan.correction import (
     RECENT_RUNS,
+    correction_from,
     correction_path,
     measured_step_time,
     record_run,
@@ -43,8 +44,8 @@ def test_the_correction_is_the_median_of_the_latest_runs_per_dtype(tmp_path, see
     assert correction.factor == pytest.approx(1.1)
     record(cache, at, 0.5, dtype="bfloat16")
     loaded = load_calibration(cache)
-    assert loaded.time_factor("float32") == pytest.approx(1.1)
-    assert loaded.time_factor("bfloat16") == pytest.approx(0.5)
+    assert loaded.time_corrections["float32"].factor == pytest.approx(1.1)
+    assert loaded.time_corrections["bfloat16"].factor == pytest.approx(0.5)
     assert record(cache, at, 1000.0) is None  # not a statement about the host
 
     # every plan's step time moves by the factor; memory does not
@@ -65,3 +66,42 @@ def test_a_new_calibration_starts_uncorrected_and_a_corrupt_record_is_ignored(
     assert load_calibration(cache).time_corrections == {}
     assert record(cache, host.measured_at, 2.0).runs == 1
     assert json.loads(correction_path(calibration_path(cache, None)).read_text())[0]["ratio"] == 2.0
+
+
+def run(matmul_s: float, decompress_s: float, *, slow_decompress: float) -> dict:
+    """A run on a host whose decompression is ``slow_decompress`` times what was modelled."""
+    measured = matmul_s + slow_decompress * decompress_s
+    modelled = matmul_s + decompress_s
+    return {"ratio": measured / modelled, "measured_s": measured, "modelled_s": modelled,
+            "modelled_parts": {"matmul": matmul_s, "decompress": decompress_s, "disk": 0.0}}
+
+
+def test_part_factors_find_the_part_the_host_is_slow_at():
+    """Lazy (decompression-heavy) and resident configurations on a host whose decompression
+    is 3x slower than calibrated: one factor cannot fit both; the part factors do."""
+    mixes = [(1.0, 2.0), (3.0, 0.1), (1.0, 1.0), (2.0, 0.2), (1.0, 3.0), (4.0, 0.0)]
+    runs = [run(m, d, slow_decompress=3.0) for m, d in mixes]
+    correction = correction_from(runs, "float32")
+    parts = correction.part_factors
+    assert set(parts) == {"matmul", "decompress"}  # a part never modelled keeps the prior
+    assert parts["decompress"] > 1.8 * parts["matmul"]
+    assert abs(parts["matmul"] - 1.0) < abs(correction.factor - 1.0)
+
+    def error(time_factor_of) -> float:  # on a configuration not among the runs
+        truth = run(1.5, 1.5, slow_decompress=3.0)
+        predicted = sum(time_factor_of(p) * s for p, s in truth["modelled_parts"].items())
+        return abs(predicted / truth["measured_s"] - 1)
+    per_part = error(lambda p: parts.get(p, correction.factor))
+    assert per_part < 0.6 * error(lambda p: correction.factor)  # 0.20 against 0.41
+
+
+def test_one_run_or_runs_of_one_mix_leave_every_part_at_the_prior():
+    single = correction_from([run(1.0, 1.0, slow_decompress=2.0)], "float32")
+    assert single.factor == pytest.approx(1.5)
+    assert all(f == pytest.approx(1.5) for f in single.part_factors.values())
+    same_mix = correction_from([run(1.0, 1.0, slow_decompress=2.0)] * 4, "float32")
+    assert all(f == pytest.approx(1.5, rel=1e-6) for f in same_mix.part_factors.values())
+    # runs recorded without their parts (older records) give the prior alone
+    bare = [{k: v for k, v in run(1.0, 1.0, slow_decompress=2.0).items()
+             if k != "modelled_parts"}]
+    assert correction_from(bare, "float32").part_factors == {}
