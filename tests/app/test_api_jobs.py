@@ -122,14 +122,16 @@ def check_predicted_beside_measured(service, job: dict, metrics: list[dict]) -> 
     dtype = plan["matmul_dtype"]
     assert correction["matmul_dtype"] == dtype and correction["runs"] >= 1
     # the same query, planned again: the configuration the job ran is now predicted at its
-    # modelled time times the host's correction
+    # modelled time, each part times the host's factor for it
     status, again = service.request("POST", "/v1/plans", {
         "model": SMALL_JOB["model"], "device": SMALL_JOB["device"],
         "seq_len": SMALL_JOB["hyperparameters"]["seq_len"]})
     assert status == 200, again
     assert again["calibration"]["time_correction"][dtype] == correction
     rerun = next(c for c in again["configurations"] if c["id"] == plan["configuration"])
-    expected = plan["modelled_step_time_s"] * correction["factor"]
+    factors = correction["part_factors"]
+    expected = sum(seconds * factors.get(part, correction["factor"])
+                   for part, seconds in plan["modelled_time_s"].items())
     assert rerun["step_time_s"] == pytest.approx(expected, rel=2e-3, abs=1e-4)  # 4 decimals
     if correction["runs"] == 1:  # the first run on this calibration: its own ratio
         assert correction["factor"] == pytest.approx(
