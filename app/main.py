@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, FastAPI, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
@@ -47,6 +48,7 @@ ERRORS = {code: {"model": ErrorMessage, "description": text} for code, text in (
     (429, "a per-tenant or per-key limit is reached (queued jobs, open streams); retry later"),
     (503, "Redis or the database is unavailable; retry"),
     (507, "the service's storage is full"))}
+FAVICON_URL = "/static/favicon.svg"
 UNAVAILABLE = {RedisError: "the job queue (Redis) is unavailable; retry shortly",
                OperationalError: "the database is unavailable; retry shortly",
                InterfaceError: "the database is unavailable; retry shortly"}
@@ -73,15 +75,23 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
         if reconciler is not None:
             reconciler.stop()
 
-    app = FastAPI(title="mebp", version="0.1.0", lifespan=lifespan,
-                  description="Exact, memory-efficient LoRA fine-tuning under phone-sized "
-                  "memory budgets: datasets, jobs run under kernel-enforced memory caps, "
-                  "adapters, fleets, device profiles and the memory/time planner.")
+    # /docs with its scripts served from the fastapi-offline package (no /redoc: its
+    # bundle fetches a logo from a CDN)
+    app = FastAPIOffline(title="mebp", version="0.1.0", lifespan=lifespan, redoc_url=None,
+                         favicon_url=FAVICON_URL,
+                         description="Exact, memory-efficient LoRA fine-tuning under "
+                         "phone-sized memory budgets: datasets, jobs run under kernel-enforced "
+                         "memory caps, adapters, fleets, device profiles and the memory/time "
+                         "planner.")
     app.state.settings, app.state.engine, app.state.redis = settings, engine, redis
     app.state.enqueue = lambda job_id: _enqueue_or_defer(queue, job_id)
     app.state.session_slots = SessionSlots(engine)
     app.state.event_hub = event_hub = EventHub(engine)
     app.state.stream_slots = StreamSlots(settings.max_streams_per_key)
+
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> FileResponse:
+        return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml")
 
     @app.get("/static/plotly.min.js", include_in_schema=False)
     def plotly_js() -> FileResponse:

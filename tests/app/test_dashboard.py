@@ -206,3 +206,20 @@ def test_a_fleet_page_has_its_device_grid_and_mebp_against_mezo(page, service, d
     shoot(page, "fleet")
     page.goto("/fleets")
     expect(page.locator(f"a[href='/fleets/{fleet['id']}']")).to_be_visible()
+
+
+def test_the_api_docs_render_offline_and_every_page_has_a_favicon(page, service):
+    """Swagger UI comes from the service itself (the browser reaches nothing else: every
+    request off the service's origin is refused), and /favicon.ico answers."""
+    foreign = []
+    page.route(re.compile(r"^(?!" + re.escape(service.url) + ").*"),
+               lambda route: (foreign.append(route.request.url), route.abort()))
+    page.goto("/docs")
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("mebp")
+    expect(page.locator(".swagger-ui .opblock-tag").first).to_be_visible()
+    shoot(page, "docs")
+    assert foreign == []
+    icon = page.request.get("/favicon.ico")
+    assert icon.ok and icon.headers["content-type"].startswith("image/svg")
+    page.goto("/signin")
+    assert page.locator("link[rel=icon]").get_attribute("href") == "/static/favicon.svg"
