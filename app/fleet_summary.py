@@ -8,6 +8,7 @@ from statistics import mean
 from sqlmodel import Session, select
 
 from app.schemas import FleetMember, FleetPublic, FleetSummary
+from mebp_core.units import MB
 from service.models import Fleet, Job
 
 
@@ -28,12 +29,17 @@ def fleet_public(session: Session, fleet: Fleet) -> FleetPublic:
 
 
 def _member(spec: dict, job: Job | None) -> FleetMember:
-    plan = spec["plan"]
+    plan = spec["plan"] if job is None or not job.plan else job.plan  # what ran, once it did
+    peak = None if job is None or job.peak_memory_bytes is None else \
+        round(job.peak_memory_bytes / MB, 1)
     return FleetMember(
         device=spec["device"], shard=spec["shard"], training_file=spec["training_file"],
         fits=spec["fits"], budget_mb=plan["budget_mb"],
         smallest_budget_mb=plan.get("smallest_budget_mb"),
-        predicted_peak_mb=plan.get("predicted_peak_mb"),
+        configuration=plan.get("configuration"),
+        predicted_peak_mb=plan.get("predicted_peak_mb"), measured_peak_mb=peak,
+        predicted_step_time_s=plan.get("predicted_step_time_s"),
+        measured_step_time_s=None if job is None else job.step_time_s,
         device_step_time_s_estimate=plan.get("device_step_time_s_estimate"),
         job_id=spec["job_id"], status="not_run" if job is None else job.status,
         final_loss=None if job is None or job.status != "succeeded" else job.last_loss,

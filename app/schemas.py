@@ -315,7 +315,13 @@ class FleetMember(BaseModel):
     fits: bool = Field(description="the planner predicts a configuration fits the budget")
     budget_mb: float
     smallest_budget_mb: int | None
+    configuration: str | None = Field(description="the configuration planned for the device "
+                                      "(the worker's own plan once its job has started)")
     predicted_peak_mb: float | None
+    measured_peak_mb: float | None = Field(description="the kernel's count: anonymous + "
+                                           "shared memory at the job's peak")
+    predicted_step_time_s: float | None = Field(description="on this service's host")
+    measured_step_time_s: float | None
     device_step_time_s_estimate: float | None
     job_id: str | None = Field(description="none when the device does not fit and "
                                "allow_infeasible is off")

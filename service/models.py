@@ -47,6 +47,8 @@ class Dataset(SQLModel, table=True):
     bytes: int = Field(sa_column=Column(BigInteger, nullable=False))
     rows: int
     sha256: str = Field(max_length=64)
+    # a fleet's shard: the dataset its rows were dealt from (None: a whole upload)
+    source_id: str | None = Field(default=None, foreign_key="datasets.id", max_length=40)
     created_at: datetime = Field(default_factory=utc_now)
 
 

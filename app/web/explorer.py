@@ -7,7 +7,7 @@ from fastapi import APIRouter, HTTPException, Request, UploadFile, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import ValidationError
-from sqlmodel import select
+from sqlmodel import col, select
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import SessionDep, SettingsDep
@@ -32,8 +32,10 @@ def choices(session, tenant: str) -> dict:
     registered = session.exec(select(RegisteredModel.name).order_by(RegisteredModel.name))
     return {"models": [f"preset:{name}" for name in sorted(PRESET_CONFIGS)] + list(registered),
             "devices": list(all_devices(session).values()),
+            # whole uploads first (the form's default), then fleets' shards
             "datasets": session.exec(select(Dataset).where(Dataset.tenant == tenant)
-                                     .order_by(Dataset.created_at.desc())
+                                     .order_by(col(Dataset.source_id).is_not(None),
+                                               Dataset.created_at.desc())
                                      .limit(50)).all()}
 
 

@@ -62,24 +62,27 @@ def fleets_page(request: Request, session: SessionDep, principal: PagePrincipal)
 def fleet_page(fleet_id: str, request: Request, session: SessionDep,
                principal: PagePrincipal) -> HTMLResponse:
     fleet = read_fleet(fleet_id, session, principal).model_dump(mode="json")
-    curves = loss_curves(session, principal.tenant,
-                         {m["training_file"] for m in fleet["members"]})
     return templates.TemplateResponse(request, "fleet.html", {
-        "fleet": fleet, "chart": script_json({"curves": curves})})
+        "fleet": fleet, "chart": script_json({"curves": loss_curves(session, fleet["members"]),
+                                              "members": fleet["members"]})})
 
 
-def loss_curves(session, tenant: str, training_files: set[str], limit: int = 40) -> list[dict]:
-    """Loss per step of every job on these datasets (this fleet's and any other, mezo
-    included), so methods can be compared on the same data."""
-    jobs = session.exec(select(Job).where(Job.tenant == tenant,
-                                          col(Job.training_file).in_(training_files))
-                        .order_by(col(Job.created_at).desc()).limit(limit)).all()
+def member_label(member: dict) -> str:
+    """A device of the fleet as its legend names it (a simulated phone by its shard)."""
+    shard = member["shard"]
+    return member["device"] if shard is None else f"{member['device']} · shard {shard + 1}"
+
+
+def loss_curves(session, members: list[dict]) -> list[dict]:
+    """Loss per step of the fleet's own jobs, one curve per device."""
     curves = []
-    for job in jobs:
-        rows = session.exec(select(Metric.step, Metric.loss).where(Metric.job_id == job.id)
+    for member in members:
+        if member["job_id"] is None:
+            continue
+        rows = session.exec(select(Metric.step, Metric.loss)
+                            .where(Metric.job_id == member["job_id"])
                             .order_by(Metric.step)).all()
         if rows:
-            curves.append({"job_id": job.id, "method": job.train_config().method,
-                           "device": job.device_id, "fleet_id": job.fleet_id,
+            curves.append({"job_id": member["job_id"], "label": member_label(member),
                            "steps": [r[0] for r in rows], "loss": [r[1] for r in rows]})
     return curves

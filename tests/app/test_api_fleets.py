@@ -7,10 +7,10 @@ import json
 
 ROWS = b"".join(json.dumps({"text": f"row {i}: a fleet of phones fine-tunes together"})
                 .encode() + b"\n" for i in range(30))
-# the smallest configuration (MLP in chunks) is predicted at about 750 MB and the kernel counts
-# about 710: a 1 GB budget fits and a 512 MB cap is exceeded with room on both sides (at batch
-# 14 the kernel counted 498 MB, so a 512 MB cap held and the job did not fail as meant)
-HEAVY = {"steps": 1, "seq_len": 1024, "batch_size": 20}
+# the smallest configuration (MLP in chunks) is predicted at about 660 MB and the kernel counts
+# about 580 (at batch 14, 498; at 16, 544), so a 512 MB cap is exceeded with room and a 1 GB
+# budget fits
+HEAVY = {"steps": 1, "seq_len": 1024, "batch_size": 17}
 
 
 def dataset(service) -> str:
@@ -19,10 +19,12 @@ def dataset(service) -> str:
     return body["id"]
 
 
-def wait_for_fleet(service, fleet_id: str) -> dict:
+def wait_for_fleet(service, fleet_id: str, timeout_s: float = 600) -> dict:
+    """Until every job of the fleet has ended (a HEAVY step takes ~10 s idle, minutes on a
+    busy 2-core host: its MLP runs in 64-token chunks)."""
     for member in service.request("GET", f"/v1/fleets/{fleet_id}")[1]["members"]:
         if member["job_id"]:
-            service.finished(member["job_id"])
+            service.finished(member["job_id"], timeout_s=timeout_s)
     status, fleet = service.request("GET", f"/v1/fleets/{fleet_id}")
     assert status == 200
     return fleet

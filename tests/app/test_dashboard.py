@@ -183,11 +183,12 @@ def test_the_jobs_list_is_live_and_a_job_can_be_cancelled_from_its_page(page, se
     shoot(page, "job-cancelled")
 
 
-def test_a_fleet_page_has_its_device_grid_and_mebp_against_mezo(page, service, dataset_id):
+def test_a_fleet_page_shows_each_device_and_only_the_fleets_jobs(page, service, dataset_id):
+    """A table row and a legend entry per device, predicted beside measured, final loss
+    against budget; a job of another method on the same data is not drawn."""
     status, fleet = service.request("POST", "/v1/fleets", {
         "model": "preset:tiny", "training_file": dataset_id,
-        "devices": ["pixel-8", "iphone-15-pro-max"], "hyperparameters": {"steps": 3,
-                                                                         "seq_len": 32}})
+        "devices": ["pixel-8", "iphone-15"], "hyperparameters": {"steps": 3, "seq_len": 32}})
     assert status == 201, fleet
     status, mezo = service.request("POST", "/v1/jobs", {
         "model": "preset:tiny", "training_file": dataset_id, "device": "pixel-8",
@@ -197,12 +198,21 @@ def test_a_fleet_page_has_its_device_grid_and_mebp_against_mezo(page, service, d
         assert service.finished(job_id)["status"] == "succeeded"
     sign_in(page, service.api_key)
     page.goto(f"/fleets/{fleet['id']}")
-    cards = page.locator("#device-grid .card")
-    expect(cards).to_have_count(2)
-    expect(page.locator("#device-grid .card[data-status=succeeded]")).to_have_count(2)
-    expect(cards.first).to_contain_text("s/step on device (est.)")
-    methods = {t["name"] for t in chart_traces(page, "methods-chart")}
-    assert {"mebp", "mezo"} <= methods
+    rows = page.locator("#device-table tbody tr")
+    expect(rows).to_have_count(2)
+    expect(page.locator("#device-table tr[data-status=succeeded]")).to_have_count(2)
+    for index in range(2):  # predicted / measured: both figures, for memory and time
+        cells = rows.nth(index).locator("td")
+        for column in (3, 4):
+            predicted, measured = (float(v) for v in cells.nth(column).inner_text().split("/"))
+            assert predicted > 0 and measured > 0
+    losses = chart_traces(page, "loss-chart")
+    assert sorted(t["name"] for t in losses) == ["iphone-15", "pixel-8"]
+    assert all(len(t["x"]) == 3 for t in losses)
+    shown = page.evaluate("document.getElementById('loss-chart')._fullLayout.showlegend")
+    assert shown
+    budget, = chart_traces(page, "budget-chart")
+    assert sorted(budget["x"]) == [768, 1024]
     shoot(page, "fleet")
     page.goto("/fleets")
     expect(page.locator(f"a[href='/fleets/{fleet['id']}']")).to_be_visible()

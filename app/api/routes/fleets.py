@@ -123,5 +123,6 @@ def _shards(session: Session, settings: Settings, body: FleetCreate, fleet_id: s
                                                                       strict=True)):
         name = f"{source.filename} (shard {index + 1} of {count}, {fleet_id})"
         session.add(Dataset(id=shard_id, tenant=source.tenant, filename=name[:255],
-                            path=str(path), bytes=size, rows=rows, sha256=digest))
+                            path=str(path), bytes=size, rows=rows, sha256=digest,
+                            source_id=source.id))
     return ids

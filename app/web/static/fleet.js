@@ -1,18 +1,25 @@
-// Every job on the fleet's data, colored by method: mebp against mezo on one chart.
+// The fleet's own jobs: loss by step with one legend entry per device, and each device's
+// final loss against its memory budget.
 (function () {
-  const curves = JSON.parse(document.getElementById("chart-data").textContent).curves;
-  const colors = {mebp: "#4c78a8", mezo: "#f58518", backprop: "#54a24b"};
-  const seen = new Set();
-  const traces = curves.map((c) => {
-    const first = !seen.has(c.method);
-    seen.add(c.method);
-    return {type: "scatter", mode: "lines", x: c.steps, y: c.loss, name: c.method,
-            legendgroup: c.method, showlegend: first,
-            line: {color: colors[c.method] || "#888", width: 1.5},
-            hovertemplate: `${c.job_id} (${c.device || "custom"})<br>step %{x}: %{y:.4f}<extra>${c.method}</extra>`};
-  });
-  Plotly.newPlot("methods-chart", traces, {
+  const data = JSON.parse(document.getElementById("chart-data").textContent);
+  const config = {displaylogo: false, responsive: true};
+  Plotly.newPlot("loss-chart", data.curves.map((c) => ({
+    type: "scatter", mode: "lines", x: c.steps, y: c.loss, name: c.label,
+    hovertemplate: `${c.label}<br>step %{x}: %{y:.4f}<extra>${c.job_id}</extra>`,
+  })), {
     margin: {t: 20, r: 20}, xaxis: {title: {text: "step"}}, yaxis: {title: {text: "loss"}},
-    legend: {orientation: "h", y: -0.2},
-  }, {displaylogo: false, responsive: true});
+    legend: {orientation: "h", y: -0.25},
+  }, config);
+  const done = data.members.filter((m) => m.final_loss !== null);
+  const label = (m) => (m.shard === null ? m.device : `${m.device} · shard ${m.shard + 1}`);
+  Plotly.newPlot("budget-chart", [{
+    type: "scatter", mode: "markers+text", name: "final loss",
+    x: done.map((m) => m.budget_mb), y: done.map((m) => m.final_loss),
+    text: done.map(label), textposition: "top center", marker: {size: 10},
+    hovertemplate: "%{text}<br>%{x:.0f} MB: %{y:.4f}<extra></extra>",
+  }], {
+    margin: {t: 20, r: 20}, showlegend: false,
+    xaxis: {title: {text: "device memory budget (MB)"}, type: "log"},
+    yaxis: {title: {text: "final loss"}},
+  }, config);
 })();
