@@ -55,6 +55,7 @@ from worker.lease import Heartbeat, claim_job, worker_name
 from worker.measured_time import correct_host_time, predicted_figures
 from worker.memory_cap import MemoryCap, open_memory_cap, remove_stale_caps
 from worker.metrics_tail import MetricsTail
+from worker.packing_progress import PackingProgress
 
 POLL_S = 0.2
 STORAGE_FULL_TRIES = 10  # a second apart, recording a storage_full failure on a full disk
@@ -160,7 +161,7 @@ class JobRun:
             confine_model_dir(self.settings.model_root_paths, source)
         model_dir = resolve_model(source, quant=config.quant, group_size=config.group_size,
                                   cache_dir=self.settings.cache_dir or default_cache_dir(),
-                                  isolated=True)
+                                  isolated=True, progress=PackingProgress(session, job))
         shutil.copyfile(model_dir / "config.json",
                         base_config_path(self.settings.storage_root, job.id))
         config = plan_on_this_worker(session, job, source, self.settings, worker_name())

@@ -5,12 +5,16 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import queue
 from pathlib import Path
 
 from mebp_core.cache import default_cache_dir
+from mebp_core.store.errors import StoreError
 from mebp_core.store.format import FORMAT_VERSION, STORE_FILENAME
-from mebp_core.store.pack import PRESET_PREFIX, pack_model
+from mebp_core.store.pack import PRESET_PREFIX, Progress, pack_model
 from mebp_core.store.presets import preset_config
+
+CHILD_POLL_S = 0.5  # how often a silent packing child is checked for having died
 
 
 def _source_fingerprint(src: Path) -> str:
@@ -40,9 +44,11 @@ def resolve_model(
     group_size: int = 64,
     cache_dir: str | Path | None = None,
     isolated: bool = False,
+    progress: Progress | None = None,
 ) -> Path:
     """A packed model directory for ``spec``: a packed dir as is, anything else packed into
-    the cache (``$MEBP_CACHE_DIR`` or ``~/.cache/mebp``) once.
+    the cache (``$MEBP_CACHE_DIR`` or ``~/.cache/mebp``) once, calling ``progress(done,
+    total, tensor name)`` as each tensor is written.
 
     ``isolated`` packs in a child process, so the caller's memory (and the baseline its
     footprint is measured against) never holds what packing allocated.
@@ -54,8 +60,45 @@ def resolve_model(
     out = cache / cache_key(spec, quant, group_size)
     if not (out / STORE_FILENAME).is_file():
         if isolated:
-            with multiprocessing.get_context("spawn").Pool(1) as pool:
-                pool.apply(pack_model, (spec, out), {"quant": quant, "group_size": group_size})
+            _pack_in_child(spec, out, quant, group_size, progress)
         else:
-            pack_model(spec, out, quant=quant, group_size=group_size)
+            pack_model(spec, out, quant=quant, group_size=group_size, progress=progress)
     return out
+
+
+def _pack_in_child(spec: str | Path, out: Path, quant: str, group_size: int,
+                   progress: Progress | None) -> None:
+    """``pack_model`` in a spawned process, its progress passed back as it goes; its error,
+    if any, raised here."""
+    context = multiprocessing.get_context("spawn")
+    messages = context.Queue()
+    child = context.Process(target=_pack_reporting, daemon=True,
+                            args=(spec, out, quant, group_size, messages))
+    child.start()
+    try:
+        while True:
+            try:
+                kind, payload = messages.get(timeout=CHILD_POLL_S)
+            except queue.Empty:
+                if not child.is_alive():
+                    raise StoreError(f"packing {spec} died (exit code {child.exitcode})") \
+                        from None
+                continue
+            if kind == "progress" and progress is not None:
+                progress(*payload)
+            elif kind == "error":
+                raise payload
+            elif kind == "done":
+                return
+    finally:
+        child.join()
+
+
+def _pack_reporting(spec, out: Path, quant: str, group_size: int, messages) -> None:
+    try:
+        pack_model(spec, out, quant=quant, group_size=group_size,
+                   progress=lambda *done: messages.put(("progress", done)))
+    except BaseException as exc:  # noqa: BLE001 (every failure goes back to the caller)
+        messages.put(("error", exc))
+        return
+    messages.put(("done", None))

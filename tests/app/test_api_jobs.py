@@ -194,3 +194,20 @@ def test_without_a_cgroup_an_rlimit_caps_the_job_and_every_job_says_so(rlimit_se
     assert over["error"]["code"] == "memory_budget_exceeded"
     assert "300 MB (rlimit)" in over["error"]["message"]
     assert over["error"]["detail"]["peak_mb"] > 100
+
+
+def test_packing_a_model_for_a_job_is_reported_as_it_goes(service):
+    """A model not packed yet (this group size is used by no other test) is packed before the
+    job runs, and the event stream says how many tensors are done."""
+    dataset_id = upload_rows(service)
+    status, job = service.request("POST", "/v1/jobs", {
+        "model": "preset:tiny", "training_file": dataset_id, "device": "pixel-8",
+        "hyperparameters": {"steps": 1, "seq_len": 16, "group_size": 16}})
+    assert status == 201, job
+    assert service.finished(job["id"])["status"] == "succeeded"
+    events = service.request("GET", f"/v1/jobs/{job['id']}/events")[1]
+    packing = [e["data"]["packing"] for e in events if "packing" in e["data"]]
+    assert packing, events
+    assert packing[-1]["tensors_done"] == packing[-1]["tensors_total"] > 1
+    done = [p["tensors_done"] for p in packing]
+    assert done == sorted(done)

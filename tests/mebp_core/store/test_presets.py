@@ -113,3 +113,20 @@ def test_resolve_model_packs_once_and_reuses(tmp_path, monkeypatch):
     assert from_hf.parent == tmp_path / "cache" and from_hf.name.endswith("-int8-g64-v1")
     with pytest.raises(PackError, match="unknown preset"):
         resolve_model("preset:gpt5")
+
+
+def test_packing_in_a_child_reports_its_progress_and_its_errors(tmp_path):
+    """The worker packs in a child process (its memory never the caller's): every tensor
+    written is reported back as it goes, and a failure is raised here with its own type."""
+    seen = []
+    packed = resolve_model("preset:tiny", cache_dir=tmp_path, isolated=True,
+                           progress=lambda done, total, name: seen.append((done, total, name)))
+    with open_store(packed) as store:
+        names = set(store.names())
+    total = seen[-1][1]
+    assert [done for done, _, _ in seen] == list(range(1, total + 1))
+    assert {name for _, _, name in seen} == names
+    broken = save_preset_as_hf("tiny", tmp_path / "hf")
+    (broken / "config.json").write_text("{not json")
+    with pytest.raises(PackError):
+        resolve_model(broken, cache_dir=tmp_path, isolated=True)
