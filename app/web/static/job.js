@@ -63,6 +63,15 @@
     item.textContent = `${(data.at || "").slice(11, 19)}  ${kind}: ${data.message}`;
     document.getElementById("events").appendChild(item);
     if (data.status) setStatus(data.status);
+    const packing = data.packing;  // an event's data arrive flattened into it
+    if (packing) {
+      const line = document.getElementById("job-packing");
+      line.hidden = false;
+      line.querySelector("progress").max = packing.tensors_total;
+      line.querySelector("progress").value = packing.tensors_done;
+      line.querySelector("span").textContent =
+        `${packing.tensors_done} of ${packing.tensors_total} tensors`;
+    }
   }
   function setStatus(status) {
     const badge = document.getElementById("job-status");
