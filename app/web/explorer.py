@@ -18,6 +18,7 @@ from app.uploads import store_upload
 from app.web.auth import PagePrincipal
 from app.web.csrf import SameOrigin, require_form_token
 from app.web.job_form import JobForm, hyperparameter_inputs
+from app.web.knob_words import describe_knobs
 from app.web.measured import measured_points
 from app.web.templating import script_json, templates
 from mebp_core.store.preset_configs import PRESET_CONFIGS
@@ -54,8 +55,13 @@ def explorer(request: Request, session: SessionDep, settings: SettingsDep,
         measured = measured_points(session, query, principal.tenant)
     except (RequestValidationError, ValidationError, ValueError) as exc:
         error = _describe(exc)
+    recommended = None
+    if plan and plan["auto"]:
+        knobs = next(c["knobs"] for c in plan["configurations"] if c["id"] == plan["auto"])
+        recommended = describe_knobs(knobs)
     return templates.TemplateResponse(request, "explorer.html", {
-        "form": form, "plan": plan, "error": error, **choices(session, principal.tenant),
+        "form": form, "plan": plan, "error": error, "recommended": recommended,
+        **choices(session, principal.tenant),
         "chart": script_json({"plan": plan, "measured": measured})})
 
 

@@ -163,6 +163,50 @@ def test_points_that_do_not_fit_are_greyed_with_their_reason(page, service):
     shoot(page, "explorer-infeasible")
 
 
+def axis(page: Page, chart_id: str, name: str) -> dict:
+    return page.evaluate(f"""(() => {{
+        const a = document.getElementById("{chart_id}")._fullLayout.{name};
+        return {{range: a.range, tickvals: a.tickvals, ticktext: a.ticktext,
+                 title: a.title.text}};
+    }})()""")
+
+
+@pytest.mark.parametrize("budget_mb", [100, 65536])
+def test_the_explorer_axes_hold_at_extreme_budgets(page, service, budget_mb):
+    """The budget line sits at the budget on the log axis (not at 10^budget), the axes span
+    the points and the budget with readable ticks, and the recommended configuration is
+    starred and said in words."""
+    sign_in(page, service.api_key)
+    page.goto(f"/explorer?model=preset:qwen2.5-0.5b&device=&budget_mb={budget_mb}&seq_len=256")
+    traces = {t["name"]: t for t in chart_traces(page, "tradeoff-chart")}
+    peaks = [x for t in traces.values() for x in t["x"] if x is not None] + [budget_mb]
+    x = axis(page, "tradeoff-chart", "xaxis")
+    assert 10 ** x["range"][0] <= min(peaks) and max(peaks) <= 10 ** x["range"][1]
+    assert 10 ** x["range"][1] < 3 * max(peaks)
+    assert "MB" in x["title"] and "seconds per step" in axis(page, "tradeoff-chart",
+                                                             "yaxis")["title"]
+    assert len(x["ticktext"]) >= 2 and all(
+        float(text.replace(",", "")) >= 10 for text in x["ticktext"])
+    label = page.locator(".annotation-text", has_text=f"budget {budget_mb} MB")
+    expect(label).to_be_visible()
+    drawn, expected = page.evaluate(f"""(() => {{
+        const gd = document.getElementById("tradeoff-chart"), xa = gd._fullLayout.xaxis;
+        const line = gd.querySelector(".shapelayer path").getBoundingClientRect();
+        const label = gd.querySelector(".annotation").getBoundingClientRect();
+        const left = gd.getBoundingClientRect().left;
+        return [[line.left - left, label.right - left], xa._offset + xa.c2p({budget_mb})];
+    }})()""")
+    assert all(abs(at - expected) < 4 for at in drawn), (drawn, expected)  # line and label
+    if budget_mb == 100:
+        expect(page.locator(".summary").first).to_contain_text("none fit")
+        assert "recommended" not in traces
+    else:
+        star, = traces["recommended"]["x"]
+        assert traces["recommended"]["x"] and star <= budget_mb
+        expect(page.locator("#recommended")).to_contain_text("decompressed once and kept in RAM")
+    shoot(page, f"explorer-budget-{budget_mb}")
+
+
 def test_the_jobs_list_is_live_and_a_job_can_be_cancelled_from_its_page(page, service,
                                                                          dataset_id):
     status, job = service.request("POST", "/v1/jobs", {

@@ -11,6 +11,20 @@
   const onDevice = plan.ranked_by === "device";
   const timeOf = (c) => onDevice ? c.device_step_time_s_estimate : c.step_time_s;
 
+  // a log axis over the values with a little room, ticked at 1, 2 and 5 times powers of ten
+  function logAxis(values, label) {
+    const low = Math.min(...values) / 1.3, high = Math.max(...values) * 1.3;
+    const ticks = [];
+    for (let p = Math.floor(Math.log10(low)); p <= Math.ceil(Math.log10(high)); p++) {
+      for (const m of [1, 2, 5]) {
+        const v = m * 10 ** p;
+        if (v >= low && v <= high) ticks.push(Number(v.toPrecision(1)));
+      }
+    }
+    return {range: [Math.log10(low), Math.log10(high)], tickvals: ticks,
+            ticktext: ticks.map(label)};
+  }
+
   function trace(name, points, marker, extra) {
     return Object.assign({
       name, type: "scatter", mode: "markers",
@@ -37,8 +51,24 @@
     trace("Pareto front (does not fit)", frontInfeasible,
           {color: "#bbb", size: 13, line: {color: "#f58518", width: 2}}),
   ];
+  const recommended = byId[plan.auto];
+  if (recommended) {
+    traces.push(trace("recommended", [recommended],
+                      {symbol: "star", color: "#e45756", size: 20, line: {color: "#333", width: 1}}));
+  }
   // measured on this host: at the phone's estimate for that configuration on a device axis
   const measured = data.measured.filter((m) => !onDevice || byId[m.configuration]);
+  // each measured point joined to its configuration's prediction
+  const joins = measured.filter((m) => byId[m.configuration]);
+  if (joins.length) {
+    traces.push({
+      name: "measured ↔ predicted", type: "scatter", mode: "lines", hoverinfo: "skip",
+      x: joins.flatMap((m) => [m.peak_mb, byId[m.configuration].peak_mb, null]),
+      y: joins.flatMap((m) => [onDevice ? timeOf(byId[m.configuration]) : m.step_time_s,
+                               timeOf(byId[m.configuration]), null]),
+      line: {color: "#222", width: 1, dash: "dot"},
+    });
+  }
   if (measured.length) {
     traces.push({
       name: "measured", type: "scatter", mode: "markers",
@@ -51,20 +81,28 @@
       marker: {symbol: "diamond", color: "#222", size: 11},
     });
   }
+  // on a log axis Plotly places shapes at data values but annotations in log10 units
   const shapes = [], annotations = [];
   if (plan.budget_mb) {
-    shapes.push({type: "line", xref: "x", yref: "paper", x0: plan.budget_mb, x1: plan.budget_mb,
-                 y0: 0, y1: 1, line: {color: "#e45756", width: 2, dash: "dash"}});
-    annotations.push({x: plan.budget_mb, y: 1, yref: "paper", text: "budget " +
+    shapes.push({type: "line", xref: "x", yref: "paper", x0: plan.budget_mb,
+                 x1: plan.budget_mb, y0: 0, y1: 1,
+                 line: {color: "#e45756", width: 2, dash: "dash"}});
+    annotations.push({x: Math.log10(plan.budget_mb), y: 1, xref: "x", yref: "paper",
+                      text: "budget " +
                       Math.round(plan.budget_mb) + " MB", showarrow: false, xanchor: "right",
-                      font: {color: "#e45756"}});
+                      yanchor: "bottom", font: {color: "#e45756"}});
   }
+  const peaks = configs.map((c) => c.peak_mb).concat(measured.map((m) => m.peak_mb));
+  if (plan.budget_mb) peaks.push(plan.budget_mb);
+  const times = traces.flatMap((t) => t.y).filter((y) => y > 0);
   const chart = document.getElementById("tradeoff-chart");
   Plotly.newPlot(chart, traces, {
     margin: {t: 30, r: 20}, hovermode: "closest", shapes, annotations,
-    xaxis: {title: {text: "predicted peak memory, anonymous + shared (MB)"}, type: "log"},
-    yaxis: {title: {text: onDevice ? "seconds per step on " + plan.device.name +
-                            " (estimated)" : "seconds per step (this host)"}, type: "log"},
+    xaxis: Object.assign({title: {text: "predicted peak memory, anonymous + shared (MB)"},
+                          type: "log"}, logAxis(peaks, (v) => v.toLocaleString("en-US"))),
+    yaxis: Object.assign({title: {text: onDevice ? "seconds per step on " + plan.device.name +
+                                  " (estimated)" : "seconds per step (this host)"},
+                          type: "log"}, logAxis(times, (v) => String(Number(v.toPrecision(2))))),
     legend: {orientation: "h", y: -0.2},
   }, {displaylogo: false, responsive: true});
   chart.on("plotly_click", (event) => {

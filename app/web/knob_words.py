@@ -1,0 +1,41 @@
+"""A configuration's knobs in words, for the people choosing one in the explorer."""
+
+from __future__ import annotations
+
+from mebp_core.units import MB
+
+
+def describe_knobs(knobs: dict) -> str:
+    """``EngineKnobs`` as JSON -> one sentence: "weights decompressed per projection as
+    they are used, every block's input checkpointed in RAM, ..."."""
+    parts = [_weights(knobs), _checkpoints(knobs),
+             "the LoRA hidden state kept for the backward" if knobs["lora_hidden"] == "store"
+             else "the LoRA hidden state recomputed in the backward"]
+    if knobs["checkpoint_blocks"] != "none":
+        parts.append("a block's weights decompressed once for its whole backward"
+                     if knobs["share_decompression"] is True
+                     else "weights decompressed in tiles of "
+                     f"{knobs['decompress_tile_bytes'] / MB:g} MB")
+    if knobs.get("mlp_chunk_tokens"):
+        parts.append(f"the MLP run {knobs['mlp_chunk_tokens']} tokens at a time")
+    return ", ".join(parts)
+
+
+def _weights(knobs: dict) -> str:
+    if knobs["frozen_weights"] != "resident":
+        return "frozen weights decompressed from the store as they are used"
+    budget = knobs.get("resident_weight_bytes")
+    if budget is None:
+        return "every frozen weight decompressed once and kept in RAM"
+    return f"{budget / MB:.0f} MB of frozen weights kept decompressed, the rest decompressed " \
+           "as used"
+
+
+def _checkpoints(knobs: dict) -> str:
+    every = knobs["checkpoint_blocks"]
+    if every == "none":
+        return "no checkpoints: one autograd graph over the whole model"
+    where = "in RAM" if knobs["checkpoint_storage"] == "ram" else \
+        "in a memory-mapped file (reclaimable page cache)"
+    blocks = "every block's input" if every == 1 else f"every {every}th block's input"
+    return f"{blocks} checkpointed {where}"
