@@ -204,6 +204,19 @@ def test_the_explorer_axes_hold_at_extreme_budgets(page, service, budget_mb):
         star, = traces["recommended"]["x"]
         assert traces["recommended"]["x"] and star <= budget_mb
         expect(page.locator("#recommended")).to_contain_text("decompressed once and kept in RAM")
+        # the knobs are columns to sort and filter by
+        front = page.locator("#front-table")
+        peak = front.locator("th", has_text="predicted peak MB")
+        peak.click()
+        peak.click()  # descending
+        peaks = [float(v) for v in front.locator("tbody tr td:nth-child(8)").all_inner_texts()]
+        assert peaks == sorted(peaks, reverse=True) and len(peaks) > 3
+        page.click("details summary")
+        page.fill("#config-filter", "resident mmap")
+        shown = page.locator("#all-table tbody tr:not([hidden])")
+        expect(shown.first).to_be_visible()
+        assert all("resident" in t and "mmap" in t for t in shown.all_inner_texts())
+        assert shown.count() < page.locator("#all-table tbody tr").count()
     shoot(page, f"explorer-budget-{budget_mb}")
 
 
