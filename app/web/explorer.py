@@ -44,25 +44,50 @@ def choices(session, tenant: str) -> dict:
 def explorer(request: Request, session: SessionDep, settings: SettingsDep,
              principal: PagePrincipal,
              model: str = DEFAULTS["model"], device: str = "", budget_mb: str = "",
-             seq_len: int = DEFAULTS["seq_len"]) -> HTMLResponse:
+             seq_len: int = DEFAULTS["seq_len"], compare_device: str = "",
+             compare_seq_len: str = "") -> HTMLResponse:
     device = device if device or budget_mb else DEFAULTS["device"]
-    form = {"model": model, "device": device, "budget_mb": budget_mb, "seq_len": seq_len}
-    plan, error, measured = None, None, []
+    form = {"model": model, "device": device, "budget_mb": budget_mb, "seq_len": seq_len,
+            "compare_device": compare_device, "compare_seq_len": compare_seq_len}
+    plan, error, measured, compared = None, None, [], None
     try:
-        query = PlanCreate(model=model, seq_len=seq_len, device=device or None,
-                           memory_budget_mb=float(budget_mb) if budget_mb else None)
-        plan = plan_for(query, settings, session, "query").model_dump(mode="json")
-        measured = measured_points(session, query, principal.tenant)
+        plan, measured = _plan_and_measured(session, settings, principal, model, device,
+                                            budget_mb, seq_len)
+        if compare_device or compare_seq_len:  # the same query but for the device or length
+            other_device = compare_device or device
+            compared = dict(zip(("plan", "measured"), _plan_and_measured(
+                session, settings, principal, model, other_device,
+                "" if compare_device else budget_mb,
+                int(compare_seq_len) if compare_seq_len else seq_len), strict=True))
+            compared["label"] = _label(other_device, budget_mb if not compare_device else "",
+                                       int(compare_seq_len or seq_len))
     except (RequestValidationError, ValidationError, ValueError) as exc:
         error = _describe(exc)
     recommended = None
     if plan and plan["auto"]:
         knobs = next(c["knobs"] for c in plan["configurations"] if c["id"] == plan["auto"])
         recommended = describe_knobs(knobs)
+    charts = [] if plan is None else [
+        {"label": _label(device, budget_mb, seq_len), "plan": plan, "measured": measured}]
+    if compared is not None:
+        charts.append(compared)
     return templates.TemplateResponse(request, "explorer.html", {
         "form": form, "plan": plan, "error": error, "recommended": recommended,
-        **choices(session, principal.tenant),
-        "chart": script_json({"plan": plan, "measured": measured})})
+        "compared": compared, **choices(session, principal.tenant),
+        "chart": script_json({"charts": charts})})
+
+
+def _plan_and_measured(session, settings, principal, model: str, device: str, budget_mb: str,
+                       seq_len: int) -> tuple[dict, list[dict]]:
+    query = PlanCreate(model=model, seq_len=seq_len, device=device or None,
+                       memory_budget_mb=float(budget_mb) if budget_mb else None)
+    plan = plan_for(query, settings, session, "query").model_dump(mode="json")
+    return plan, measured_points(session, query, principal.tenant)
+
+
+def _label(device: str, budget_mb: str, seq_len: int) -> str:
+    where = device or f"{budget_mb} MB"
+    return f"{where}, seq {seq_len}"
 
 
 @router.get("/jobs/new", response_class=HTMLResponse)

@@ -220,6 +220,23 @@ def test_the_explorer_axes_hold_at_extreme_budgets(page, service, budget_mb):
     shoot(page, f"explorer-budget-{budget_mb}")
 
 
+def test_two_devices_compare_side_by_side_on_the_same_axes(page, service):
+    sign_in(page, service.api_key)
+    page.goto("/explorer?model=preset:qwen2.5-0.5b&device=iphone-15-pro-max&seq_len=256"
+              "&compare_device=iphone-13")
+    first, second = axis(page, "tradeoff-chart", "xaxis"), axis(page, "tradeoff-chart-2",
+                                                                  "xaxis")
+    assert first["range"] == second["range"]  # read against each other
+    assert axis(page, "tradeoff-chart", "yaxis")["range"] == \
+        axis(page, "tradeoff-chart-2", "yaxis")["range"]
+    assert "iPhone 13" in axis(page, "tradeoff-chart-2", "yaxis")["title"]
+    labels = page.locator(".annotation-text")
+    expect(labels.filter(has_text="budget 1024 MB")).to_have_count(1)
+    expect(labels.filter(has_text="budget 512 MB")).to_have_count(1)
+    expect(page.locator("h2.chart-title").nth(1)).to_contain_text("iphone-13, seq 256")
+    shoot(page, "explorer-compare")
+
+
 def test_the_jobs_list_is_live_and_a_job_can_be_cancelled_from_its_page(page, service,
                                                                          dataset_id):
     status, job = service.request("POST", "/v1/jobs", {

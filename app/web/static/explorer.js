@@ -1,15 +1,14 @@
-// The trade-off chart: peak memory against seconds per step, one point per configuration.
+// The trade-off chart: peak memory against seconds per step, one point per configuration;
+// a second chart beside it when another device or sequence length is compared, on the same
+// axes.
 (function () {
   const data = JSON.parse(document.getElementById("chart-data").textContent);
-  const plan = data.plan;
-  if (!plan) return;
+  if (!data.charts.length) return;
   const form = window.explorerForm;
-  const configs = plan.configurations;
-  const byId = Object.fromEntries(configs.map((c) => [c.id, c]));
-  // with a device the plan ranks by the phone's estimated time: that is the y axis, and
-  // this host's predicted time is in the hover
-  const onDevice = plan.ranked_by === "device";
-  const timeOf = (c) => onDevice ? c.device_step_time_s_estimate : c.step_time_s;
+  const built = data.charts.map(build);
+  const peaks = built.flatMap((b) => b.peaks), times = built.flatMap((b) => b.times);
+  built.forEach((b, i) => draw(i === 0 ? "tradeoff-chart" : `tradeoff-chart-${i + 1}`, b,
+                               peaks, times));
 
   // a log axis over the values with a little room, ticked at 1, 2 and 5 times powers of ten
   function logAxis(values, label) {
@@ -25,8 +24,15 @@
             ticktext: ticks.map(label)};
   }
 
-  function trace(name, points, marker, extra) {
-    return Object.assign({
+  function build(entry) {
+    const plan = entry.plan;
+    const configs = plan.configurations;
+    const byId = Object.fromEntries(configs.map((c) => [c.id, c]));
+    // with a device the plan ranks by the phone's estimated time: that is the y axis, and
+    // this host's predicted time is in the hover
+    const onDevice = plan.ranked_by === "device";
+    const timeOf = (c) => onDevice ? c.device_step_time_s_estimate : c.step_time_s;
+    const trace = (name, points, marker, extra) => Object.assign({
       name, type: "scatter", mode: "markers",
       x: points.map((c) => c.peak_mb), y: points.map(timeOf),
       customdata: points.map((c) => c.id),
@@ -37,81 +43,87 @@
       hovertemplate: "%{text}<br>%{x:.0f} MB, %{y:.3f} s/step<extra>" + name + "</extra>",
       marker,
     }, extra || {});
+    const infeasible = configs.filter((c) => c.feasible === false);
+    const fits = configs.filter((c) => c.feasible !== false && !c.pareto);
+    const front = configs.filter((c) => c.pareto && c.feasible !== false)
+      .sort((a, b) => a.peak_mb - b.peak_mb);
+    const frontInfeasible = configs.filter((c) => c.pareto && c.feasible === false);
+    const traces = [
+      trace("does not fit", infeasible.filter((c) => !c.pareto), {color: "#bbb", size: 8}),
+      trace("fits", fits, {color: "#4c78a8", size: 9}),
+      trace("Pareto front", front, {color: "#f58518", size: 13, line: {color: "#333", width: 1}},
+            {mode: "lines+markers", line: {color: "#f58518", width: 1, dash: "dot"}}),
+      trace("Pareto front (does not fit)", frontInfeasible,
+            {color: "#bbb", size: 13, line: {color: "#f58518", width: 2}}),
+    ];
+    if (byId[plan.auto]) {
+      traces.push(trace("recommended", [byId[plan.auto]],
+                        {symbol: "star", color: "#e45756", size: 20,
+                         line: {color: "#333", width: 1}}));
+    }
+    // measured on this host: at the phone's estimate for that configuration on a device axis
+    const measured = entry.measured.filter((m) => !onDevice || byId[m.configuration]);
+    const joins = measured.filter((m) => byId[m.configuration]);  // joined to predictions
+    if (joins.length) {
+      traces.push({
+        name: "measured ↔ predicted", type: "scatter", mode: "lines", hoverinfo: "skip",
+        x: joins.flatMap((m) => [m.peak_mb, byId[m.configuration].peak_mb, null]),
+        y: joins.flatMap((m) => [onDevice ? timeOf(byId[m.configuration]) : m.step_time_s,
+                                 timeOf(byId[m.configuration]), null]),
+        line: {color: "#222", width: 1, dash: "dot"},
+      });
+    }
+    if (measured.length) {
+      traces.push({
+        name: "measured", type: "scatter", mode: "markers",
+        x: measured.map((m) => m.peak_mb),
+        y: measured.map((m) => onDevice ? timeOf(byId[m.configuration]) : m.step_time_s),
+        customdata: measured.map((m) => m.configuration),
+        text: measured.map((m) => m.configuration + "<br>measured by " + m.job_id +
+          (onDevice ? ": " + m.step_time_s.toFixed(3) + " s/step on this host" : "")),
+        hovertemplate: "%{text}<br>%{x:.0f} MB, %{y:.3f} s/step<extra>measured</extra>",
+        marker: {symbol: "diamond", color: "#222", size: 11},
+      });
+    }
+    const peaks = configs.map((c) => c.peak_mb).concat(measured.map((m) => m.peak_mb));
+    if (plan.budget_mb) peaks.push(plan.budget_mb);
+    return {entry, plan, byId, onDevice, traces, peaks,
+            times: traces.flatMap((t) => t.y).filter((y) => y > 0)};
   }
-  const infeasible = configs.filter((c) => c.feasible === false);
-  const fits = configs.filter((c) => c.feasible !== false && !c.pareto);
-  const front = configs.filter((c) => c.pareto && c.feasible !== false)
-    .sort((a, b) => a.peak_mb - b.peak_mb);
-  const frontInfeasible = configs.filter((c) => c.pareto && c.feasible === false);
-  const traces = [
-    trace("does not fit", infeasible.filter((c) => !c.pareto), {color: "#bbb", size: 8}),
-    trace("fits", fits, {color: "#4c78a8", size: 9}),
-    trace("Pareto front", front, {color: "#f58518", size: 13, line: {color: "#333", width: 1}},
-          {mode: "lines+markers", line: {color: "#f58518", width: 1, dash: "dot"}}),
-    trace("Pareto front (does not fit)", frontInfeasible,
-          {color: "#bbb", size: 13, line: {color: "#f58518", width: 2}}),
-  ];
-  const recommended = byId[plan.auto];
-  if (recommended) {
-    traces.push(trace("recommended", [recommended],
-                      {symbol: "star", color: "#e45756", size: 20, line: {color: "#333", width: 1}}));
-  }
-  // measured on this host: at the phone's estimate for that configuration on a device axis
-  const measured = data.measured.filter((m) => !onDevice || byId[m.configuration]);
-  // each measured point joined to its configuration's prediction
-  const joins = measured.filter((m) => byId[m.configuration]);
-  if (joins.length) {
-    traces.push({
-      name: "measured ↔ predicted", type: "scatter", mode: "lines", hoverinfo: "skip",
-      x: joins.flatMap((m) => [m.peak_mb, byId[m.configuration].peak_mb, null]),
-      y: joins.flatMap((m) => [onDevice ? timeOf(byId[m.configuration]) : m.step_time_s,
-                               timeOf(byId[m.configuration]), null]),
-      line: {color: "#222", width: 1, dash: "dot"},
+
+  function draw(id, b, peaks, times) {
+    const plan = b.plan;
+    // on a log axis Plotly places shapes at data values but annotations in log10 units
+    const shapes = [], annotations = [];
+    if (plan.budget_mb) {
+      shapes.push({type: "line", xref: "x", yref: "paper", x0: plan.budget_mb,
+                   x1: plan.budget_mb, y0: 0, y1: 1,
+                   line: {color: "#e45756", width: 2, dash: "dash"}});
+      annotations.push({x: Math.log10(plan.budget_mb), y: 1, xref: "x", yref: "paper",
+                        text: "budget " + Math.round(plan.budget_mb) + " MB", showarrow: false,
+                        xanchor: "right", yanchor: "bottom", font: {color: "#e45756"}});
+    }
+    const chart = document.getElementById(id);
+    Plotly.newPlot(chart, b.traces, {
+      margin: {t: 30, r: 20}, hovermode: "closest", shapes, annotations,
+      xaxis: Object.assign({title: {text: "predicted peak memory, anonymous + shared (MB)"},
+                            type: "log"}, logAxis(peaks, (v) => v.toLocaleString("en-US"))),
+      yaxis: Object.assign({title: {text: b.onDevice ? "seconds per step on " +
+                                    plan.device.name + " (estimated)" :
+                                    "seconds per step (this host)"}, type: "log"},
+                           logAxis(times, (v) => String(Number(v.toPrecision(2))))),
+      legend: {orientation: "h", y: -0.2},
+    }, {displaylogo: false, responsive: true});
+    chart.on("plotly_click", (event) => {
+      const config = b.byId[event.points[0].customdata];
+      if (!config) return;
+      const params = new URLSearchParams({
+        model: form.model, device: plan.device ? plan.device.id : "",
+        budget_mb: plan.budget_mb || "",
+        seq_len: plan.workload.seq_len, configuration: config.id,
+        config: JSON.stringify(config.knobs),
+      });
+      window.location.href = "/jobs/new?" + params.toString();
     });
   }
-  if (measured.length) {
-    traces.push({
-      name: "measured", type: "scatter", mode: "markers",
-      x: measured.map((m) => m.peak_mb),
-      y: measured.map((m) => onDevice ? timeOf(byId[m.configuration]) : m.step_time_s),
-      customdata: measured.map((m) => m.configuration),
-      text: measured.map((m) => m.configuration + "<br>measured by " + m.job_id +
-        (onDevice ? ": " + m.step_time_s.toFixed(3) + " s/step on this host" : "")),
-      hovertemplate: "%{text}<br>%{x:.0f} MB, %{y:.3f} s/step<extra>measured</extra>",
-      marker: {symbol: "diamond", color: "#222", size: 11},
-    });
-  }
-  // on a log axis Plotly places shapes at data values but annotations in log10 units
-  const shapes = [], annotations = [];
-  if (plan.budget_mb) {
-    shapes.push({type: "line", xref: "x", yref: "paper", x0: plan.budget_mb,
-                 x1: plan.budget_mb, y0: 0, y1: 1,
-                 line: {color: "#e45756", width: 2, dash: "dash"}});
-    annotations.push({x: Math.log10(plan.budget_mb), y: 1, xref: "x", yref: "paper",
-                      text: "budget " +
-                      Math.round(plan.budget_mb) + " MB", showarrow: false, xanchor: "right",
-                      yanchor: "bottom", font: {color: "#e45756"}});
-  }
-  const peaks = configs.map((c) => c.peak_mb).concat(measured.map((m) => m.peak_mb));
-  if (plan.budget_mb) peaks.push(plan.budget_mb);
-  const times = traces.flatMap((t) => t.y).filter((y) => y > 0);
-  const chart = document.getElementById("tradeoff-chart");
-  Plotly.newPlot(chart, traces, {
-    margin: {t: 30, r: 20}, hovermode: "closest", shapes, annotations,
-    xaxis: Object.assign({title: {text: "predicted peak memory, anonymous + shared (MB)"},
-                          type: "log"}, logAxis(peaks, (v) => v.toLocaleString("en-US"))),
-    yaxis: Object.assign({title: {text: onDevice ? "seconds per step on " + plan.device.name +
-                                  " (estimated)" : "seconds per step (this host)"},
-                          type: "log"}, logAxis(times, (v) => String(Number(v.toPrecision(2))))),
-    legend: {orientation: "h", y: -0.2},
-  }, {displaylogo: false, responsive: true});
-  chart.on("plotly_click", (event) => {
-    const config = byId[event.points[0].customdata];
-    if (!config) return;
-    const params = new URLSearchParams({
-      model: form.model, device: form.device || "", budget_mb: form.budget_mb || "",
-      seq_len: form.seq_len, configuration: config.id, config: JSON.stringify(config.knobs),
-    });
-    window.location.href = "/jobs/new?" + params.toString();
-  });
 })();
