@@ -15,7 +15,7 @@ import redis
 from rq import Worker, worker_registration
 
 from mebp_core.cache import default_cache_dir
-from mebp_core.plan.calibration import load_calibration
+from mebp_core.plan.calibration import CalibrationError, load_calibration
 from mebp_core.proc import die_with_parent
 from mebp_core.store.kernel_build import build_kernel
 from service.db import database_url, upgrade_database
@@ -78,7 +78,10 @@ def work(settings: Settings, *, burst: bool = False) -> int:
         print("mebp worker: no C compiler: jobs dequantize with torch", file=sys.stderr)
     # this host's calibration, which plans its jobs: measured now (after the kernel it keys
     # on is built), outside any job's cap and not during the first job
-    load_calibration(settings.cache_dir or default_cache_dir(), settings.threads)
+    try:
+        load_calibration(settings.cache_dir or default_cache_dir(), settings.threads)
+    except CalibrationError as exc:  # each job's plan tries again, and fails it if it must
+        print(f"mebp worker: {exc}", file=sys.stderr, flush=True)
     upgrade_database(database_url(settings.database_url, settings.data_dir))
     queue = job_queue(connect(settings.redis_url), settings.queue_name)
     wait_for_redis(queue.connection)
