@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from sqlmodel import Session
 
+from mebp_core.cache import default_cache_dir
 from mebp_core.config import TrainConfig
 from mebp_core.plan.arch import load_architecture
+from mebp_core.plan.calibration import load_calibration
 from mebp_core.plan.on_host import chosen_entry, plan_on_host, plan_summary
 from service.crud import add_event
 from service.devices import find_device
@@ -20,12 +22,15 @@ def plan_on_this_worker(session: Session, job: Job, source: str, settings: Setti
                         worker: str) -> TrainConfig:
     """The config this attempt runs (this worker's threads, and for a planned job the
     configuration this host predicts fastest within the budget); the job's config and plan
-    are updated to match, with an event when the configuration differs from the API's."""
+    are updated to match, with an event when the configuration differs from the API's. A job
+    planned with this very calibration (the API on the same host) is not planned again."""
     config = job.train_config()
     here = config.model_copy(update={"knobs": config.knobs.model_copy(
         update={"threads": settings.threads})})
     planned = job.plan or {}
     if not planned.get("planned"):  # another method: its knobs are as requested
+        return here
+    if _same_host(planned.get("calibration"), settings):  # the plan made here would match
         return here
     device = None if job.device_id is None else find_device(session, job.device_id)
     by_request = planned.get("chosen_by") == "request"
@@ -49,3 +54,15 @@ def plan_on_this_worker(session: Session, job: Job, source: str, settings: Setti
     session.add(job)
     return here
 
+
+
+CALIBRATION_IDENTITY = ("host", "threads", "torch", "kernel", "measured_at")
+
+
+def _same_host(calibration: dict | None, settings: Settings) -> bool:
+    """Whether ``calibration`` (a plan's) is this worker's own, at its thread count."""
+    if not calibration:
+        return False
+    here = load_calibration(settings.cache_dir or default_cache_dir(), settings.threads)
+    mine = here.provenance()
+    return all(calibration.get(key) == mine[key] for key in CALIBRATION_IDENTITY)

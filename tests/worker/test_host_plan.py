@@ -85,3 +85,23 @@ def test_another_methods_knobs_are_kept(session, settings):
     config = plan_on_this_worker(session, job, MODEL, settings, "w1")
     assert config.method == "mezo" and config.knobs.threads == 1
     assert job.plan == {"planned": False, "reason": "the planner models method mebp"}
+
+
+def test_a_job_planned_with_this_workers_own_calibration_is_not_planned_again(session,
+                                                                              settings):
+    """The API on the same host (one `mebp serve`) planned with the same calibration and
+    threads: its plan stands, only the threads are the worker's."""
+    from mebp_core.plan.calibration import load_calibration
+
+    mine = load_calibration(settings.cache_dir, settings.threads).provenance()
+    as_planned = TrainConfig(seq_len=256, knobs=EngineKnobs(checkpoint_blocks=2))
+    plan = {"planned": True, "chosen_by": "auto", "configuration": "kept",
+            "calibration": mine}
+    job = job_with(session, as_planned, plan)
+    config = plan_on_this_worker(session, job, MODEL, settings, "w1")
+    assert config.knobs == as_planned.knobs.model_copy(update={"threads": 1})
+    assert job.plan == plan
+    other = {**mine, "measured_at": "2020-01-01T00:00:00+00:00"}  # another calibration
+    job.plan = {**plan, "calibration": other}
+    plan_on_this_worker(session, job, MODEL, settings, "w1")
+    assert job.plan["planned_by"] == "w1" and job.plan["configuration"] != "kept"
