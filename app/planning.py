@@ -73,7 +73,7 @@ def plan_job(body: JobCreate, settings: Settings, session: Session) -> PlannedJo
                            "reason": f"the planner models method mebp, not {config.method}",
                            "device_step_time_s_estimate": estimate})
     # predicted with this host's calibration and threads; the worker that runs the job plans
-    # it again on its own host (``worker.replan``) and sets its own threads
+    # it again on its own host (``worker.host_plan``) and sets its own threads
     here = config.model_copy(update={"knobs": knobs.model_copy(
         update={"threads": settings.threads})})
     plan = plan_on_host(arch, here, budget_bytes=budget_bytes, device=device,

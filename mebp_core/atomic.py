@@ -1,4 +1,5 @@
-"""Writing a directory artifact atomically: staged next to its place, fsynced, swapped in.
+"""Writing artifacts atomically: staged next to their place, swapped in (a directory fsynced
+first; a small JSON file as a whole).
 
 An interruption never leaves a half-written artifact, and an existing directory is replaced
 only when it is an earlier artifact of the same kind, never a user's folder.
@@ -6,6 +7,7 @@ only when it is an earlier artifact of the same kind, never a user's folder.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -89,3 +91,12 @@ def _sync_path(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_json_atomically(path: Path, data: object) -> None:
+    """``data`` as JSON at ``path``, replacing the file whole: a reader, or another writer
+    doing the same, never sees half of it."""
+    fd, staging = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    with os.fdopen(fd, "w") as handle:
+        handle.write(json.dumps(data, indent=1))
+    os.replace(staging, path)

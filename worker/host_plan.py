@@ -30,7 +30,7 @@ def plan_on_this_worker(session: Session, job: Job, source: str, settings: Setti
     planned = job.plan or {}
     if not planned.get("planned"):  # another method: its knobs are as requested
         return here
-    if _same_host(planned.get("calibration"), settings):  # the plan made here would match
+    if _same_host(planned.get("calibration"), settings):  # planned with this host's own
         return here
     device = None if job.device_id is None else find_device(session, job.device_id)
     by_request = planned.get("chosen_by") == "request"

@@ -19,10 +19,10 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from mebp_core.atomic import write_json_atomically
 from mebp_core.cpu import cpu_model
 from mebp_core.errors import MebpError
 from mebp_core.plan.correction import TimeCorrection, load_corrections
@@ -134,7 +134,7 @@ def load_calibration(cache_dir: Path, threads: int | None = None, *,
         with open(path.with_suffix(".lock"), "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not path.exists():  # measured by the holder we waited for
-                _write_json(path, asdict(measure_steady_host(threads)))
+                write_json_atomically(path, asdict(measure_steady_host(threads)))
     try:
         raw = json.loads(path.read_text())
         raw.pop("time_corrections", None)
@@ -144,13 +144,6 @@ def load_calibration(cache_dir: Path, threads: int | None = None, *,
                                "measure again") from None
     return dataclasses.replace(
         calibration, time_corrections=load_corrections(path, calibration.measured_at))
-
-
-def _write_json(path: Path, data: dict) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(json.dumps(data, indent=1))
-    os.replace(tmp, path)
 
 
 # A calibration whose figures spread wider than this between repeats was taken on a busy

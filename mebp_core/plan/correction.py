@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import statistics
-import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
+
+from mebp_core.atomic import write_json_atomically
 
 RECENT_RUNS = 5  # the prior is the median of this many latest runs' ratios
 FIT_RUNS = 12  # the per-part factors are fitted on this many latest runs
@@ -150,7 +150,7 @@ def record_run(calibration_file: Path, calibrated_at: str, *, matmul_dtype: str,
                      **({"modelled_parts": {p: round(t, 6) for p, t in modelled_parts.items()}}
                         if modelled_parts else {}),
                      "at": datetime.now(UTC).isoformat(timespec="seconds")})
-        _write(path, runs[-KEPT_RUNS:])
+        write_json_atomically(path, runs[-KEPT_RUNS:])
     return load_corrections(calibration_file, calibrated_at).get(matmul_dtype)
 
 
@@ -162,10 +162,3 @@ def _read(path: Path) -> list[dict]:
     except json.JSONDecodeError:
         return []  # a corrupt history only loses the correction, never a plan
     return runs if isinstance(runs, list) else []
-
-
-def _write(path: Path, runs: list[dict]) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    with os.fdopen(fd, "w") as handle:
-        handle.write(json.dumps(runs, indent=1))
-    os.replace(tmp, path)

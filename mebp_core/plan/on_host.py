@@ -74,8 +74,7 @@ def plan_summary(plan: Plan, chosen: PlanEntry, *, chosen_by: str) -> dict:
         "predicted_step_time_s": round(prediction.step_time_s, 4),
         # before this host's correction from measured runs (what the next run is compared to)
         "modelled_step_time_s": round(prediction.modelled_step_time_s, 4),
-        "modelled_time_s": {k: round(v, 6) for k, v in
-                            (prediction.modelled_time or prediction.time).items()},
+        "modelled_time_s": {k: round(v, 6) for k, v in prediction.modelled_time.items()},
         "time_correction": round(prediction.time_factor, 4),
         "device_step_time_s_estimate": None if chosen.device_step_time_s is None
         else round(chosen.device_step_time_s, 3),

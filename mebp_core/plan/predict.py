@@ -68,14 +68,13 @@ class Prediction:
     store_bytes: int  # packed bytes read per step: page cache, not anonymous memory
     checkpoint_file_bytes: int  # checkpoints in a memory-mapped file: dirty page cache
     work: StepWork  # what the step does, for on-device estimates
-    # ``time`` before the host's measured-run correction (None: the same as ``time``)
-    modelled_time: dict[str, float] | None = None
+    modelled_time: dict[str, float]  # ``time`` before the host's measured-run correction
     correction: TimeCorrection | None = None  # what measured runs on this host say
 
     @property
     def modelled_step_time_s(self) -> float:
         """The step time before the host's correction: what measured runs are compared to."""
-        return sum((self.modelled_time or self.time).values())
+        return sum(self.modelled_time.values())
 
     @property
     def time_factor(self) -> float:
@@ -241,4 +240,4 @@ def under_budget(prediction: Prediction, budget_bytes: int, host: HostCalibratio
     disk = {"disk": (missing_store + 2 * missing_checkpoints) / host.disk_read_bytes_per_s}
     corrected = disk if prediction.correction is None else prediction.correction.apply(disk)
     return dataclasses.replace(prediction, time={**prediction.time, **corrected},
-                               modelled_time={**(prediction.modelled_time or {}), **disk})
+                               modelled_time={**prediction.modelled_time, **disk})
