@@ -7,9 +7,9 @@ import json
 
 ROWS = b"".join(json.dumps({"text": f"row {i}: a fleet of phones fine-tunes together"})
                 .encode() + b"\n" for i in range(30))
-# the smallest configuration (MLP in chunks) is predicted at about 660 MB and the kernel counts
-# about 580 (at batch 14, 498; at 16, 544), so a 512 MB cap is exceeded with room and a 1 GB
-# budget fits
+# the smallest configuration (MLP in chunks) is predicted at about 660 MB; the kernel counted
+# 498 MB at batch 14 and 544 at 16, so about 580 at 17: a 512 MB cap is exceeded with room and
+# a 1 GB budget fits
 HEAVY = {"steps": 1, "seq_len": 1024, "batch_size": 17}
 
 
