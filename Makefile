@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test browser run lint bench clean
+.PHONY: setup test browser llama-cpp run lint bench clean
 
 setup: $(STAMP)
 
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The dashboard tests drive Debian's chromium; it is installed here where missing.
-test: setup browser
+test: setup browser llama-cpp
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25
 
 lint: setup
@@ -25,6 +25,25 @@ lint: setup
 
 browser:
 	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
+
+# llama.cpp itself, for the GGUF deployment tests: llama-cpp-python built from its PyPI sdist
+# (which vendors llama.cpp) once per machine and kept as a wheel, portable (no -march=native)
+# and at -O1, since the tests run tiny models; later runs install the kept wheel.
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CPP := llama-cpp-python==$(LLAMA_CPP_VERSION)
+WHEELS := $(HOME)/.cache/mebp/wheels
+LLAMA_CPP_CMAKE := -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
+	-DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF \
+	-DCMAKE_BUILD_TYPE=Release -DCMAKE_C_FLAGS_RELEASE=-O1 -DCMAKE_CXX_FLAGS_RELEASE=-O1
+
+llama-cpp: setup
+	@$(PY) -c "import llama_cpp" 2>/dev/null || { \
+	  ls $(WHEELS)/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1 || { \
+	    echo "building $(LLAMA_CPP) from its sdist (once per machine, ~15 min on 2 cores)"; \
+	    command -v g++ >/dev/null || { apt-get update -q && apt-get install -y -q g++; }; \
+	    CMAKE_ARGS="$(LLAMA_CPP_CMAKE)" $(PY) -m pip wheel --quiet --no-deps \
+	      --no-binary llama-cpp-python -w $(WHEELS) "$(LLAMA_CPP)"; }; \
+	  $(PY) -m pip install --quiet --find-links $(WHEELS) "$(LLAMA_CPP)"; }
 
 run: setup
 	$(VENV)/bin/mebp serve

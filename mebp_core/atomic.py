@@ -28,9 +28,7 @@ def staged_directory(out: Path) -> Iterator[Path]:
     when it fails it vanishes."""
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(staging, 0o777 & ~umask)  # mkdtemp's 0700 would make the artifact private
+    os.chmod(staging, 0o777 & ~_umask())  # mkdtemp's 0700 would make the artifact private
     try:
         yield staging
         sync_directory(staging)
@@ -38,6 +36,31 @@ def staged_directory(out: Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+@contextmanager
+def staged_file(out: Path) -> Iterator[Path]:
+    """Yield a path next to ``out`` to write; when the block succeeds the file is fsynced and
+    replaces ``out``, when it fails it vanishes."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
+    os.close(fd)
+    staging = Path(name)
+    try:
+        yield staging
+        with open(staging, "rb") as handle:
+            os.fsync(handle.fileno())
+        os.chmod(staging, 0o666 & ~_umask())
+        os.replace(staging, out)
+    except BaseException:
+        staging.unlink(missing_ok=True)
+        raise
+
+
+def _umask() -> int:
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
 
 
 def sync_directory(directory: Path) -> None:

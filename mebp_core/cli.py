@@ -1,5 +1,6 @@
-"""The ``mebp`` command: pack, train, eval, export, plan and bench. The service adds its own
-commands (``serve``, ``db``) from ``app.cli``: the engine knows nothing of HTTP or SQL."""
+"""The ``mebp`` command: pack, train, eval, export, export-base, plan and bench. The service
+adds its own commands (``serve``, ``db``) from ``app.cli``: the engine knows nothing of HTTP
+or SQL."""
 
 from __future__ import annotations
 
@@ -78,6 +79,17 @@ def build_parser(extra: Mapping[str, Command] = MappingProxyType({})) -> argpars
     export.add_argument("--model", required=True,
                         help="the base model (packed dir, Hugging Face dir or preset:NAME)")
 
+    base = sub.add_parser("export-base", help="export the base model an adapter applies to: "
+                          "the packed weights it was trained against, dequantized")
+    base.add_argument("model", help="a packed dir, a Hugging Face dir, or preset:NAME")
+    base.add_argument("--format", choices=["hf", "gguf"], required=True)
+    base.add_argument("--out", type=Path,
+                      help="default: the name adapters give their base, in the current "
+                           "directory (a .gguf file for gguf)")
+    base.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                      help="the weights' dtype (gguf: float32 or float16)")
+    add_model_arguments(base, TrainConfig, include=("quant", "group_size"))
+
     from mebp_core.bench import add_bench_arguments
 
     add_bench_arguments(sub.add_parser(
@@ -127,12 +139,8 @@ def _describe_validation(errors: list[dict]) -> str:
 def _run_pack(args: argparse.Namespace) -> int:
     from mebp_core.store.pack import pack_model
 
-    def show(done: int, total: int, name: str) -> None:
-        print(f"\r[{done}/{total}] {name[:60]:<60}", end="", file=sys.stderr, flush=True)
-
     out = pack_model(args.src, args.out, quant=args.quant, group_size=args.group_size,
-                     progress=show)
-    print(file=sys.stderr)
+                     progress=_show_progress)
     print(out)
     return 0
 
@@ -155,7 +163,7 @@ def _run_train(args: argparse.Namespace) -> int:
                        memory=memory, init_adapter=args.init_adapter,
                        validation_data=args.validation_data, metrics_path=args.metrics,
                        checkpoint_dir=checkpoint_dir, resume=args.resume,
-                       base_model_name=args.model, on_step=_print_step,
+                       on_step=_print_step,
                        stop_requested=stop.is_set)
     print(json.dumps({"steps": result.steps, "final_loss": result.final_loss,
                       "adapter": str(result.adapter_dir), "peak_mb": result.peak_mb,
@@ -249,23 +257,35 @@ def _run_eval(args: argparse.Namespace) -> int:
 def _run_export(args: argparse.Namespace) -> int:
     from mebp_core.lora.export import export_adapter
     from mebp_core.lora.peft_io import AdapterError
-    from mebp_core.store.pack import PRESET_PREFIX
-    from mebp_core.store.presets import preset_config
+    from mebp_core.store.resolve import source_config
 
-    if args.model.startswith(PRESET_PREFIX):
-        config = preset_config(args.model.removeprefix(PRESET_PREFIX))
-    else:
-        config_path = Path(args.model) / "config.json"
-        try:
-            config = json.loads(config_path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
-            return _fail(f"{config_path}: cannot read the base model's config ({exc})")
+    config = source_config(args.model)
     try:
         print(export_adapter(args.adapter, args.format, args.out, base_config=config))
     except AdapterError as exc:
         message = str(exc)
         return _fail(message if str(args.adapter) in message else f"{args.adapter}: {message}")
     return 0
+
+
+def _run_export_base(args: argparse.Namespace) -> int:
+    from mebp_core.store.export_base import base_model_name, check_base_format, export_base
+    from mebp_core.store.resolve import resolve_model, source_config
+
+    check_base_format(source_config(args.model), args.format, args.dtype)  # before packing
+    model_dir = resolve_model(args.model, quant=args.quant, group_size=args.group_size,
+                              isolated=True)
+    out = args.out
+    if out is None:
+        out = Path(base_model_name(model_dir) + (".gguf" if args.format == "gguf" else ""))
+    print(export_base(model_dir, args.format, out, dtype=args.dtype,
+                      progress=_show_progress))
+    return 0
+
+
+def _show_progress(done: int, total: int, name: str) -> None:
+    print(f"\r[{done}/{total}] {name[:60]:<60}", end="\n" if done == total else "",
+          file=sys.stderr, flush=True)
 
 
 def _run_plan(args: argparse.Namespace) -> int:
@@ -281,7 +301,8 @@ def _run_bench(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"pack": _run_pack, "train": _run_train, "eval": _run_eval,
-             "export": _run_export, "bench": _run_bench, "plan": _run_plan}
+             "export": _run_export, "export-base": _run_export_base, "bench": _run_bench,
+             "plan": _run_plan}
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import secrets
+import shutil
+import zipfile
 from pathlib import Path
+from typing import BinaryIO
+
+ZIP_TIMESTAMP = (1980, 1, 1, 0, 0, 0)  # the earliest a zip can hold: the bytes never vary
 
 
 def new_id(prefix: str) -> str:
@@ -27,15 +33,41 @@ def base_config_path(root: Path, job_id: str) -> Path:
     return job_dir(root, job_id) / "base_config.json"
 
 
-def sha256_files(paths: list[Path]) -> str:
-    """One digest over the files in the given order (name and content of each)."""
+def bases_dir(root: Path) -> Path:
+    """Exported base models, kept for download once made."""
+    return root / "bases"
+
+
+def sha256_file(path: Path) -> str:
     digest = hashlib.sha256()
-    for path in paths:
-        digest.update(path.name.encode() + b"\0")
-        with open(path, "rb") as file:
-            for chunk in iter(lambda: file.read(1 << 20), b""):
-                digest.update(chunk)
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
     return digest.hexdigest()
+
+
+def zip_directory(directory: Path, out: Path | BinaryIO, *, top: str = "",
+                  compression: int = zipfile.ZIP_DEFLATED) -> None:
+    """Zip the files under ``directory`` (below a folder ``top`` when given) in name order
+    with a fixed timestamp, so the same files always give the same bytes."""
+    with zipfile.ZipFile(out, "w", compression) as archive:
+        for path in sorted(directory.rglob("*")):
+            if not path.is_file():
+                continue
+            name = path.relative_to(directory).as_posix()
+            info = zipfile.ZipInfo(f"{top}/{name}" if top else name, ZIP_TIMESTAMP)
+            info.compress_type = compression
+            info.external_attr = 0o644 << 16
+            large = path.stat().st_size >= zipfile.ZIP64_LIMIT
+            with open(path, "rb") as source, archive.open(info, "w", force_zip64=large) as sink:
+                shutil.copyfileobj(source, sink, 1 << 20)
+
+
+def zip_bytes(directory: Path) -> bytes:
+    """``directory`` zipped by ``zip_directory``: what an adapter download serves."""
+    buffer = io.BytesIO()
+    zip_directory(directory, buffer)
+    return buffer.getvalue()
 
 
 def write_shards(source: Path, targets: list[Path]) -> list[tuple[int, int, str]]:

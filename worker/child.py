@@ -42,7 +42,7 @@ def run(job_dir: Path, stop: StopOnSignals) -> dict:
                        data=Path(request["data"]), out=job_dir / ADAPTER, memory=memory,
                        validation_data=None if validation is None else Path(validation),
                        metrics_path=job_dir / METRICS, checkpoint_dir=job_dir / CHECKPOINT,
-                       resume=request.get("resume", False), base_model_name=request["model"],
+                       resume=request.get("resume", False),
                        stop_requested=stop.is_set)
     return {"status": "cancelled" if result.interrupted else "succeeded",
             "steps": result.steps, "final_loss": result.final_loss,

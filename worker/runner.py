@@ -8,6 +8,7 @@ the kernel's peak and OOM count before removing the cap.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -40,7 +41,7 @@ from service.registry import (
     model_source,
 )
 from service.settings import Settings
-from service.storage import base_config_path, job_dir, new_id, sha256_files
+from service.storage import base_config_path, job_dir, new_id, zip_bytes
 from worker.child import (
     ADAPTER,
     CHECKPOINT,
@@ -361,7 +362,7 @@ class JobRun:
         adapter = self.dir / ADAPTER
         files = [adapter / name for name in sorted(ADAPTER_FILES)]
         session.add(Adapter(id=new_id("ad"), job_id=job.id, path=str(adapter),
-                            sha256=sha256_files(files),
+                            sha256=hashlib.sha256(zip_bytes(adapter)).hexdigest(),
                             bytes=sum(f.stat().st_size for f in files)))
 
     def _log_tail(self, lines: int = 5) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from urllib.parse import quote, urlencode
+
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 
 from app.api.deps import SessionDep
 from app.api.routes.fleets import list_fleets, read_fleet
@@ -13,8 +15,12 @@ from app.job_view import job_public
 from app.web.auth import PagePrincipal, SessionRequired
 from app.web.csrf import FormToken
 from app.web.templating import script_json, templates
+from mebp_core.errors import MebpError
+from mebp_core.store.export_base import BASE_FORMATS, check_base_format
+from mebp_core.store.resolve import source_config
 from service.crud import latest_adapter
 from service.models import Job, Metric
+from service.registry import UnknownModelError, model_source
 
 router = APIRouter(include_in_schema=False)
 
@@ -37,8 +43,28 @@ def jobs_page(request: Request, session: SessionDep, principal: PagePrincipal) -
 def job_page(job_id: str, request: Request, session: SessionDep,
              principal: PagePrincipal) -> HTMLResponse:
     job = read_job(job_id, session, principal).model_dump(mode="json")
-    return templates.TemplateResponse(request, "job.html",
-                                      {"job": job, "job_json": script_json(job)})
+    return templates.TemplateResponse(request, "job.html", {
+        "job": job, "job_json": script_json(job), "base_links": base_links(session, job)})
+
+
+def base_links(session: Session, job: dict) -> dict[str, str]:
+    """{format: URL} of the base model downloads the job's adapter applies to, for the
+    formats its model can be exported in."""
+    config = job["config"]
+    try:
+        model_config = source_config(model_source(session, job["model"]))
+    except (UnknownModelError, MebpError):
+        return {}
+    links = {}
+    for fmt in BASE_FORMATS:
+        try:
+            check_base_format(model_config, fmt, "float32")
+        except MebpError:
+            continue
+        query = urlencode({"format": fmt, "quant": config["quant"],
+                           "group_size": config["group_size"]})
+        links[fmt] = f"/v1/models/{quote(job['model'])}/base?{query}"
+    return links
 
 
 @router.post("/jobs/{job_id}/cancel", dependencies=[FormToken])

@@ -76,9 +76,10 @@ class ByteTokenizer:
     bos_token_id: int | None = 256
     eos_token_id: int | None = 257
     pad_token_id: int = 258
+    MIN_VOCAB_SIZE = 259
 
     def __init__(self, vocab_size: int) -> None:
-        if vocab_size < 259:
+        if vocab_size < self.MIN_VOCAB_SIZE:
             raise TokenizerError(
                 f"the byte tokenizer needs a vocabulary of at least 259 ids "
                 f"(256 bytes + BOS/EOS/PAD); this model has {vocab_size}"

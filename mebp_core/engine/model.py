@@ -29,6 +29,7 @@ from mebp_core.lora.peft_io import (
 from mebp_core.lora.spec import LoraSpec
 from mebp_core.models import build_model
 from mebp_core.resident import select_resident
+from mebp_core.store.export_base import base_model_name
 from mebp_core.store.reader import open_store
 
 
@@ -117,12 +118,13 @@ class EngineModel:
     def adapter_tensors(self) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         return collect_lora_tensors(self.lora)
 
-    def save_adapter(self, out: Path, base_model_name: str | None) -> Path:
-        """The PEFT adapter, named for the Hugging Face model the weights came from."""
+    def save_adapter(self, out: Path) -> Path:
+        """The PEFT adapter, naming as its base the export of this packed model (what
+        ``mebp export-base`` writes), whose weights are the ones it was trained against."""
         names = SourceNames(self.config)
         tensors = {names.to_source(path): ab for path, ab in self.adapter_tensors().items()}
         return save_peft_adapter(out, tensors, self.lora_spec,
-                                 base_model_name_or_path=base_model_name,
+                                 base_model_name_or_path=base_model_name(self.store.path),
                                  model_type=self.config.get("model_type"),
                                  target_modules=names.target_modules(self.lora_spec))
 

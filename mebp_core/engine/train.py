@@ -139,7 +139,6 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
           memory: MemoryTracker, init_adapter: Path | None = None,
           validation_data: Path | None = None, metrics_path: Path | None = None,
           checkpoint_dir: Path | None = None, resume: bool = False,
-          base_model_name: str | None = None,
           on_step: Callable[[StepMetrics], None] | None = None,
           stop_requested: Callable[[], bool] | None = None) -> TrainResult:
     """Fine-tune LoRA adapters on ``data`` and write the PEFT adapter to ``out``.
@@ -170,7 +169,7 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
         with log_file as log:
             run.loop(log, on_step, stop_requested or (lambda: False))
         check_finite_adapter(engine, run.position.step)
-        engine.save_adapter(out, base_model_name)
+        engine.save_adapter(out)
     finally:
         engine.close()
     memory.take_step_peak()  # what saving the adapter after the last step held counts too

@@ -11,8 +11,6 @@ ignores ``use_rslora``).
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,59 +18,15 @@ import gguf
 import numpy as np
 import torch
 
+from mebp_core.atomic import staged_file
+from mebp_core.gguf_layout import (
+    GGUFLayoutError,
+    gguf_architecture,
+    gguf_tensor_name,
+    to_llama_cpp_rows,
+)
 from mebp_core.lora.peft_io import AdapterError, Adapters
 from mebp_core.lora.spec import LoraSpec
-
-# HF model_type -> llama.cpp architecture (what its HF converter picks for these models).
-GGUF_ARCHITECTURES: dict[str, gguf.MODEL_ARCH] = {
-    "llama": gguf.MODEL_ARCH.LLAMA,
-    "qwen2": gguf.MODEL_ARCH.QWEN2,
-    "qwen3": gguf.MODEL_ARCH.QWEN3,
-    "gemma3_text": gguf.MODEL_ARCH.GEMMA3,
-    "gemma3": gguf.MODEL_ARCH.GEMMA3,
-}
-
-
-def gguf_architecture(model_type: str) -> gguf.MODEL_ARCH:
-    try:
-        return GGUF_ARCHITECTURES[model_type]
-    except KeyError:
-        known = ", ".join(GGUF_ARCHITECTURES)
-        message = f"no GGUF architecture for model_type {model_type!r} (known: {known})"
-        raise AdapterError(message) from None
-
-
-def gguf_tensor_name(name_map: gguf.TensorNameMap, path: str) -> str:
-    """``model.layers.0.self_attn.q_proj`` -> ``blk.0.attn_q.weight``."""
-    name = name_map.get_name(path + ".weight", try_suffixes=(".weight",))
-    if name is None:
-        raise AdapterError(f"adapter module {path} has no GGUF tensor name for this architecture")
-    return name
-
-
-def unpermute_rows(lora_b: torch.Tensor, n_head: int) -> torch.Tensor:
-    """llama.cpp's ``LlamaModel.permute`` on B's rows: HF's rotate-half q/k layout back to
-    the interleaved layout llama.cpp's llama architecture ropes with."""
-    out_features, rank = lora_b.shape
-    return (
-        lora_b.reshape(n_head, 2, out_features // n_head // 2, rank)
-        .swapaxes(1, 2)
-        .reshape(out_features, rank)
-    )
-
-
-def convert_lora_b(
-    path: str, lora_b: torch.Tensor, arch: gguf.MODEL_ARCH, config: dict
-) -> torch.Tensor:
-    """B as llama.cpp needs it: q/k rows un-permuted for the llama architecture only."""
-    if arch != gguf.MODEL_ARCH.LLAMA:
-        return lora_b
-    heads = config["num_attention_heads"]
-    if path.endswith("q_proj"):
-        return unpermute_rows(lora_b, heads)
-    if path.endswith("k_proj"):
-        return unpermute_rows(lora_b, config.get("num_key_value_heads") or heads)
-    return lora_b
 
 
 def iter_gguf_tensors(
@@ -82,7 +36,7 @@ def iter_gguf_tensors(
     name_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
     for path, (lora_a, lora_b) in adapters.items():
         name = gguf_tensor_name(name_map, path)
-        lora_b = convert_lora_b(path, lora_b, arch, config)
+        lora_b = to_llama_cpp_rows(path, lora_b, arch, config)
         yield name + ".lora_a", lora_a.to(torch.float32).contiguous().numpy()
         yield name + ".lora_b", lora_b.to(torch.float32).contiguous().numpy()
 
@@ -97,18 +51,13 @@ def write_gguf_adapter(out: Path, spec: LoraSpec, adapters: Adapters, config: di
 
     ``config`` is the base model's full HF text config (``model_type``, head counts, layers).
     """
-    arch = gguf_architecture(config["model_type"])
-    tensors = list(iter_gguf_tensors(adapters, arch, config))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, staging_name = tempfile.mkstemp(prefix=f".{out.name}.tmp-", dir=out.parent)
-    os.close(fd)
-    staging = Path(staging_name)
     try:
+        arch = gguf_architecture(config["model_type"])
+        tensors = list(iter_gguf_tensors(adapters, arch, config))
+    except GGUFLayoutError as exc:
+        raise AdapterError(str(exc)) from None
+    with staged_file(out) as staging:
         write_gguf_file(staging, arch, gguf_alpha(spec), tensors)
-        os.replace(staging, out)
-    except BaseException:
-        staging.unlink(missing_ok=True)
-        raise
     return out
 
 
@@ -127,5 +76,3 @@ def write_gguf_file(
         writer.write_tensors_to_file()
     finally:
         writer.close()
-    with open(path, "rb") as handle:
-        os.fsync(handle.fileno())

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import torch
 
 from mebp_core.store.errors import PackError
 from mebp_core.store.format import DTYPES
+from mebp_core.store.hf_checkpoint import DEFAULT_SHARD_NBYTES, write_hf_checkpoint
 from mebp_core.store.preset_configs import PRESET_CONFIGS
 from mebp_core.store.shapes import count_parameters, expected_shapes
 
@@ -104,36 +104,14 @@ def load_preset_tensor(name: str, tensor_name: str, seed: int = PRESET_SEED) -> 
 
 
 def save_preset_as_hf(
-    name: str, out_dir: str | Path, max_shard_nbytes: int = 1 << 30, seed: int = PRESET_SEED
+    name: str, out_dir: str | Path, max_shard_nbytes: int = DEFAULT_SHARD_NBYTES,
+    seed: int = PRESET_SEED
 ) -> Path:
-    """Write a (small) preset as a Hugging Face directory: config.json + sharded safetensors
-    with ``model.safetensors.index.json`` (a single ``model.safetensors`` if it fits)."""
-    from safetensors.torch import save_file
-
+    """Write a (small) preset as a Hugging Face directory: config.json + safetensors shards."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     source = PresetSource(name, seed)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    shard_nbytes = 0
-    for tensor_name, _, _ in source.specs:
-        t = torch.cat(list(source.iter_rows(tensor_name)))
-        if shards[-1] and shard_nbytes + t.nbytes > max_shard_nbytes:
-            shards.append({})
-            shard_nbytes = 0
-        shards[-1][tensor_name] = t
-        shard_nbytes += t.nbytes
-    metadata = {"format": "pt"}
-    if len(shards) == 1:
-        save_file(shards[0], out / "model.safetensors", metadata=metadata)
-    else:
-        weight_map, total_nbytes = {}, 0
-        for i, shard in enumerate(shards):
-            file_name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-            save_file(shard, out / file_name, metadata=metadata)
-            for tensor_name, t in shard.items():
-                weight_map[tensor_name] = file_name
-                total_nbytes += t.nbytes
-        index = {"metadata": {"total_size": total_nbytes}, "weight_map": weight_map}
-        (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-    (out / "config.json").write_text(json.dumps(source.config, indent=2))
+    tensors = ((tensor_name, torch.cat(list(source.iter_rows(tensor_name))))
+               for tensor_name, _, _ in source.specs)
+    write_hf_checkpoint(out, source.config, tensors, max_shard_nbytes)
     return out

@@ -4,6 +4,7 @@ packing into a cache once and reusing it."""
 from __future__ import annotations
 
 import hashlib
+import json
 import multiprocessing
 import queue
 from pathlib import Path
@@ -25,6 +26,17 @@ def _source_fingerprint(src: Path) -> str:
             st = f.stat()
             parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def source_config(spec: str | Path) -> dict:
+    """The Hugging Face config of a model spec, read without packing anything."""
+    if isinstance(spec, str) and spec.startswith(PRESET_PREFIX):
+        return preset_config(spec[len(PRESET_PREFIX):])
+    config_path = Path(spec) / "config.json"
+    try:
+        return json.loads(config_path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise StoreError(f"{config_path}: cannot read the model's config ({exc})") from exc
 
 
 def cache_key(spec: str | Path, quant: str, group_size: int) -> str:

@@ -82,6 +82,8 @@ def test_a_job_runs_under_its_device_budget_and_its_adapter_loads_in_peft(any_se
 
     response = service.client.get(f"/v1/jobs/{job['id']}/adapter")
     assert response.status_code == 200 and response.headers["content-type"] == "application/zip"
+    # the digest is of the exact bytes served, and the job's adapter names the same one
+    assert response.headers["x-adapter-sha256"] == hashlib.sha256(response.content).hexdigest()
     assert response.headers["x-adapter-sha256"] == job["adapter"]["sha256"]
     adapter_dir = tiny_hf_dir.parent / f"adapter-{job['id']}"
     zipfile.ZipFile(io.BytesIO(response.content)).extractall(adapter_dir)
@@ -95,10 +97,17 @@ def test_a_job_runs_under_its_device_budget_and_its_adapter_loads_in_peft(any_se
         assert torch.equal(loaded[peft_name].detach(), tensor), name
     assert any(tensor.abs().sum() > 0 for name, tensor in saved.items() if "lora_B" in name)
 
+    digests = {response.headers["x-adapter-sha256"]}
     for fmt, media in (("gguf", "application/octet-stream"), ("mlx", "application/zip")):
         response = service.client.get(f"/v1/jobs/{job['id']}/adapter", params={"format": fmt})
         assert response.status_code == 200 and response.headers["content-type"] == media
         assert len(response.content) > 1000
+        digest = response.headers["x-adapter-sha256"]
+        assert digest == hashlib.sha256(response.content).hexdigest(), fmt
+        again = service.client.get(f"/v1/jobs/{job['id']}/adapter", params={"format": fmt})
+        assert again.content == response.content, fmt  # the same bytes, download after download
+        digests.add(digest)
+    assert len(digests) == 3  # one digest per format
 
 
 def check_predicted_beside_measured(service, job: dict, metrics: list[dict]) -> None:

@@ -122,7 +122,8 @@ def test_explore_click_a_feasible_point_submit_and_watch_it_train(page, service,
 
     expect(page).to_have_url(re.compile(r"/jobs/job-[0-9a-f]+$"))
     expect(page.locator("#job-status")).to_have_text("succeeded", timeout=90_000)
-    expect(page.locator("#downloads a")).to_have_count(3)
+    expect(page.locator("#downloads > a")).to_have_count(3)  # the adapter's formats
+    expect(page.locator("#base-downloads a")).to_have_text(["hf", "gguf"])  # and its base
     loss = chart_traces(page, "loss-chart")[0]
     assert loss["x"] == [1, 2, 3, 4, 5, 6] and all(value > 0 for value in loss["y"])
     validation = chart_traces(page, "loss-chart")[1]
@@ -144,6 +145,11 @@ def test_explore_click_a_feasible_point_submit_and_watch_it_train(page, service,
     with page.expect_download() as download:
         page.click("#downloads a:has-text('peft')")
     assert Path(download.value.path()).stat().st_size > 1000
+    with page.expect_download() as download:
+        page.click("#base-downloads a:has-text('gguf')")
+    served = service.client.get("/v1/models/preset:tiny/base", params={"format": "gguf"})
+    assert Path(download.value.path()).read_bytes() == served.content
+    assert served.content[:4] == b"GGUF"
 
     job = service.request("GET", f"/v1/jobs/{job_id}")[1]
     assert job["plan"]["configuration"] == configuration

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import io
+import hashlib
 import json
 import tempfile
-import zipfile
 from pathlib import Path
 from typing import Literal
 
@@ -16,14 +15,15 @@ from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.routes.jobs import get_job_or_404
 from mebp_core.lora.export import export_adapter
 from service.crud import latest_adapter
-from service.storage import base_config_path
+from service.storage import base_config_path, zip_bytes
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 
 @router.get("/{job_id}/adapter", response_class=Response,
-            responses={200: {"content": {"application/zip": {},
-                                         "application/octet-stream": {}}}})
+            responses={200: {"content": {"application/zip": {}, "application/octet-stream": {}},
+                             "headers": {"X-Adapter-SHA256": {
+                                 "description": "sha256 of the exact bytes served"}}}})
 def download_adapter(job_id: str, session: SessionDep, settings: SettingsDep,
                      principal: PrincipalDep,
                      format: Literal["peft", "mlx", "gguf"] = Query(
@@ -35,25 +35,22 @@ def download_adapter(job_id: str, session: SessionDep, settings: SettingsDep,
         raise HTTPException(status.HTTP_404_NOT_FOUND,
                             f"job {job_id} has no adapter (status {job.status})")
     source = Path(adapter.path)
-    headers = {"X-Adapter-SHA256": adapter.sha256}
     if format == "peft":
-        return _zip_response(source, f"{job_id}-peft.zip", headers)
+        return _zip_response(source, f"{job_id}-peft.zip")
     base_config = json.loads(base_config_path(settings.storage_root, job.id).read_text())
     with tempfile.TemporaryDirectory() as tmp:
         out = export_adapter(source, format, Path(tmp) / format, base_config=base_config)
         if format == "gguf":
-            return Response(out.read_bytes(), media_type="application/octet-stream",
-                            headers={**headers, "Content-Disposition":
-                                     f'attachment; filename="{job_id}.gguf"'})
-        return _zip_response(out, f"{job_id}-{format}.zip", headers)
+            return _download(out.read_bytes(), "application/octet-stream", f"{job_id}.gguf")
+        return _zip_response(out, f"{job_id}-{format}.zip")
 
 
-def _zip_response(directory: Path, filename: str, headers: dict) -> Response:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        for path in sorted(directory.rglob("*")):
-            if path.is_file():
-                archive.write(path, path.relative_to(directory).as_posix())
-    return Response(buffer.getvalue(), media_type="application/zip",
-                    headers={**headers,
-                             "Content-Disposition": f'attachment; filename="{filename}"'})
+def _zip_response(directory: Path, filename: str) -> Response:
+    return _download(zip_bytes(directory), "application/zip", filename)
+
+
+def _download(content: bytes, media_type: str, filename: str) -> Response:
+    """``content`` as an attachment, with the sha256 of exactly these bytes."""
+    return Response(content, media_type=media_type, headers={
+        "X-Adapter-SHA256": hashlib.sha256(content).hexdigest(),
+        "Content-Disposition": f'attachment; filename="{filename}"'})

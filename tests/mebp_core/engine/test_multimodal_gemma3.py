@@ -46,7 +46,7 @@ def test_adapter_trained_on_the_text_model_loads_on_the_multimodal_model(multimo
     with torch.no_grad():
         for param in engine.lora_parameters():
             param -= optimizer_lr * param.grad  # B moves off zero: the adapter now matters
-    engine.save_adapter(tmp_path / "adapter", base_model_name=str(multimodal_dir))
+    engine.save_adapter(tmp_path / "adapter")
     ours = compute_logits(engine, input_ids)
 
     model = transformers.Gemma3ForConditionalGeneration.from_pretrained(multimodal_dir)

@@ -1,0 +1,103 @@
+"""The base model an adapter applies to, exported for a runtime.
+
+The weights are the packed store's, dequantized: the exact weights the adapter was trained
+against (int4 values times their scales), not the checkpoint they were packed from. ``hf``
+writes a Hugging Face directory that ``from_pretrained`` loads; ``gguf`` one llama.cpp file.
+A model without tokenizer files (the presets) gets the byte tokenizer written out, so text
+encodes to the ids it was trained on in every runtime.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Literal, get_args
+
+import torch
+
+from mebp_core.atomic import staged_directory
+from mebp_core.data.tokenizer import ByteTokenizer, has_tokenizer_files, read_vocab_size
+from mebp_core.errors import MebpError
+from mebp_core.store.checkpoint import TOKENIZER_FILES
+from mebp_core.store.format import DTYPES
+from mebp_core.store.hf_checkpoint import write_hf_checkpoint
+from mebp_core.store.reader import PackedStore, open_store
+
+BaseFormat = Literal["hf", "gguf"]
+BASE_FORMATS: tuple[str, ...] = get_args(BaseFormat)
+BASE_DTYPES = ("float32", "float16", "bfloat16")
+BASE_NAME_PREFIX = "mebp-base-"
+
+Progress = Callable[[int, int, str], None]
+
+
+class BaseExportError(MebpError, ValueError):
+    """The base model cannot be exported as asked."""
+
+
+def base_model_name(model_dir: str | Path) -> str:
+    """The name adapters trained on the packed model ``model_dir`` give their base, and the
+    directory its export is written to by default: ``from_pretrained`` takes it as a local
+    path, so an adapter loads as downloaded next to its exported base."""
+    return BASE_NAME_PREFIX + Path(model_dir).resolve().name
+
+
+def base_tensors(store: PackedStore, dtype: torch.dtype,
+                 progress: Progress | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, weight) in store order, dequantized to ``dtype`` one tensor at a time."""
+    names = store.names()
+    for i, name in enumerate(names):
+        yield name, store.dequantize(name, dtype)
+        if progress is not None:
+            progress(i + 1, len(names), name)
+
+
+def check_base_format(config: dict, fmt: str, dtype: str) -> None:
+    """Refuse, from the model's config alone, an export that cannot be written."""
+    if fmt not in BASE_FORMATS:
+        raise BaseExportError(f"unknown base format {fmt!r} (known: {', '.join(BASE_FORMATS)})")
+    if dtype not in BASE_DTYPES:
+        raise BaseExportError(f"unknown dtype {dtype!r} (known: {', '.join(BASE_DTYPES)})")
+    if fmt == "gguf":
+        from mebp_core.store.export_base_gguf import check_gguf_base
+
+        check_gguf_base(config, dtype)
+
+
+def check_exportable(store: PackedStore, fmt: str, dtype: str) -> None:
+    check_base_format(store.config, fmt, dtype)
+    if store.name_prefix_map:
+        raise BaseExportError(f"{store.path}: a multimodal model's base would lack its vision "
+                              "tower; only text models are exported")
+
+
+def export_base(model_dir: str | Path, fmt: BaseFormat, out: str | Path, *,
+                dtype: str = "float32", progress: Progress | None = None) -> Path:
+    """Write the base of the packed model ``model_dir`` as ``fmt`` to ``out`` (a directory
+    for hf, a file for gguf); an existing ``out`` is replaced only once the new one is whole."""
+    out = Path(out)
+    with open_store(model_dir) as store:
+        check_exportable(store, fmt, dtype)
+        if fmt == "gguf":
+            from mebp_core.store.export_base_gguf import write_gguf_base
+
+            return write_gguf_base(out, store, dtype, progress)
+        with staged_directory(out) as staging:
+            write_hf_base(staging, store, dtype, progress)
+    return out
+
+
+def write_hf_base(out: Path, store: PackedStore, dtype: str,
+                  progress: Progress | None) -> None:
+    config = {**store.config, "torch_dtype": dtype}
+    write_hf_checkpoint(out, config, base_tensors(store, DTYPES[dtype], progress))
+    vocab_size = read_vocab_size(store.config)
+    if has_tokenizer_files(store.path):
+        for name in TOKENIZER_FILES:
+            if (store.path / name).is_file():
+                shutil.copyfile(store.path / name, out / name)
+    elif vocab_size >= ByteTokenizer.MIN_VOCAB_SIZE:  # smaller: never trained on text
+        from mebp_core.data.byte_vocab import write_hf_tokenizer
+
+        write_hf_tokenizer(out, vocab_size)

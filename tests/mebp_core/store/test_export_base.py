@@ -1,0 +1,126 @@
+"""The exported base is the one the adapter was trained against: PEFT, loading a saved adapter
+by the base name it carries, computes the engine's logits on the exported weights; the byte
+tokenizer written beside them encodes text to the ids training used."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_config
+from peft import AutoPeftModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from mebp_core.cli import main
+from mebp_core.data.tokenizer import ByteTokenizer
+from mebp_core.engine.mebp import compute_logits
+from mebp_core.engine.model import load_engine_model
+from mebp_core.lora.spec import LoraSpec
+from mebp_core.store.export_base import BaseExportError, base_model_name, export_base
+from mebp_core.store.pack import pack_model
+
+LORA = LoraSpec(rank=4, alpha=8.0, targets="all")
+VOCAB = 320  # room for the byte tokenizer's 259 ids
+MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "héllo ✓"},
+            {"role": "assistant", "content": "hi <s> there"}]
+
+
+def save_text_model(out, model_type: str, **overrides):
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(**tiny_config(model_type, vocab_size=VOCAB, **overrides))
+    model = AutoModelForCausalLM.from_config(config)
+    with torch.no_grad():  # zero-initialised norms and biases would hide a misplaced tensor
+        for name, param in model.named_parameters():
+            if param.dim() == 1:
+                param.copy_(torch.randn_like(param) * 0.1 + (0 if "bias" in name else 1))
+    model.save_pretrained(out)
+    return out
+
+
+def trained_engine(packed, seed: int = 1):
+    """The engine with every LoRA B non-zero, as after training."""
+    engine = load_engine_model(packed, lora_spec=LORA, seed=seed)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for module in engine.lora.values():
+            weight = module.lora_B.weight
+            weight.copy_(torch.randn(weight.shape, generator=generator) * 0.1)
+    return engine
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "gemma3_text"])
+def test_peft_applies_the_adapter_to_the_exported_base_as_the_engine_does(
+        model_type, tmp_path, monkeypatch):
+    source = save_text_model(tmp_path / "source", model_type)
+    packed = pack_model(source, tmp_path / "packed", quant="int4", group_size=32)
+    engine = trained_engine(packed)
+    input_ids = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(0))
+    ours = compute_logits(engine, input_ids)
+    engine.save_adapter(tmp_path / "adapter")
+    engine.close()
+
+    name = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())[
+        "base_model_name_or_path"]
+    assert name == base_model_name(packed)
+    export_base(packed, "hf", tmp_path / name)
+    monkeypatch.chdir(tmp_path)  # the adapter names its base as a directory beside it
+    model = AutoPeftModelForCausalLM.from_pretrained("adapter")
+    with torch.no_grad():
+        theirs = model(input_ids=input_ids).logits
+        with model.disable_adapter():
+            base = model(input_ids=input_ids).logits
+    error = float((ours - theirs).abs().max() / theirs.abs().max())
+    assert error <= 1e-5, error
+    # the exported weights are the int4 ones: the source checkpoint gives other logits
+    original = AutoModelForCausalLM.from_pretrained(source)
+    with torch.no_grad():
+        assert float((original(input_ids=input_ids).logits - base).abs().max()) > 1e-3
+    assert float((theirs - base).abs().max()) > 100 * error * float(theirs.abs().max())
+
+
+def test_the_byte_tokenizer_written_beside_the_base_encodes_as_training_does(tmp_path):
+    packed = pack_model(save_text_model(tmp_path / "source", "qwen2"), tmp_path / "packed",
+                        quant="int4", group_size=32)
+    out = export_base(packed, "hf", tmp_path / "base", dtype="bfloat16")
+    assert json.loads((out / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    ours, theirs = ByteTokenizer(VOCAB), AutoTokenizer.from_pretrained(out)
+    text = MESSAGES[1]["content"] + " \n\t<|user|> ﬁ 😀"
+    assert theirs.encode(text, add_special_tokens=False) == ours.encode(text)
+    assert theirs.decode(ours.encode(text)) == text
+    rendered = theirs.apply_chat_template(MESSAGES[:2], tokenize=True, return_dict=True)
+    assert rendered["input_ids"] == ours.apply_chat_template(MESSAGES[:2])
+    assert (theirs.bos_token_id, theirs.eos_token_id, theirs.pad_token_id) == (256, 257, 258)
+
+
+def test_a_model_with_a_small_vocabulary_gets_no_byte_tokenizer(tmp_path):
+    source = tmp_path / "source"
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.for_model(**tiny_config("llama"))) \
+        .save_pretrained(source)
+    packed = pack_model(source, tmp_path / "packed", quant="int8", group_size=32)
+    out = export_base(packed, "hf", tmp_path / "base")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors"]
+
+
+def test_exports_that_cannot_be_written_are_refused_before_packing(tmp_path, capsys,
+                                                                   monkeypatch):
+    monkeypatch.setenv("MEBP_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["export-base", "preset:gemma3-1b", "--format", "gguf",
+                 "--out", str(tmp_path / "g.gguf")]) == 2
+    assert "covers llama, qwen2, qwen3" in capsys.readouterr().err
+    assert main(["export-base", "preset:tiny", "--format", "gguf", "--dtype", "bfloat16",
+                 "--out", str(tmp_path / "t.gguf")]) == 2
+    assert "float32 or float16, not bfloat16" in capsys.readouterr().err
+    assert not (tmp_path / "cache").exists()  # refused from the config: nothing was packed
+    assert not list(tmp_path.glob("*.gguf"))
+    assert main(["export-base", str(tmp_path / "missing"), "--format", "hf"]) == 2
+    assert "missing/config.json" in capsys.readouterr().err
+
+
+def test_an_unknown_format_is_refused(tmp_path):
+    packed = pack_model(save_text_model(tmp_path / "source", "qwen2"), tmp_path / "packed",
+                        quant="int4", group_size=32)
+    with pytest.raises(BaseExportError, match="unknown base format 'onnx'"):
+        export_base(packed, "onnx", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
