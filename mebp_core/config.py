@@ -105,6 +105,9 @@ class TrainConfig(BaseModel):
         "LoRA alpha: the update is scaled by alpha / r"))
     lora_targets: tuple[str, ...] = Field(default=tuple(TARGET_SUFFIXES), description=(
         "the projections LoRA adapts, comma-separated (q,k,v,o,gate,up,down)"))
+    lora_freeze_a: bool = Field(default=False, description=(
+        "train only B; A stays at its seeded init (FFA-LoRA: averaging B across devices that "
+        "share the init averages their updates exactly)"))
     optimizer: Optimizer = Field(default="sgd", description="sgd or adamw")
     lr: float = Field(default=1e-4, gt=0, le=10.0, description="learning rate")
     weight_decay: float = Field(default=0.0, ge=0, le=10.0, description="weight decay")

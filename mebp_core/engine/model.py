@@ -135,8 +135,10 @@ class EngineModel:
 def load_engine_model(model_dir: str | Path, *, compute_dtype: str = "float32",
                       lora_spec: LoraSpec | None = None, seed: int = 0,
                       init_adapter: str | Path | None = None,
-                      knobs: EngineKnobs | None = None) -> EngineModel:
-    """Open a packed model directory and build the engine's view of it (copies no weights)."""
+                      knobs: EngineKnobs | None = None,
+                      freeze_lora_a: bool = False) -> EngineModel:
+    """Open a packed model directory and build the engine's view of it (copies no weights).
+    ``freeze_lora_a`` leaves every LoRA A out of training: no gradient, no update."""
     knobs = knobs or EngineKnobs()
     dtype = DTYPES[compute_dtype]
     matmul = DTYPES[matmul_dtype(compute_dtype, knobs.bf16_matmul)]
@@ -156,6 +158,7 @@ def load_engine_model(model_dir: str | Path, *, compute_dtype: str = "float32",
         for module in engine.lora.values():
             module.store_hidden = knobs.lora_hidden == "store"
             module.matmul_dtype = matmul
+            module.lora_A.weight.requires_grad_(not freeze_lora_a)
     return engine
 
 

@@ -155,7 +155,8 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
         check_replaceable(checkpoint_dir, CHECKPOINT_FILES)
     engine = load_engine_model(model_dir, compute_dtype=config.compute_dtype,
                                lora_spec=lora_spec_of(config), seed=config.seed,
-                               init_adapter=init_adapter, knobs=config.knobs)
+                               init_adapter=init_adapter, knobs=config.knobs,
+                               freeze_lora_a=config.lora_freeze_a)
     try:
         run = TrainingRun(engine, config, load_train_data(engine, model_dir, data,
                                                           validation_data, config),
