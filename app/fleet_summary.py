@@ -7,14 +7,25 @@ from statistics import mean
 
 from sqlmodel import Session, select
 
-from app.schemas import FleetMember, FleetPublic, FleetSummary
+from app.schemas import (
+    FleetMember,
+    FleetPublic,
+    FleetRoundPublic,
+    FleetSummary,
+    RoundParticipant,
+)
 from mebp_core.units import MB
-from service.models import Fleet, Job
+from service.federation import rounds_of
+from service.models import Fleet, FleetRound, Job
 
 
 def fleet_public(session: Session, fleet: Fleet) -> FleetPublic:
     jobs = {job.id: job for job in session.exec(select(Job).where(Job.fleet_id == fleet.id))}
-    members = [_member(spec, jobs.get(spec["job_id"])) for spec in fleet.spec["members"]]
+    rounds = rounds_of(session, fleet.id)
+    latest = {seat["member"]: seat["job_id"] for r in rounds for seat in r.participants
+              if seat["job_id"] is not None}  # a federated device's latest round's job
+    members = [_member(spec, jobs.get(spec["job_id"] or latest.get(index)))
+               for index, spec in enumerate(fleet.spec["members"])]
     losses = [m.final_loss for m in members if m.status == "succeeded" and m.final_loss]
     summary = FleetSummary(
         devices=len(members), fit=sum(m.fits for m in members),
@@ -24,8 +35,21 @@ def fleet_public(session: Session, fleet: Fleet) -> FleetPublic:
                                             "max": max(losses)})
     request = fleet.spec["request"]
     return FleetPublic(id=fleet.id, model=fleet.model, method=request["method"],
+                       aggregation=request.get("aggregation", "none"),
                        created_at=fleet.created_at, members=members, summary=summary,
+                       rounds=[_round(r, fleet.spec["members"]) for r in rounds],
                        metadata=request["metadata"])
+
+
+def _round(current: FleetRound, members: list[dict]) -> FleetRoundPublic:
+    host_wall_s = None if current.finished_at is None else \
+        (current.finished_at - current.started_at).total_seconds()
+    return FleetRoundPublic(
+        index=current.index, status=current.status, eval_loss=current.eval_loss,
+        simulated_wall_s=current.simulated_wall_s, host_wall_s=host_wall_s,
+        started_at=current.started_at, finished_at=current.finished_at,
+        participants=[RoundParticipant(**seat, device=members[seat["member"]]["device"])
+                      for seat in current.participants])
 
 
 def _member(spec: dict, job: Job | None) -> FleetMember:

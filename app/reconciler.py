@@ -24,8 +24,9 @@ from sqlmodel import Session, select
 
 from service.crud import add_event
 from service.fairness import ids_to_enqueue
+from service.federation import stalled
 from service.models import Job, utc_now
-from service.queue import enqueue_job
+from service.queue import enqueue_advance, enqueue_job
 from service.settings import Settings
 
 log = logging.getLogger("mebp.reconciler")
@@ -33,6 +34,7 @@ log = logging.getLogger("mebp.reconciler")
 # queued, so whoever started it let go)
 WAITING = {"queued", "deferred", "scheduled"}
 QUEUED_GRACE_S = 10.0  # a job committed a moment ago is being enqueued by its request
+ADVANCE_GRACE_S = 30.0  # a fleet's round that just ended is being moved on by a worker
 
 
 class Reconciler:
@@ -62,9 +64,12 @@ class Reconciler:
             requeued = self._recover_lost(session)
             missing = ids_to_enqueue(session, self._queued_before(session, QUEUED_GRACE_S),
                                      self._in_redis, self.settings.max_running_jobs_per_tenant)
+            fleets = stalled(session, ADVANCE_GRACE_S)
         enqueued = list(dict.fromkeys(requeued + missing))
         for job_id in enqueued:
             enqueue_job(self.queue, job_id)
+        for fleet_id in fleets:  # a coordinator lost mid-round, or a round nobody trains in
+            enqueue_advance(self.queue, fleet_id)
         return enqueued
 
     def _recover_lost(self, session: Session) -> list[str]:

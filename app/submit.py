@@ -14,10 +14,9 @@ from app.api.errors import invalid
 from app.api.model_lookup import model_source_or_422
 from app.planning import PlannedJob, plan_job
 from app.schemas import JobCreate
-from service.crud import add_event, set_status
+from service.crud import create_queued_job
 from service.models import Dataset, Job
 from service.settings import Settings
-from service.storage import new_id
 
 
 def check_references(session: Session, body: JobCreate, tenant: str) -> None:
@@ -68,19 +67,12 @@ def lock_queue(session: Session, tenant: str) -> None:
 
 def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *, tenant: str,
                fleet_id: str | None = None, idempotency_key: str | None = None) -> Job:
-    job = Job(id=new_id("job"), tenant=tenant, status="validating", model=body.model,
-              device_id=None if planned.device is None else planned.device.id,
-              memory_budget_bytes=planned.budget_bytes,
-              config=planned.config.model_dump(mode="json"), plan=planned.plan,
-              training_file=body.training_file, validation_file=body.validation_file,
-              fleet_id=fleet_id, total_steps=planned.config.steps, metadata_=body.metadata,
-              idempotency_key=idempotency_key)
-    session.add(job)
-    session.flush()  # the row its events refer to goes first
-    add_event(session, job_id=job.id, kind="status", message="validated and planned",
-              data={"status": "validating", "plan": planned.plan})
-    set_status(session, job, "queued", "queued")
-    return job
+    return create_queued_job(
+        session, plan=planned.plan, tenant=tenant, model=body.model,
+        device_id=None if planned.device is None else planned.device.id,
+        memory_budget_bytes=planned.budget_bytes, config=planned.config.model_dump(mode="json"),
+        training_file=body.training_file, validation_file=body.validation_file,
+        fleet_id=fleet_id, metadata_=body.metadata, idempotency_key=idempotency_key)
 
 
 def submit_job(session: Session, body: JobCreate, settings: Settings,

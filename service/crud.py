@@ -6,6 +6,7 @@ from __future__ import annotations
 from sqlmodel import Session, select
 
 from service.models import Adapter, Event, Job, Metric, utc_now
+from service.storage import new_id
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
@@ -27,6 +28,19 @@ def set_status(session: Session, job: Job, status: str, message: str, *,
     session.add(job)
     add_event(session, job_id=job.id, kind="status", message=message,
               data={"status": status, **(data or {})})
+
+
+def create_queued_job(session: Session, *, plan: dict | None, **fields) -> Job:
+    """A new job row with its first events, queued; the caller commits, then enqueues.
+    ``fields`` are the Job's (tenant, model, config, training_file, ...)."""
+    job = Job(id=new_id("job"), status="validating", plan=plan,
+              total_steps=fields["config"]["steps"], **fields)
+    session.add(job)
+    session.flush()  # the row its events refer to goes first
+    add_event(session, job_id=job.id, kind="status", message="validated and planned",
+              data={"status": "validating", "plan": plan})
+    set_status(session, job, "queued", "queued")
+    return job
 
 
 def fail_job(session: Session, job: Job, code: str, message: str,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from sqlalchemy import JSON, BigInteger, Column
+from sqlalchemy import JSON, BigInteger, Column, Index
 from sqlmodel import Field, SQLModel
 
 from mebp_core.config import TrainConfig
@@ -59,11 +59,35 @@ class Fleet(SQLModel, table=True):
     tenant: str = Field(index=True, max_length=64)
     model: str = Field(max_length=255)
     spec: dict = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    # federated fleets stop after the round in progress once asked to
+    cancel_requested: bool = False
     created_at: datetime = Field(default_factory=utc_now)
+
+
+class FleetRound(SQLModel, table=True):
+    """One round of a federated fleet: who was selected and what became of each, and the
+    global adapter the finished updates were combined into (kept under the storage root)."""
+
+    __tablename__ = "fleet_rounds"
+
+    fleet_id: str = Field(foreign_key="fleets.id", primary_key=True, max_length=40)
+    index: int = Field(primary_key=True)
+    status: str = Field(max_length=16)  # running, done, failed (no update to combine)
+    # [{"member", "job_id", "outcome", "examples", "offline_after_step",
+    #   "device_time_s"}]; outcome: training, trained, dropped, out_of_memory, straggler,
+    # failed, cancelled
+    participants: list = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    eval_loss: float | None = None
+    simulated_wall_s: float | None = None  # the slowest participant's on-device estimate
+    started_at: datetime = Field(default_factory=utc_now)
+    finished_at: datetime | None = None
 
 
 class Job(SQLModel, table=True):
     __tablename__ = "jobs"
+    # a repeated Idempotency-Key finds the job the first request made
+    __table_args__ = (Index("ix_jobs_tenant_idempotency_key", "tenant", "idempotency_key",
+                            unique=True),)
 
     id: str = Field(primary_key=True, max_length=40)
     tenant: str = Field(index=True, max_length=64)
@@ -78,6 +102,8 @@ class Job(SQLModel, table=True):
     validation_file: str | None = Field(default=None, foreign_key="datasets.id", max_length=40)
     fleet_id: str | None = Field(default=None, foreign_key="fleets.id", index=True,
                                  max_length=40)
+    # the adapter training starts from (a federated round's global adapter), if any
+    init_adapter: str | None = Field(default=None, max_length=1024)
     idempotency_key: str | None = Field(default=None, index=True, max_length=128)
     enforcement: str | None = Field(default=None, max_length=32)  # cgroup-v2, cgroup-v1, rlimit
     error_code: str | None = Field(default=None, max_length=64)
@@ -122,6 +148,7 @@ class Event(SQLModel, table=True):
 
 class Metric(SQLModel, table=True):
     __tablename__ = "metrics"
+    __table_args__ = (Index("ix_metrics_job_id_step", "job_id", "step", unique=True),)
 
     id: int | None = Field(default=None, primary_key=True)
     job_id: str = Field(foreign_key="jobs.id", index=True, max_length=40)

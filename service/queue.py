@@ -18,6 +18,7 @@ from rq.utils import now, utcparse
 from service.supervisor import Child, Watcher
 
 RUN_JOB = "worker.runner.run_job"  # by name: the API never imports the worker
+ADVANCE_FLEET = "worker.coordinator.advance_fleet"
 RESULT_TTL_S = 7 * 24 * 3600
 # every worker writes its heartbeat to Redis this often, idle or busy; one silent for
 # WORKER_LIVE_S is not counted as listening (RQ keeps a killed worker listed for minutes)
@@ -41,6 +42,12 @@ def job_queue(connection: redis.Redis, name: str) -> Queue:
 def enqueue_job(queue: Queue, job_id: str) -> None:
     # no RQ timeout: a job's length is bounded by its steps, and cancel stops it
     queue.enqueue_call(RUN_JOB, args=(job_id,), job_id=job_id, timeout=-1,
+                       result_ttl=RESULT_TTL_S, failure_ttl=RESULT_TTL_S)
+
+
+def enqueue_advance(queue: Queue, fleet_id: str) -> None:
+    """Ask a worker to move a federated fleet on (idempotent: duplicates are harmless)."""
+    queue.enqueue_call(ADVANCE_FLEET, args=(fleet_id,), timeout=-1,
                        result_ttl=RESULT_TTL_S, failure_ttl=RESULT_TTL_S)
 
 

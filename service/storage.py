@@ -28,6 +28,11 @@ def job_dir(root: Path, job_id: str) -> Path:
     return root / "jobs" / job_id
 
 
+def round_adapter_dir(root: Path, fleet_id: str, index: int) -> Path:
+    """The global adapter a federated fleet's round combined."""
+    return root / "fleets" / fleet_id / f"round-{index}" / "adapter"
+
+
 def base_config_path(root: Path, job_id: str) -> Path:
     """The base model's Hugging Face config, kept beside the adapter for its exports."""
     return job_dir(root, job_id) / "base_config.json"
@@ -70,14 +75,12 @@ def zip_bytes(directory: Path) -> bytes:
     return buffer.getvalue()
 
 
-def write_shards(source: Path, targets: list[Path]) -> list[tuple[int, int, str]]:
-    """Deal the non-blank lines of ``source`` round-robin into ``targets`` (each written
-    beside its place and renamed in); returns (bytes, rows, sha256) per shard."""
-    lines = [line for line in source.read_bytes().splitlines(keepends=True) if line.strip()]
+def write_shards(shards: list[list[bytes]], targets: list[Path]) -> list[tuple[int, int, str]]:
+    """Write each shard's rows as a JSONL file at its target (beside its place, then renamed
+    in); returns (bytes, rows, sha256) per shard."""
     stats = []
-    for index, target in enumerate(targets):
-        content = b"".join(line if line.endswith(b"\n") else line + b"\n"
-                           for line in lines[index::len(targets)])
+    for rows, target in zip(shards, targets, strict=True):
+        content = b"".join(row.rstrip(b"\r\n") + b"\n" for row in rows)
         staging = target.with_name(f".{target.name}.tmp")
         staging.write_bytes(content)
         os.replace(staging, target)

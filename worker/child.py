@@ -43,6 +43,8 @@ def run(job_dir: Path, stop: StopOnSignals) -> dict:
                        validation_data=None if validation is None else Path(validation),
                        metrics_path=job_dir / METRICS, checkpoint_dir=job_dir / CHECKPOINT,
                        resume=request.get("resume", False),
+                       init_adapter=None if request.get("init_adapter") is None
+                       else Path(request["init_adapter"]),
                        stop_requested=stop.is_set)
     return {"status": "cancelled" if result.interrupted else "succeeded",
             "steps": result.steps, "final_loss": result.final_loss,

@@ -18,6 +18,7 @@ import sys
 import time
 
 from pydantic import ValidationError
+from rq import Queue, get_current_job
 from sqlalchemy import Engine, func
 from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, delete, select
@@ -29,10 +30,11 @@ from mebp_core.plan.correction import measured_step_time
 from mebp_core.proc import die_with_parent
 from mebp_core.store.resolve import resolve_model
 from mebp_core.units import MB
-from service.crud import add_event, fail_job, set_status
+from service.crud import TERMINAL, add_event, fail_job, set_status
 from service.db import database_url, make_engine
 from service.disk_space import keep_reserve, out_of_space, release_reserve
 from service.models import Adapter, Dataset, Job, Metric
+from service.queue import enqueue_advance
 from service.registry import (
     PRESET,
     ModelPathError,
@@ -74,10 +76,23 @@ def run_job(job_id: str) -> str:
     die_with_parent(signal.SIGKILL)
     settings = Settings()
     engine = make_engine(database_url(settings.database_url, settings.data_dir))
+    run = JobRun(settings, engine, job_id)
     try:
-        return JobRun(settings, engine, job_id).run()
+        return run.run()
     finally:
+        wake_coordinator(engine, run.job_id)
         engine.dispose()
+
+
+def wake_coordinator(engine: Engine, job_id: str) -> None:
+    """A fleet's job that ended may end its round: ask for the fleet to be moved on."""
+    with Session(engine) as session:
+        job = session.get(Job, job_id)
+        if job is None or job.fleet_id is None or job.status not in TERMINAL:
+            return
+    current = get_current_job()
+    if current is not None:  # run by RQ: on the queue the job came from
+        enqueue_advance(Queue(current.origin, connection=current.connection), job.fleet_id)
 
 
 class JobRun:
@@ -165,11 +180,14 @@ class JobRun:
                                   isolated=True, progress=PackingProgress(session, job))
         shutil.copyfile(model_dir / "config.json",
                         base_config_path(self.settings.storage_root, job.id))
+        if job.init_adapter is not None:
+            add_event(session, job_id=job.id, kind="log",
+                      message=f"starting from the adapter {job.init_adapter}")
         config = plan_on_this_worker(session, job, source, self.settings, worker_name())
         validation = None if job.validation_file is None else \
             session.get(Dataset, job.validation_file).path
         request = {"config": config.model_dump(mode="json"), "model": source,
-                   "model_dir": str(model_dir),
+                   "model_dir": str(model_dir), "init_adapter": job.init_adapter,
                    "data": session.get(Dataset, job.training_file).path,
                    "validation_data": validation, "resume": self._resume_point(session, job)}
         (self.dir / REQUEST).write_text(json.dumps(request, indent=2))

@@ -60,3 +60,23 @@ def test_mebp_db_upgrade_command(tmp_path, postgres_url):
                           env={**env, "DATABASE_URL": postgres_url})
     assert done.returncode == 0, done.stderr
     assert_schema(postgres_url)
+
+
+def test_the_migrations_build_exactly_the_tables_the_models_declare(tmp_path, postgres_url):
+    """A column added to a model without a migration (or the reverse) fails here."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+    from sqlmodel import SQLModel
+
+    import service.models  # noqa: F401  (the tables register on SQLModel.metadata)
+
+    for url in (f"sqlite:///{tmp_path / 'compare.db'}", postgres_url):
+        upgrade_database(url)
+        engine = make_engine(url)
+        try:
+            with engine.connect() as connection:
+                diff = compare_metadata(MigrationContext.configure(connection),
+                                        SQLModel.metadata)
+        finally:
+            engine.dispose()
+        assert diff == [], (url, diff)

@@ -20,7 +20,8 @@ ROWS = b"".join(json.dumps({"text": f"the quick brown fox {i} jumps over the laz
 JOB = {"model": "preset:tiny", "memory_budget_mb": 1024,
        "hyperparameters": {"steps": 4, "seq_len": 64, "learning_rate": 0.5}}
 PROMPT = "the quick brown fox"
-TOLERANCE = 1e-4  # float32 throughout; llama.cpp sums in its own order
+TOLERANCE = 1e-4  # float32 weights and KV cache; llama.cpp sums in its own order
+F32 = llama_cpp.GGML_TYPE_F32
 
 
 def download(service, path: str, **params) -> bytes:
@@ -62,7 +63,8 @@ def test_a_jobs_adapter_runs_in_peft_and_in_llama_cpp_as_downloaded(service, tmp
     (tmp_path / "adapter.gguf").write_bytes(
         download(service, f"/v1/jobs/{job['id']}/adapter", format="gguf"))
     runtime = llama_cpp.Llama(model_path="base.gguf", lora_path="adapter.gguf", n_ctx=64,
-                              logits_all=True, n_threads=1, verbose=False)
+                              logits_all=True, n_threads=1, verbose=False,
+                              type_k=F32, type_v=F32)
     try:
         assert runtime.tokenize(PROMPT.encode(), add_bos=False, special=False) == ids
         runtime.eval(ids)

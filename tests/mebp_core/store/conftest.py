@@ -6,26 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-TINY_CONFIGS = {
-    "llama": {"model_type": "llama", "tie_word_embeddings": False},
-    "qwen2": {"model_type": "qwen2", "tie_word_embeddings": False},
-    "gemma3_text": {"model_type": "gemma3_text", "head_dim": 16, "query_pre_attn_scalar": 16},
-}
-
-
-def tiny_config(model_type: str, **overrides) -> dict:
-    return {
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 96,
-        "max_position_embeddings": 128,
-        **TINY_CONFIGS[model_type],
-        **overrides,
-    }
+from tiny_models import tiny_config
 
 
 def save_tiny_model(

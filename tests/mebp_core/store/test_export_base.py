@@ -8,45 +8,18 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_config
 from peft import AutoPeftModelForCausalLM
+from tiny_models import VOCAB, save_text_model, tiny_config, trained_engine
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from mebp_core.cli import main
 from mebp_core.data.tokenizer import ByteTokenizer
 from mebp_core.engine.mebp import compute_logits
-from mebp_core.engine.model import load_engine_model
-from mebp_core.lora.spec import LoraSpec
 from mebp_core.store.export_base import BaseExportError, base_model_name, export_base
 from mebp_core.store.pack import pack_model
 
-LORA = LoraSpec(rank=4, alpha=8.0, targets="all")
-VOCAB = 320  # room for the byte tokenizer's 259 ids
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "héllo ✓"},
             {"role": "assistant", "content": "hi <s> there"}]
-
-
-def save_text_model(out, model_type: str, **overrides):
-    torch.manual_seed(0)
-    config = AutoConfig.for_model(**tiny_config(model_type, vocab_size=VOCAB, **overrides))
-    model = AutoModelForCausalLM.from_config(config)
-    with torch.no_grad():  # zero-initialised norms and biases would hide a misplaced tensor
-        for name, param in model.named_parameters():
-            if param.dim() == 1:
-                param.copy_(torch.randn_like(param) * 0.1 + (0 if "bias" in name else 1))
-    model.save_pretrained(out)
-    return out
-
-
-def trained_engine(packed, seed: int = 1):
-    """The engine with every LoRA B non-zero, as after training."""
-    engine = load_engine_model(packed, lora_spec=LORA, seed=seed)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for module in engine.lora.values():
-            weight = module.lora_B.weight
-            weight.copy_(torch.randn(weight.shape, generator=generator) * 0.1)
-    return engine
 
 
 @pytest.mark.parametrize("model_type", ["llama", "qwen2", "gemma3_text"])

@@ -11,21 +11,23 @@ import numpy as np
 import pytest
 import torch
 from peft import PeftModel
-from test_export_base import VOCAB, save_text_model, trained_engine
+from tiny_models import VOCAB, save_text_model, trained_engine
 from transformers import AutoModelForCausalLM
 
 from mebp_core.lora.export import export_adapter
 from mebp_core.store.export_base import export_base
 from mebp_core.store.pack import pack_model
 
-# float32 everywhere; llama.cpp sums in another order and ropes in its own layout
+# float32 weights and, asked for, a float32 KV cache (llama.cpp's default is float16, which
+# alone costs ~2e-4); llama.cpp still sums in another order and ropes in its own layout
 TOLERANCE = 1e-4
+F32 = llama_cpp.GGML_TYPE_F32
 
 
 def llama_cpp_logits(base, input_ids: list[int], adapter=None) -> np.ndarray:
     model = llama_cpp.Llama(model_path=str(base), lora_path=None if adapter is None
                             else str(adapter), n_ctx=64, n_batch=64, logits_all=True,
-                            n_threads=1, verbose=False)
+                            n_threads=1, verbose=False, type_k=F32, type_v=F32)
     try:
         model.eval(input_ids)
         return np.array(model.scores[:len(input_ids)])

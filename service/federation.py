@@ -1,0 +1,196 @@
+"""Federated fleets, round by round: the coordinator's state machine.
+
+A round selects devices (``mebp_core.federated.rounds``), queues one normal job per selected
+device that is neither a straggler nor offline from the start, each starting from the previous
+round's global adapter; when every one of them has ended, the updates of those that trained
+(not dropped, not out of memory) are combined into the round's global adapter, which is
+evaluated, and the next round starts. ``advance`` is safe to run any number of times, from
+any process: a round turns done once (its row is updated under a lock, and the adapter it
+writes is the same bytes however often it is written), so no update is counted twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from safetensors import safe_open
+from sqlalchemy.exc import IntegrityError
+from sqlmodel import Session, select
+
+from mebp_core.federated.aggregate import Update, aggregate
+from mebp_core.federated.rounds import fate, is_straggler, participants
+from mebp_core.lora.peft_io import (
+    CONFIG_NAME,
+    WEIGHTS_NAME,
+    load_peft_adapter,
+    save_peft_adapter,
+)
+from service.crud import TERMINAL, create_queued_job, latest_adapter
+from service.models import Fleet, FleetRound, Job, utc_now
+from service.storage import round_adapter_dir
+
+RUNNING, DONE, FAILED = "running", "done", "failed"
+# what became of a selected device
+TRAINING, TRAINED, DROPPED, OUT_OF_MEMORY, STRAGGLER, DOES_NOT_FIT = (
+    "training", "trained", "dropped", "out_of_memory", "straggler", "does_not_fit")
+
+Evaluate = Callable[[Fleet, Path], float | None]
+
+
+def is_federated(fleet: Fleet) -> bool:
+    return fleet.spec.get("request", {}).get("aggregation", "none") != "none"
+
+
+def rounds_of(session: Session, fleet_id: str) -> list[FleetRound]:
+    return list(session.exec(select(FleetRound).where(FleetRound.fleet_id == fleet_id)
+                             .order_by(FleetRound.index)))
+
+
+def start_round(session: Session, fleet: Fleet, index: int, storage_root: Path) -> list[str]:
+    """Add round ``index`` and the jobs of its selected devices; the caller commits, then
+    enqueues the returned job ids."""
+    request, members = fleet.spec["request"], fleet.spec["members"]
+    local_steps = request["local_steps"] or request["hyperparameters"]["steps"]
+    init = None if index == 0 else str(round_adapter_dir(storage_root, fleet.id, index - 1))
+    if init is not None and not Path(init).is_dir():
+        init = _last_global_adapter(session, fleet, storage_root)
+    seats, jobs = [], []
+    for member in participants(len(members), request["participation"], request["seed"],
+                               index):
+        spec = members[member]
+        estimate = spec["plan"].get("device_step_time_s_estimate")
+        device_time_s = None if estimate is None else estimate * local_steps
+        offline = fate(request["seed"], index, member, request["dropout"],
+                       local_steps).offline_after_step
+        seat = {"member": member, "job_id": None, "examples": spec["examples"],
+                "offline_after_step": offline, "device_time_s": device_time_s}
+        if spec["job"] is None:
+            seat["outcome"] = DOES_NOT_FIT
+        elif is_straggler(device_time_s, request["deadline_s"]):
+            seat["outcome"] = STRAGGLER
+        elif offline == 0:
+            seat["outcome"] = DROPPED
+        else:
+            config = {**spec["job"]["config"], "steps": offline or local_steps}
+            job = create_queued_job(session, **{**spec["job"], "config": config},
+                                    tenant=fleet.tenant, fleet_id=fleet.id, init_adapter=init)
+            seat["job_id"], seat["outcome"] = job.id, TRAINING
+            jobs.append(job.id)
+        seats.append(seat)
+    session.add(FleetRound(fleet_id=fleet.id, index=index, status=RUNNING, participants=seats))
+    return jobs
+
+
+def advance(session: Session, fleet_id: str, storage_root: Path, evaluate: Evaluate
+            ) -> list[str]:
+    """Finish the fleet's current round if all its jobs have ended, and start the next;
+    returns the job ids to enqueue (none while the round is still training). A round in
+    which nobody trains (stragglers, devices offline or too small) ends at once."""
+    fleet = session.exec(select(Fleet).where(Fleet.id == fleet_id).with_for_update()).first()
+    if fleet is None or not is_federated(fleet):
+        return []
+    while True:
+        current = rounds_of(session, fleet_id)[-1]
+        if current.status == RUNNING:
+            seats = _outcomes(session, current)
+            if any(seat["outcome"] == TRAINING for seat in seats):
+                session.rollback()
+                return []
+            _finish_round(session, fleet, current, seats, storage_root, evaluate)
+        if current.index + 1 >= fleet.spec["request"]["rounds"] or fleet.cancel_requested:
+            session.commit()
+            return []
+        jobs = start_round(session, fleet, current.index + 1, storage_root)
+        try:
+            session.commit()
+        except IntegrityError:  # another coordinator started it first
+            session.rollback()
+            return []
+        if jobs:
+            return jobs
+
+
+def stalled(session: Session, grace_s: float) -> list[str]:
+    """Fleets whose running round has had no job left to end for ``grace_s``: their
+    coordinator was lost (or never asked), so they need moving on."""
+    fleets = []
+    cutoff = utc_now() - timedelta(seconds=grace_s)
+    for current in session.exec(select(FleetRound).where(FleetRound.status == RUNNING)):
+        jobs = [session.get(Job, seat["job_id"]) for seat in current.participants
+                if seat["outcome"] == TRAINING]
+        if any(job.status not in TERMINAL for job in jobs):
+            continue
+        ended = max([_aware(job.finished_at) for job in jobs],
+                    default=_aware(current.started_at))
+        if ended < cutoff:
+            fleets.append(current.fleet_id)
+    return fleets
+
+
+def _aware(moment: datetime) -> datetime:
+    """SQLite hands datetimes back without their zone; they were stored in UTC."""
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _outcomes(session: Session, current: FleetRound) -> list[dict]:
+    seats = []
+    for seat in current.participants:
+        seat = dict(seat)
+        if seat["outcome"] == TRAINING:
+            job = session.get(Job, seat["job_id"])
+            if job.status in TERMINAL:
+                seat["outcome"] = _outcome(job, seat)
+        seats.append(seat)
+    return seats
+
+
+def _outcome(job: Job, seat: dict) -> str:
+    if job.status == "succeeded":
+        return DROPPED if seat["offline_after_step"] is not None else TRAINED
+    if job.error_code == "memory_budget_exceeded":
+        return OUT_OF_MEMORY
+    return job.status  # failed or cancelled
+
+
+def _finish_round(session: Session, fleet: Fleet, current: FleetRound, seats: list[dict],
+                  storage_root: Path, evaluate: Evaluate) -> None:
+    trained = [seat for seat in seats if seat["outcome"] == TRAINED]
+    out = round_adapter_dir(storage_root, fleet.id, current.index)
+    if trained:
+        adapters = {seat["member"]: latest_adapter(session, seat["job_id"]).path
+                    for seat in trained}
+        combine(adapters, [seat["examples"] for seat in trained],
+                fleet.spec["request"]["aggregation"], out)
+        current.eval_loss = evaluate(fleet, out)
+        current.simulated_wall_s = max((seat["device_time_s"] or 0.0) for seat in trained)
+    current.participants = seats
+    current.status = DONE if trained else FAILED
+    current.finished_at = utc_now()
+    session.add(current)
+
+
+def combine(adapters: dict[int, str], examples: list[int], how: str, out: Path) -> Path:
+    """The global adapter of the members' adapters (member -> directory) at ``out``."""
+    updates = []
+    for (member, directory), count in zip(adapters.items(), examples, strict=True):
+        _, tensors = load_peft_adapter(directory)
+        updates.append(Update(f"device {member}", tensors, count))
+    first = Path(next(iter(adapters.values())))
+    spec, _ = load_peft_adapter(first)
+    config = json.loads((first / CONFIG_NAME).read_text())
+    with safe_open(first / WEIGHTS_NAME, "pt") as weights:
+        model_type = (weights.metadata() or {}).get("model_type")
+    return save_peft_adapter(out, aggregate(updates, how), spec,
+                             base_model_name_or_path=config["base_model_name_or_path"],
+                             model_type=model_type, target_modules=config["target_modules"])
+
+
+def _last_global_adapter(session: Session, fleet: Fleet, storage_root: Path) -> str | None:
+    """The newest round that combined an update (a failed round adds none)."""
+    for done in reversed(rounds_of(session, fleet.id)):
+        if done.status == DONE:
+            return str(round_adapter_dir(storage_root, fleet.id, done.index))
+    return None

@@ -1,0 +1,100 @@
+"""Federated fleets end to end on the real service: devices train in rounds on their own
+shards, each round's global adapter is the examples-weighted average of the updates that
+finished, the next round starts from it, and bad settings are 422s naming the field."""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+import zipfile
+
+import pytest
+import torch
+from safetensors.torch import load
+
+USERS = ("ada", "bob", "cy", "dee")
+ROWS = b"".join(json.dumps({"text": f"{user} writes note {i} about the lazy dog",
+                            "user": user}).encode() + b"\n"
+                for i in range(36) for user in USERS[: 1 + i % 4])
+VALIDATION = b"".join(json.dumps({"text": f"a held-out note {i}"}).encode() + b"\n"
+                      for i in range(6))
+FLEET = {"model": "preset:tiny", "simulated": {"device": "iphone-15-pro-max", "count": 3},
+         "hyperparameters": {"steps": 2, "seq_len": 32, "learning_rate": 0.05},
+         "aggregation": "fedavg", "rounds": 2, "local_steps": 2, "seed": 1,
+         "data_split": {"kind": "by_field", "field": "user"}}
+
+
+def wait_for_rounds(service, fleet_id: str, rounds: int, timeout_s: float = 400) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        fleet = service.request("GET", f"/v1/fleets/{fleet_id}")[1]
+        finished = [r for r in fleet["rounds"] if r["status"] != "running"]
+        if len(finished) >= rounds:
+            return fleet
+        time.sleep(1)
+    raise AssertionError(f"fleet {fleet_id}: {rounds} rounds not done in {timeout_s} s: "
+                         f"{fleet['rounds']}\n{service.output.read_text()[-3000:]}")
+
+
+def adapter_tensors(service, path: str) -> dict[str, torch.Tensor]:
+    response = service.client.get(path)
+    assert response.status_code == 200, response.text
+    archive = zipfile.ZipFile(io.BytesIO(response.content))
+    return load(archive.read("adapter_model.safetensors"))
+
+
+def test_a_fedavg_fleet_trains_in_rounds_from_each_global_adapter(service):
+    training = service.upload("notes.jsonl", ROWS)[1]["id"]
+    validation = service.upload("held-out.jsonl", VALIDATION)[1]["id"]
+    status, fleet = service.request("POST", "/v1/fleets", {
+        **FLEET, "training_file": training, "validation_file": validation})
+    assert status == 201, fleet
+    assert fleet["aggregation"] == "fedavg" and len(fleet["members"]) == 3
+    shards = [service.request("GET", f"/v1/datasets/{m['training_file']}")[1]
+              for m in fleet["members"]]
+    assert sum(shard["rows"] for shard in shards) == ROWS.count(b"\n")
+
+    fleet = wait_for_rounds(service, fleet["id"], 2)
+    first, second = fleet["rounds"]
+    for current in (first, second):
+        assert current["status"] == "done", current
+        assert [p["outcome"] for p in current["participants"]] == ["trained"] * 3
+        assert current["eval_loss"] > 0 and current["simulated_wall_s"] > 0
+    assert second["eval_loss"] != first["eval_loss"]
+
+    # round 0's global adapter is its updates' average, weighted by their shards' rows
+    updates = [(adapter_tensors(service, f"/v1/jobs/{p['job_id']}/adapter"), p["examples"])
+               for p in first["participants"]]
+    total = sum(examples for _, examples in updates)
+    combined = adapter_tensors(service, f"/v1/fleets/{fleet['id']}/rounds/0/adapter")
+    for name, tensor in combined.items():
+        expected = sum(update[name].double() * examples / total for update, examples in updates)
+        torch.testing.assert_close(tensor, expected.float(), rtol=1e-6, atol=1e-7)
+    # round 1's jobs started from it
+    for participant in second["participants"]:
+        events = service.request("GET", f"/v1/jobs/{participant['job_id']}/events")[1]
+        assert any(e["message"].endswith("/round-0/adapter") for e in events), events
+    response = service.client.get(f"/v1/fleets/{fleet['id']}/rounds/1/adapter",
+                                  params={"format": "gguf"})
+    assert response.status_code == 200 and response.content[:4] == b"GGUF"
+    assert service.client.get(f"/v1/fleets/{fleet['id']}/rounds/2/adapter").status_code == 404
+
+
+@pytest.mark.parametrize(("change", "field", "words"), [
+    ({"aggregation": "none"}, ["body", "rounds"], "rounds needs aggregation fedavg or ffa"),
+    ({"participation": 0}, ["body", "participation"], "greater than 0"),
+    ({"rounds": 101}, ["body", "rounds"], "less than or equal to 100"),
+    ({"data_split": {"kind": "by_field", "field": "team"}}, ["body", "data_split", "field"],
+     "line 1: no field 'team'"),
+    ({"data_split": {"kind": "dirichlet", "field": "user"}}, ["body", "data_split"],
+     "alpha goes with dirichlet"),
+])
+def test_federated_settings_that_cannot_work_are_422s_naming_the_field(service, change, field,
+                                                                       words):
+    training = service.upload("notes.jsonl", ROWS)[1]["id"]
+    status, body = service.request("POST", "/v1/fleets",
+                                   {**FLEET, **change, "training_file": training})
+    assert status == 422, body
+    [error] = body["detail"]
+    assert error["loc"] == field and words in error["msg"], error
