@@ -65,6 +65,6 @@ def _member(spec: dict, job: Job | None) -> FleetMember:
         predicted_step_time_s=plan.get("predicted_step_time_s"),
         measured_step_time_s=None if job is None else job.step_time_s,
         device_step_time_s_estimate=plan.get("device_step_time_s_estimate"),
-        job_id=spec["job_id"], status="not_run" if job is None else job.status,
+        job_id=None if job is None else job.id, status="not_run" if job is None else job.status,
         final_loss=None if job is None or job.status != "succeeded" else job.last_loss,
         error_code=None if job is None else job.error_code)

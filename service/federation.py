@@ -123,7 +123,7 @@ def stalled(session: Session, grace_s: float) -> list[str]:
                 if seat["outcome"] == TRAINING]
         if any(job.status not in TERMINAL for job in jobs):
             continue
-        ended = max([_aware(job.finished_at) for job in jobs],
+        ended = max([_aware(job.finished_at or current.started_at) for job in jobs],
                     default=_aware(current.started_at))
         if ended < cutoff:
             fleets.append(current.fleet_id)

@@ -90,7 +90,8 @@ def fleet_page(fleet_id: str, request: Request, session: SessionDep,
     fleet = read_fleet(fleet_id, session, principal).model_dump(mode="json")
     return templates.TemplateResponse(request, "fleet.html", {
         "fleet": fleet, "chart": script_json({"curves": loss_curves(session, fleet["members"]),
-                                              "members": fleet["members"]})})
+                                              "members": fleet["members"],
+                                              "rounds": fleet["rounds"]})})
 
 
 def member_label(member: dict) -> str:

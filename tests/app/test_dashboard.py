@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -313,3 +314,29 @@ def test_the_api_docs_render_offline_and_every_page_has_a_favicon(page, service)
     assert icon.ok and icon.headers["content-type"].startswith("image/svg")
     page.goto("/signin")
     assert page.locator("link[rel=icon]").get_attribute("href") == "/static/favicon.svg"
+
+
+def test_a_federated_fleet_page_shows_each_round_and_who_took_part(page, service, dataset_id):
+    """Global validation loss per round, each device's fate per round, simulated time."""
+    status, fleet = service.request("POST", "/v1/fleets", {
+        "model": "preset:tiny", "training_file": dataset_id, "validation_file": dataset_id,
+        "simulated": {"device": "pixel-8", "count": 2}, "aggregation": "ffa", "rounds": 2,
+        "local_steps": 2, "hyperparameters": {"steps": 2, "seq_len": 32}})
+    assert status == 201, fleet
+    deadline = time.monotonic() + 300
+    while len([r for r in fleet["rounds"] if r["status"] == "done"]) < 2:
+        assert time.monotonic() < deadline, fleet["rounds"]
+        time.sleep(1)
+        fleet = service.request("GET", f"/v1/fleets/{fleet['id']}")[1]
+    sign_in(page, service.api_key)
+    page.goto(f"/fleets/{fleet['id']}")
+    expect(page.locator("#rounds-summary")).to_contain_text("2 rounds so far")
+    grid = page.locator("#participation tbody tr[data-device]")
+    expect(grid).to_have_count(2)
+    for index in range(2):
+        expect(grid.nth(index).locator(".badge")).to_have_text(["trained", "trained"])
+    expect(page.locator("#participation .round-loss a")).to_have_count(2)  # the adapters
+    curve, = chart_traces(page, "round-chart")
+    assert curve["x"] == [0, 1]
+    assert curve["y"] == pytest.approx([r["eval_loss"] for r in fleet["rounds"]])
+    shoot(page, "fleet-federated")

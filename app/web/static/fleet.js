@@ -22,4 +22,19 @@
     xaxis: {title: {text: "device memory budget (MB)"}, type: "log"},
     yaxis: {title: {text: "final loss"}},
   }, config);
+  const evaluated = data.rounds.filter((r) => r.eval_loss !== null);
+  if (document.getElementById("round-chart")) {
+    let clock = 0;  // simulated on-device seconds at the end of each round
+    const ends = data.rounds.map((r) => (clock += r.simulated_wall_s || 0));
+    Plotly.newPlot("round-chart", [{
+      type: "scatter", mode: "lines+markers", name: "global adapter",
+      x: evaluated.map((r) => r.index), y: evaluated.map((r) => r.eval_loss),
+      customdata: evaluated.map((r) => ends[r.index]),
+      hovertemplate: "round %{x}: %{y:.4f}<br>%{customdata:.1f} s simulated<extra></extra>",
+    }], {
+      margin: {t: 20, r: 20}, showlegend: false,
+      xaxis: {title: {text: "round"}, dtick: 1},
+      yaxis: {title: {text: "validation loss of the global adapter"}},
+    }, config);
+  }
 })();

@@ -1,0 +1,137 @@
+"""The federated coordinator against a real database, with the crashes placed by the test: a
+coordinator killed after writing a round's global adapter but before committing it runs
+again to the same result; two coordinators moving one fleet at once start the next round
+once; a round nobody could train in ends failed without a hang, and the next one starts from
+the last global adapter; a stalled round is found for the reconciler."""
+
+from __future__ import annotations
+
+import torch
+from sqlmodel import Session, select
+
+from mebp_core.config import TrainConfig
+from mebp_core.lora.peft_io import load_peft_adapter, save_peft_adapter
+from mebp_core.lora.spec import LoraSpec
+from service.db import database_url, make_engine, upgrade_database
+from service.federation import _finish_round, advance, rounds_of, stalled, start_round
+from service.models import Adapter, Dataset, Fleet, FleetRound, Job
+from service.storage import new_id, round_adapter_dir
+
+SPEC = LoraSpec(rank=2, alpha=4.0, targets="all")
+EXAMPLES = (10, 30, 60)
+
+
+def federated_fleet(session: Session, rounds: int = 3, deadline_s=None) -> Fleet:
+    session.add(Dataset(id="d", tenant="t", filename="d.jsonl", path="/dev/null", bytes=0,
+                        rows=100, sha256="0" * 64))
+    config = TrainConfig(steps=2, seq_len=32).model_dump(mode="json")
+    members = [{"device": "pixel-8", "shard": i, "training_file": "d", "fits": True,
+                "examples": examples, "job_id": None,
+                "plan": {"device_step_time_s_estimate": 1.0 + i},
+                "job": {"model": "preset:tiny", "device_id": None,
+                        "memory_budget_bytes": 1 << 30, "plan": {}, "config": config,
+                        "training_file": "d", "validation_file": None, "metadata_": {}}}
+               for i, examples in enumerate(EXAMPLES)]
+    request = {"aggregation": "fedavg", "rounds": rounds, "local_steps": None,
+               "participation": 1.0, "dropout": 0.0, "deadline_s": deadline_s, "seed": 0,
+               "hyperparameters": {"steps": 2}, "validation_file": None}
+    fleet = Fleet(id=new_id("fleet"), tenant="t", model="preset:tiny",
+                  spec={"request": request, "members": members})
+    session.add(fleet)
+    session.flush()
+    return fleet
+
+
+def finish_jobs(session: Session, tmp_path, index: int) -> dict[str, tuple]:
+    """Every queued job succeeds with an adapter of its own; returns them by job id."""
+    trained = {}
+    for n, job in enumerate(session.exec(select(Job).where(Job.status == "queued"))):
+        generator = torch.Generator().manual_seed(100 * index + n)
+        tensors = {"model.layers.0.self_attn.q_proj": (torch.randn(2, 8, generator=generator),
+                                                       torch.randn(8, 2, generator=generator))}
+        path = save_peft_adapter(tmp_path / "jobs" / job.id, tensors, SPEC, "base")
+        session.add(Adapter(id=new_id("ad"), job_id=job.id, path=str(path), sha256="0",
+                            bytes=1))
+        job.status = "succeeded"
+        session.add(job)
+        trained[job.id] = tensors
+    session.commit()
+    return trained
+
+
+def expected_average(session: Session, current: FleetRound, trained: dict) -> torch.Tensor:
+    seats = [(trained[s["job_id"]], s["examples"]) for s in current.participants]
+    total = sum(examples for _, examples in seats)
+    return sum(t["model.layers.0.self_attn.q_proj"][1].double() * e / total for t, e in seats)
+
+
+def test_a_coordinator_killed_before_its_commit_runs_again_to_the_same_round(tmp_path):
+    engine = make_engine(url := database_url(None, tmp_path))
+    upgrade_database(url)
+    evaluated = []
+    evaluate = lambda fleet, adapter: evaluated.append(adapter) or 1.0  # noqa: E731
+    with Session(engine) as session:
+        fleet = federated_fleet(session)
+        start_round(session, fleet, 0, tmp_path)
+        session.commit()
+        trained = finish_jobs(session, tmp_path, 0)
+        first = rounds_of(session, fleet.id)[0]
+        # the coordinator writes round 0's adapter, then dies before committing
+        _finish_round(session, fleet, first, [{**s, "outcome": "trained"}
+                                              for s in first.participants], tmp_path, evaluate)
+        session.rollback()
+        assert rounds_of(session, fleet.id)[0].status == "running"
+        assert round_adapter_dir(tmp_path, fleet.id, 0).is_dir()
+
+    with Session(engine) as session, Session(engine) as other:
+        jobs = advance(session, fleet.id, tmp_path, evaluate)
+        assert len(jobs) == 3  # round 1 started, once
+        assert advance(other, fleet.id, tmp_path, evaluate) == []  # nothing left to do
+    with Session(engine) as session:
+        done, second = rounds_of(session, fleet.id)
+        assert (done.status, second.status) == ("done", "running")
+        assert [s["outcome"] for s in done.participants] == ["trained"] * 3
+        assert done.simulated_wall_s == 2 * 3.0  # the slowest device: 3 s/step, 2 steps
+        _, combined = load_peft_adapter(round_adapter_dir(tmp_path, fleet.id, 0))
+        torch.testing.assert_close(combined["model.layers.0.self_attn.q_proj"][1].double(),
+                                   expected_average(session, done, trained))
+        second_jobs = {s["job_id"] for s in second.participants}
+        assert second_jobs == set(jobs)
+        assert all(session.get(Job, j).init_adapter == str(round_adapter_dir(
+            tmp_path, fleet.id, 0)) for j in second_jobs)
+
+
+def test_a_round_nobody_trains_in_ends_failed_and_the_next_starts_from_the_last_adapter(
+        tmp_path):
+    engine = make_engine(url := database_url(None, tmp_path))
+    upgrade_database(url)
+    with Session(engine) as session:
+        fleet = federated_fleet(session, rounds=3)
+        start_round(session, fleet, 0, tmp_path)
+        session.commit()
+        finish_jobs(session, tmp_path, 0)
+        assert stalled(session, grace_s=-1) == [fleet.id]  # the reconciler's cue
+        assert len(advance(session, fleet.id, tmp_path, lambda f, a: None)) == 3
+        for job in session.exec(select(Job).where(Job.status == "queued")):
+            job.status, job.error_code = "failed", "memory_budget_exceeded"
+            session.add(job)
+        session.commit()
+        assert stalled(session, grace_s=3600) == []  # too recent: its coordinator is coming
+        jobs = advance(session, fleet.id, tmp_path, lambda f, a: None)
+        rounds = rounds_of(session, fleet.id)
+        assert [r.status for r in rounds] == ["done", "failed", "running"]
+        assert {s["outcome"] for s in rounds[1].participants} == {"out_of_memory"}
+        assert all(session.get(Job, j).init_adapter == str(round_adapter_dir(
+            tmp_path, fleet.id, 0)) for j in jobs)  # round 0's: round 1 combined nothing
+
+
+def test_stragglers_past_the_deadline_get_no_job(tmp_path):
+    engine = make_engine(url := database_url(None, tmp_path))
+    upgrade_database(url)
+    with Session(engine) as session:
+        fleet = federated_fleet(session, deadline_s=5.0)  # 2 steps at 1, 2 and 3 s each
+        jobs = start_round(session, fleet, 0, tmp_path)
+        session.commit()
+        seats = rounds_of(session, fleet.id)[0].participants
+        assert [s["outcome"] for s in seats] == ["training", "training", "straggler"]
+        assert len(jobs) == 2 and seats[2]["job_id"] is None
