@@ -51,23 +51,32 @@ def extract_docstrings(source: str) -> list[str]:
     return found
 
 
-def collect_docstrings(root: Path | None = None, *, max_files: int | None = None) -> list[str]:
-    """Unique docstrings of the stdlib (or of ``root``), first occurrence order."""
+def collect_module_docstrings(root: Path | None = None, *,
+                               max_files: int | None = None) -> list[tuple[str, str]]:
+    """Unique docstrings of the stdlib (or of ``root``) with the module each came from
+    (``json.decoder``), first occurrence order."""
+    root = root or stdlib_dir()
     seen: set[str] = set()
-    texts = []
-    for index, path in enumerate(iter_source_files(root or stdlib_dir())):
+    found = []
+    for index, path in enumerate(iter_source_files(root)):
         if max_files is not None and index >= max_files:
             break
         try:
             docstrings = extract_docstrings(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue  # a few stdlib files are deliberately invalid or not UTF-8
+        module = ".".join(path.relative_to(root).with_suffix("").parts)
         for text in docstrings:
             text = inspect.cleandoc(text)
             if text not in seen:
                 seen.add(text)
-                texts.append(text)
-    return texts
+                found.append((module.removesuffix(".__init__"), text))
+    return found
+
+
+def collect_docstrings(root: Path | None = None, *, max_files: int | None = None) -> list[str]:
+    """Unique docstrings of the stdlib (or of ``root``), first occurrence order."""
+    return [text for _, text in collect_module_docstrings(root, max_files=max_files)]
 
 
 def is_validation(text: str, validation_fraction: float) -> bool:
