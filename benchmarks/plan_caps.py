@@ -35,7 +35,7 @@ from mebp_core.cpu import cpu_flags, cpu_model  # noqa: E402
 from mebp_core.engine.metrics_file import read_steps  # noqa: E402
 from mebp_core.plan.arch import load_architecture  # noqa: E402
 from mebp_core.plan.calibration import load_calibration  # noqa: E402
-from mebp_core.plan.on_host import plan_on_host  # noqa: E402
+from mebp_core.plan.on_host import chosen_entry, plan_on_host  # noqa: E402
 from mebp_core.plan.workload import matmul_dtype_of  # noqa: E402
 from mebp_core.units import MB  # noqa: E402
 
@@ -56,18 +56,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--bf16-matmul", choices=["auto", "native", "float32"], default="auto",
                    help="the bfloat16 rows' matmul path (float32: the AVX2 hosts' path)")
     p.add_argument("--json", type=Path, help="write every row here")
+    p.add_argument("--budget-mb", type=int,
+                   help="a fixed budget (and cap) instead of each plan's smallest: the "
+                        "planner picks the fastest configuration predicted to fit it")
     p.add_argument("--uncapped", action="store_true",
                    help="run in an unlimited cgroup: the peak the configuration reaches freely")
     return p.parse_args(argv)
 
 
-def plan_case(preset: str, seq_len: int, dtype: str, bf16_matmul: str = "auto") -> dict:
+def plan_case(preset: str, seq_len: int, dtype: str, bf16_matmul: str = "auto",
+              budget_mb: int | None = None) -> dict:
     arch = load_architecture(f"preset:{preset}")
     config = TrainConfig(seq_len=seq_len, compute_dtype=dtype,
                          knobs=EngineKnobs(bf16_matmul=bf16_matmul))
-    budget_mb = plan_on_host(arch, config).smallest_budget_mb()
+    if budget_mb is None:
+        budget_mb = plan_on_host(arch, config).smallest_budget_mb()
     plan = plan_on_host(arch, config, budget_bytes=budget_mb * MB)
-    chosen = plan.auto
+    chosen = chosen_entry(plan)
     return {"preset": preset, "seq_len": seq_len, "dtype": dtype, "bf16_matmul": bf16_matmul,
             "matmul_dtype": matmul_dtype_of(plan.workload, chosen.knobs),
             "budget_mb": budget_mb, "config": chosen.id,
@@ -154,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for preset, seq_len in cases:
             for dtype in args.dtypes:
-                row = plan_case(preset, seq_len, dtype, args.bf16_matmul)
+                row = plan_case(preset, seq_len, dtype, args.bf16_matmul, args.budget_mb)
                 print(f"{preset} seq {seq_len} {dtype}: S = {row['budget_mb']} MB, "
                       f"{row['config']}", file=sys.stderr, flush=True)
                 work = Path(tempfile.mkdtemp(dir=corpus))

@@ -93,7 +93,10 @@ def advance(session: Session, fleet_id: str, storage_root: Path, evaluate: Evalu
     if fleet is None or not is_federated(fleet):
         return []
     while True:
-        current = rounds_of(session, fleet_id)[-1]
+        rounds = rounds_of(session, fleet_id)
+        if not rounds:
+            return []
+        current = rounds[-1]
         if current.status == RUNNING:
             seats = _outcomes(session, current)
             if any(seat["outcome"] == TRAINING for seat in seats):

@@ -158,10 +158,10 @@ def run_fleet(spec: FederatedSpec, devices: list[Device], model_dir: Path, valid
             updates.append(Update(device.profile, load_peft_adapter(out)[1], device.examples))
             times.append(steps * (device.mebp_step_s if method == "mebp"
                                   else device.mezo_step_s))
-        spec_, _ = load_peft_adapter(out)
+        lora_spec, _ = load_peft_adapter(out)
         global_adapter = save_peft_adapter(
             work / run.label.replace(" ", "-") / f"round-{index}" / "global",
-            aggregate(updates, aggregation), spec_, base_model_name_or_path=None)
+            aggregate(updates, aggregation), lora_spec, base_model_name_or_path=None)
         loss = held_out_loss(spec, model_dir, validation, global_adapter)
         run.rounds.append({"index": index, "eval_loss": loss, "simulated_wall_s": max(times)})
         log(f"{run.label}: round {index}: held-out loss {loss:.4f}, "
