@@ -33,6 +33,8 @@ from app.uploads import storage_full_error
 from app.web import auth, explorer, monitor
 from app.web.auth import SignInRequired
 from app.web.templating import PLOTLY_JS, STATIC_DIR
+from mebp_core.cache import default_cache_dir
+from service.bases import BaseExports
 from service.db import database_url, make_engine
 from service.devices import sync_builtin_devices
 from service.disk_space import out_of_space, storage_state
@@ -86,6 +88,8 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
     app.state.settings, app.state.engine, app.state.redis = settings, engine, redis
     app.state.enqueue = lambda job_id: _enqueue_or_defer(queue, job_id)
     app.state.session_slots = SessionSlots(engine)
+    app.state.base_exports = BaseExports(settings.storage_root,
+                                         settings.cache_dir or default_cache_dir())
     app.state.event_hub = event_hub = EventHub(engine)
     app.state.stream_slots = StreamSlots(settings.max_streams_per_key)
 

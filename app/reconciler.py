@@ -34,7 +34,6 @@ log = logging.getLogger("mebp.reconciler")
 # queued, so whoever started it let go)
 WAITING = {"queued", "deferred", "scheduled"}
 QUEUED_GRACE_S = 10.0  # a job committed a moment ago is being enqueued by its request
-ADVANCE_GRACE_S = 30.0  # a fleet's round that just ended is being moved on by a worker
 
 
 class Reconciler:
@@ -64,7 +63,7 @@ class Reconciler:
             requeued = self._recover_lost(session)
             missing = ids_to_enqueue(session, self._queued_before(session, QUEUED_GRACE_S),
                                      self._in_redis, self.settings.max_running_jobs_per_tenant)
-            fleets = stalled(session, ADVANCE_GRACE_S)
+            fleets = stalled(session, self.settings.advance_grace_s)
         enqueued = list(dict.fromkeys(requeued + missing))
         for job_id in enqueued:
             enqueue_job(self.queue, job_id)

@@ -465,6 +465,11 @@ class ModelCreate(RequestModel):
                       description="a Hugging Face model directory inside the model roots")
 
 
+class BaseExporting(BaseModel):
+    status: Literal["exporting"] = "exporting"
+    detail: str
+
+
 class ModelPublic(BaseModel):
     name: str
     source: Literal["preset", "registered"]

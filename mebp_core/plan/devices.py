@@ -86,8 +86,9 @@ def device_step_time(work: StepWork, workload, rates: DeviceRates,
 
 
 def mezo_device_step_time(workload: Workload, rates: DeviceRates) -> float:
-    """MeZO's step on a phone: two forwards without autograd, weights decompressed in tiles."""
-    work = step_work(workload, EngineKnobs(), set(), "mezo")
+    """MeZO's step on a phone: two forwards without autograd, weights decompressed in tiles,
+    in the phone's own 16-bit math (never this host's bf16 path: no upcasts)."""
+    work = step_work(workload, EngineKnobs(bf16_matmul="native"), set(), "mezo")
     return sum(device_step_time(work, workload, rates).values())
 
 

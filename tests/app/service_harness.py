@@ -69,6 +69,19 @@ class Service:
                                      f"{self.output.read_text()[-3000:]}")
             time.sleep(0.2)
 
+    def base(self, model: str, timeout_s: float = 120, **params) -> httpx.Response:
+        """``GET /v1/models/{model}/base``, asked again while it answers 202 (exporting)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            response = self.client.get(f"/v1/models/{model}/base", params=params)
+            if response.status_code != 202:
+                return response
+            assert int(response.headers["retry-after"]) > 0
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the base of {model} was not exported in {timeout_s} s"
+                                     f"\n{self.output.read_text()[-3000:]}")
+            time.sleep(0.2)
+
     def finished(self, job_id: str, timeout_s: float = 120,
                  client: httpx.Client | None = None) -> dict:
         return self.wait_for(job_id, lambda job: job["status"] in TERMINAL, timeout_s, client)

@@ -25,7 +25,8 @@ F32 = llama_cpp.GGML_TYPE_F32
 
 
 def download(service, path: str, **params) -> bytes:
-    response = service.client.get(path, params=params)
+    response = service.base("preset:tiny", **params) if path.endswith("/base") \
+        else service.client.get(path, params=params)
     assert response.status_code == 200, response.text
     digest = response.headers.get("x-base-sha256") or response.headers["x-adapter-sha256"]
     assert digest == hashlib.sha256(response.content).hexdigest(), path
@@ -74,6 +75,17 @@ def test_a_jobs_adapter_runs_in_peft_and_in_llama_cpp_as_downloaded(service, tmp
     scale = np.abs(adapted).max()
     assert np.abs(theirs - adapted).max() <= TOLERANCE * scale
     assert np.abs(adapted - base).max() > 100 * TOLERANCE * scale  # the adapter matters
+
+
+def test_a_base_is_exported_once_in_the_background_and_then_served(service):
+    first = service.client.get("/v1/models/preset:tiny/base", params={"dtype": "float16"})
+    assert first.status_code == 202 and first.json()["status"] == "exporting"
+    assert first.headers["retry-after"] == "5"
+    served = service.base("preset:tiny", dtype="float16")
+    assert served.status_code == 200
+    assert served.headers["x-base-sha256"] == hashlib.sha256(served.content).hexdigest()
+    again = service.client.get("/v1/models/preset:tiny/base", params={"dtype": "float16"})
+    assert again.status_code == 200 and again.content == served.content  # kept
 
 
 def test_a_base_that_cannot_be_served_is_refused_with_its_reason(service):

@@ -9,9 +9,11 @@ import json
 import time
 import zipfile
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load
+from service_harness import start_service, stop_service
 
 USERS = ("ada", "bob", "cy", "dee")
 ROWS = b"".join(json.dumps({"text": f"{user} writes note {i} about the lazy dog",
@@ -44,7 +46,8 @@ def adapter_tensors(service, path: str) -> dict[str, torch.Tensor]:
     return load(archive.read("adapter_model.safetensors"))
 
 
-def test_a_fedavg_fleet_trains_in_rounds_from_each_global_adapter(service):
+def test_a_fedavg_fleet_trains_in_rounds_from_each_global_adapter(any_service):
+    service = any_service
     training = service.upload("notes.jsonl", ROWS)[1]["id"]
     validation = service.upload("held-out.jsonl", VALIDATION)[1]["id"]
     status, fleet = service.request("POST", "/v1/fleets", {
@@ -98,3 +101,55 @@ def test_federated_settings_that_cannot_work_are_422s_naming_the_field(service, 
     assert status == 422, body
     [error] = body["detail"]
     assert error["loc"] == field and words in error["msg"], error
+
+
+def coordinator_evaluating(service) -> list[psutil.Process]:
+    """The coordinator (an RQ horse) and its ``mebp eval`` child, while it evaluates."""
+    for process in psutil.Process(service.process.pid).children(recursive=True):
+        try:
+            if "eval" in process.cmdline() and "mebp_core.cli" in process.cmdline():
+                return [process.parent(), process]
+        except psutil.NoSuchProcess:
+            continue
+    return []
+
+
+def test_a_coordinator_killed_mid_round_runs_again_and_a_cancel_stops_after_the_round(
+        tmp_path, model_cache):
+    """SIGKILL the coordinator while it evaluates round 0: the reconciler has the round
+    moved on again, each update counted once; cancelled during round 1, the fleet ends
+    there with its global adapter."""
+    service = start_service(tmp_path / "service", model_cache, {
+        "MEBP_HEARTBEAT_TIMEOUT_S": "3", "MEBP_RECONCILE_INTERVAL_S": "0.5",
+        "MEBP_ADVANCE_GRACE_S": "2"})
+    try:
+        training = service.upload("notes.jsonl", ROWS)[1]["id"]
+        validation = service.upload("held-out.jsonl", VALIDATION)[1]["id"]
+        status, fleet = service.request("POST", "/v1/fleets", {
+            **FLEET, "rounds": 3, "training_file": training, "validation_file": validation})
+        assert status == 201, fleet
+        deadline = time.monotonic() + 300
+        while not (doomed := coordinator_evaluating(service)):
+            assert time.monotonic() < deadline, service.output.read_text()[-3000:]
+            time.sleep(0.02)
+        for process in doomed:
+            process.kill()
+        psutil.wait_procs(doomed, timeout=10)
+
+        fleet = wait_for_rounds(service, fleet["id"], 1)
+        while len(fleet["rounds"]) < 2:  # round 1 starts once round 0 is done
+            fleet = service.request("GET", f"/v1/fleets/{fleet['id']}")[1]
+            time.sleep(0.2)
+        assert service.request("POST", f"/v1/fleets/{fleet['id']}/cancel")[0] == 200
+        fleet = wait_for_rounds(service, fleet["id"], 2)
+        time.sleep(3)  # a coordinator that would start round 2 has had its chance
+        fleet = service.request("GET", f"/v1/fleets/{fleet['id']}")[1]
+        assert [r["status"] for r in fleet["rounds"]] == ["done", "done"]
+        jobs = [p["job_id"] for r in fleet["rounds"] for p in r["participants"]]
+        assert len(jobs) == len(set(jobs)) == 6  # no round started twice
+        assert all(p["outcome"] == "trained" for r in fleet["rounds"]
+                   for p in r["participants"])
+        response = service.client.get(f"/v1/fleets/{fleet['id']}/rounds/1/adapter")
+        assert response.status_code == 200  # the last global adapter is kept
+    finally:
+        stop_service(service)

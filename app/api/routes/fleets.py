@@ -40,8 +40,9 @@ def create_fleet(body: FleetCreate, request: Request, session: SessionDep,
     """Devices the planner predicts will not fit get no job (unless ``allow_infeasible``);
     the fleet says which fit and why the others do not. A federated fleet queues its first
     round; each round's end starts the next."""
-    for name in body.federated_fields_without_aggregation():
-        raise invalid(name, f"{name} needs aggregation fedavg or ffa", getattr(body, name))
+    if idle := body.federated_fields_without_aggregation():
+        raise invalid(idle[0], f"{idle[0]} needs aggregation fedavg or ffa",
+                      getattr(body, idle[0]))
     devices = _device_ids(session, body)
     common = {name: getattr(body, name) for name in JOB_FIELDS}
     check_references(session, JobCreate(**common, training_file=body.training_file),

@@ -4,22 +4,21 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, HTTPException, Query, status
-from fastapi.responses import FileResponse
+from fastapi import APIRouter, HTTPException, Query, Request, status
+from fastapi.responses import FileResponse, JSONResponse, Response
 from sqlmodel import select
 
 from app.api.deps import AdminDep, PrincipalDep, SessionDep, SettingsDep
 from app.api.errors import invalid
 from app.api.model_lookup import confined_model_path_or_422
-from app.schemas import ModelCreate, ModelPublic, ModelsPublic
-from mebp_core.cache import default_cache_dir
+from app.schemas import BaseExporting, ModelCreate, ModelPublic, ModelsPublic
 from mebp_core.config import Quant, TrainConfig
 from mebp_core.errors import MebpError
 from mebp_core.plan.arch import PlanInputError, load_architecture
 from mebp_core.store.export_base import BASE_DTYPES, check_base_format
 from mebp_core.store.preset_configs import PRESET_CONFIGS
-from mebp_core.store.resolve import resolve_model, source_config
-from service.bases import BaseExportFailed, exported_base
+from mebp_core.store.resolve import source_config
+from service.bases import BaseExportFailed, BaseRequest
 from service.models import RegisteredModel
 from service.registry import (
     PRESET,
@@ -66,6 +65,7 @@ def register_model(body: ModelCreate, session: SessionDep, settings: SettingsDep
 
 
 _DEFAULTS = TrainConfig.model_fields
+EXPORT_RETRY_S = 5
 BaseFormatQuery = Annotated[Literal["hf", "gguf"], Query(
     description="hf: a Hugging Face directory, zipped under the folder name the adapters "
                 "give their base; gguf: one llama.cpp file")]
@@ -78,15 +78,17 @@ DtypeQuery = Annotated[Literal[BASE_DTYPES], Query(description="the weights' dty
 @router.get("/{name}/base", response_class=FileResponse,
             responses={200: {"content": {"application/zip": {}, "application/octet-stream": {}},
                              "headers": {"X-Base-SHA256": {
-                                 "description": "sha256 of the exact bytes served"}}}})
-def download_base(name: str, session: SessionDep, settings: SettingsDep, _: PrincipalDep,
-                  format: BaseFormatQuery = "hf",
+                                 "description": "sha256 of the exact bytes served"}}},
+                       202: {"description": "being exported: ask again after Retry-After",
+                             "model": BaseExporting}})
+def download_base(name: str, request: Request, session: SessionDep, settings: SettingsDep,
+                  _: PrincipalDep, format: BaseFormatQuery = "hf",
                   quant: QuantQuery = _DEFAULTS["quant"].default,
                   group_size: GroupSizeQuery = _DEFAULTS["group_size"].default,
-                  dtype: DtypeQuery = "float32") -> FileResponse:
+                  dtype: DtypeQuery = "float32") -> Response:
     """The base model a job's adapter applies to: the packed weights it was trained against,
-    dequantized. Made on the first request (which can take minutes for a large model), then
-    kept."""
+    dequantized. The first request starts its export (minutes for a large model) and is
+    answered 202; once made, it is kept and served."""
     try:
         source = model_source(session, name)
         if not source.startswith(PRESET):
@@ -96,13 +98,16 @@ def download_base(name: str, session: SessionDep, settings: SettingsDep, _: Prin
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"model {name!r}: {exc}") from None
     except (ModelPathError, MebpError) as exc:
         raise invalid("format", str(exc), format, where="query") from None
-    cache_dir = settings.cache_dir or default_cache_dir()
     try:
-        model_dir = resolve_model(source, quant=quant, group_size=group_size,
-                                  cache_dir=cache_dir, isolated=True)
-        base = exported_base(settings.storage_root, model_dir, format, dtype, cache_dir)
-    except (BaseExportFailed, MebpError) as exc:
+        base = request.app.state.base_exports.find_or_start(
+            BaseRequest(source, quant, group_size, format, dtype))
+    except BaseExportFailed as exc:  # the next request tries again
         raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR,
                             f"exporting the base of {name!r} failed: {exc}") from None
+    if base is None:
+        body = BaseExporting(detail=f"the base of {name!r} ({format}, {dtype}) is being "
+                             f"exported; ask again in {EXPORT_RETRY_S} s")
+        return JSONResponse(body.model_dump(), status_code=status.HTTP_202_ACCEPTED,
+                            headers={"Retry-After": str(EXPORT_RETRY_S)})
     return FileResponse(base.path, media_type=base.media_type, filename=base.filename,
                         headers={"X-Base-SHA256": base.sha256})
