@@ -50,6 +50,17 @@ def cache_key(spec: str | Path, quant: str, group_size: int) -> str:
     return f"{stem}-{quant}-g{group_size}-v{FORMAT_VERSION}"
 
 
+def packed_dir(spec: str | Path, quant: str = "int4", group_size: int = 64,
+               cache_dir: str | Path | None = None) -> Path:
+    """Where ``spec`` is (or will be, once packed) as a packed model: a packed dir itself,
+    else its place in the cache."""
+    if not (isinstance(spec, str) and spec.startswith(PRESET_PREFIX)):
+        if (Path(spec) / STORE_FILENAME).is_file():
+            return Path(spec)
+    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    return cache / cache_key(spec, quant, group_size)
+
+
 def resolve_model(
     spec: str | Path,
     quant: str = "int4",
@@ -65,11 +76,7 @@ def resolve_model(
     ``isolated`` packs in a child process, so the caller's memory (and the baseline its
     footprint is measured against) never holds what packing allocated.
     """
-    if not (isinstance(spec, str) and spec.startswith(PRESET_PREFIX)):
-        if (Path(spec) / STORE_FILENAME).is_file():
-            return Path(spec)
-    cache = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    out = cache / cache_key(spec, quant, group_size)
+    out = packed_dir(spec, quant, group_size, cache_dir)
     if not (out / STORE_FILENAME).is_file():
         if isolated:
             _pack_in_child(spec, out, quant, group_size, progress)
