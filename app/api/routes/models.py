@@ -93,10 +93,14 @@ def download_base(name: str, request: Request, session: SessionDep, settings: Se
         source = model_source(session, name)
         if not source.startswith(PRESET):
             confine_model_dir(settings.model_root_paths, source)
-        check_base_format(source_config(source), format, dtype)
+        config = source_config(source)
     except UnknownModelError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"model {name!r}: {exc}") from None
-    except (ModelPathError, MebpError) as exc:
+    except (ModelPathError, MebpError) as exc:  # a registered directory changed since
+        raise invalid("name", str(exc), name, where="path") from None
+    try:
+        check_base_format(config, format, dtype)
+    except MebpError as exc:
         raise invalid("format", str(exc), format, where="query") from None
     try:
         base = request.app.state.base_exports.find_or_start(
