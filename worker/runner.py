@@ -16,11 +16,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from pydantic import ValidationError
+from redis.exceptions import RedisError
 from rq import Queue, get_current_job
 from sqlalchemy import Engine, func
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlmodel import Session, delete, select
 
 from mebp_core.cache import default_cache_dir
@@ -85,14 +87,20 @@ def run_job(job_id: str) -> str:
 
 
 def wake_coordinator(engine: Engine, job_id: str) -> None:
-    """A fleet's job that ended may end its round: ask for the fleet to be moved on."""
-    with Session(engine) as session:
-        job = session.get(Job, job_id)
-        if job is None or job.fleet_id is None or job.status not in TERMINAL:
-            return
-    current = get_current_job()
-    if current is not None:  # run by RQ: on the queue the job came from
-        enqueue_advance(Queue(current.origin, connection=current.connection), job.fleet_id)
+    """A fleet's job that ended may end its round: ask for the fleet to be moved on. With
+    the database or Redis down, the reconciler does it later."""
+    try:
+        with Session(engine) as session:
+            job = session.get(Job, job_id)
+            if job is None or job.fleet_id is None or job.status not in TERMINAL:
+                return
+        current = get_current_job()
+        if current is not None:  # run by RQ: on the queue the job came from
+            enqueue_advance(Queue(current.origin, connection=current.connection),
+                            job.fleet_id)
+    except (SQLAlchemyError, RedisError) as exc:
+        print(f"mebp worker: fleet coordinator not woken ({exc}); the reconciler will",
+              file=sys.stderr)
 
 
 class JobRun:
@@ -180,9 +188,9 @@ class JobRun:
                                   isolated=True, progress=PackingProgress(session, job))
         shutil.copyfile(model_dir / "config.json",
                         base_config_path(self.settings.storage_root, job.id))
-        if job.init_adapter is not None:
-            add_event(session, job_id=job.id, kind="log",
-                      message=f"starting from the adapter {job.init_adapter}")
+        if job.init_adapter is not None:  # .../fleets/<id>/round-<n>/adapter
+            add_event(session, job_id=job.id, kind="log", message=f"starting from fleet "
+                      f"{job.fleet_id}'s {Path(job.init_adapter).parent.name} global adapter")
         config = plan_on_this_worker(session, job, source, self.settings, worker_name())
         validation = None if job.validation_file is None else \
             session.get(Dataset, job.validation_file).path
