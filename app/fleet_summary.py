@@ -7,7 +7,7 @@ from statistics import mean
 
 from sqlmodel import Session, select
 
-from app.schemas import (
+from app.fleet_schemas import (
     FleetMember,
     FleetPublic,
     FleetRoundPublic,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Literal
 
 import torch
 
@@ -18,7 +18,6 @@ from mebp_core.errors import MebpError
 from mebp_core.lora.peft_io import Adapters
 
 Aggregation = Literal["none", "fedavg", "ffa"]
-AGGREGATIONS: tuple[str, ...] = get_args(Aggregation)
 
 
 class AggregationError(MebpError, ValueError):

@@ -1,8 +1,8 @@
 """The federated coordinator against a real database, with the crashes placed by the test: a
 coordinator killed after writing a round's global adapter but before committing it runs
-again to the same result; two coordinators moving one fleet at once start the next round
-once; a round nobody could train in ends failed without a hang, and the next one starts from
-the last global adapter; a stalled round is found for the reconciler."""
+again to the same result, and a second coordinator after it finds nothing left to do; a
+round nobody could train in ends failed without a hang, and the next one starts from the
+last global adapter; a stalled round is found for the reconciler."""
 
 from __future__ import annotations
 

@@ -11,9 +11,10 @@ from sqlmodel import Session, select
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.errors import invalid
 from app.api.routes.adapters import AdapterFormat, FormatQuery, adapter_download
+from app.fleet_schemas import DataSplit, FleetCreate, FleetPublic, FleetsPublic
 from app.fleet_summary import fleet_public
 from app.planning import device_or_422, plan_job
-from app.schemas import DataSplit, FleetCreate, FleetPublic, FleetsPublic, JobCreate
+from app.schemas import JobCreate
 from app.submit import (
     check_references,
     insert_job,

@@ -1,0 +1,178 @@
+"""Fleet request and response bodies: devices, data splits and federated rounds."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from app.api.request_model import RequestModel
+from app.schemas import EngineKnobs, Hyperparameters, Metadata, Name
+
+
+class SimulatedDevices(RequestModel):
+    device: Name = Field(description="the profile of every simulated phone")
+    count: int = Field(ge=1, le=256, description="phones, each trained on its own shard")
+
+
+class DataSplit(RequestModel):
+    """How a fleet's rows are dealt to its devices (each device holds only its shard)."""
+
+    kind: Literal["iid", "by_field", "dirichlet"] = Field(default="iid", description=(
+        "iid: shuffled and dealt evenly; by_field: all rows with the same value of `field` "
+        "(a user, a source) on one device; dirichlet: each value of the label `field` "
+        "shared among devices by Dirichlet(alpha) draws"))
+    field: str | None = Field(default=None, min_length=1, max_length=128)
+    alpha: float | None = Field(default=None, gt=0, le=1e6, description="dirichlet only: "
+                                "small concentrates each label on few devices")
+
+    @model_validator(mode="after")
+    def _what_each_kind_needs(self) -> DataSplit:
+        if self.kind != "iid" and self.field is None:
+            raise ValueError(f"{self.kind} needs field")
+        if (self.kind == "dirichlet") != (self.alpha is not None):
+            raise ValueError("alpha goes with dirichlet, and only with it")
+        return self
+
+
+class FleetCreate(RequestModel):
+    """One model and dataset across device profiles, or across N simulated phones of one
+    profile each holding its own shard of the data: one job per device, or, federated, one
+    job per selected device per round, every round starting from the global adapter the
+    previous one combined."""
+
+    model: Name = Field(examples=["preset:qwen2.5-0.5b"])
+    training_file: Name
+    validation_file: Name | None = None
+    devices: list[Name] | None = Field(default=None, min_length=1, max_length=64,
+                                      examples=[["iphone-15-pro-max", "pixel-8"]])
+    simulated: SimulatedDevices | None = None
+    memory_budget_mb: float | None = Field(default=None, gt=0, le=1 << 20,
+                                           description="overrides every device's budget")
+    method: Literal["mebp", "mezo", "backprop"] = "mebp"
+    hyperparameters: Hyperparameters = Hyperparameters()
+    config: Literal["auto"] | EngineKnobs = "auto"
+    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    metadata: Metadata = Field(default_factory=dict)
+    allow_infeasible: bool = Field(default=False, description="also run the devices the "
+                                   "planner predicts will not fit (the kernel cap decides)")
+    aggregation: Literal["none", "fedavg", "ffa"] = Field(default="none", description=(
+        "none: independent jobs; fedavg: each round averages the devices' LoRA A and B "
+        "weighted by their examples; ffa: A frozen at a shared seeded init, only B trained "
+        "and averaged (the average is exact)"))
+    rounds: int = Field(default=1, ge=1, le=100, description="federated rounds")
+    local_steps: int | None = Field(default=None, ge=1, le=100_000, description=(
+        "steps each device trains per round (default: hyperparameters.steps)"))
+    participation: float = Field(default=1.0, gt=0, le=1, description=(
+        "the fraction of devices selected each round, sampled with the fleet's seed"))
+    data_split: DataSplit | None = Field(default=None, description=(
+        "how rows are dealt to devices (default iid for simulated and federated fleets; "
+        "a fleet of profiles without aggregation trains every device on all rows)"))
+    dropout: float = Field(default=0.0, ge=0, lt=1, description=(
+        "the probability a selected device goes offline mid-round; its update is lost"))
+    deadline_s: float | None = Field(default=None, gt=0, le=1e7, description=(
+        "simulated on-device seconds a round may take; slower devices are stragglers and "
+        "left out of the round"))
+
+    @model_validator(mode="after")
+    def _one_way_to_name_devices(self) -> FleetCreate:
+        if (self.devices is None) == (self.simulated is None):
+            raise ValueError("give exactly one of devices (profile ids) and simulated "
+                             "({device, count})")
+        return self
+
+    def federated_fields_without_aggregation(self) -> list[str]:
+        """The round settings given to a fleet that does not aggregate (they would do
+        nothing)."""
+        if self.aggregation != "none":
+            return []
+        given = {"rounds": self.rounds != 1, "local_steps": self.local_steps is not None,
+                 "participation": self.participation != 1.0, "dropout": self.dropout != 0.0,
+                 "deadline_s": self.deadline_s is not None}
+        return [name for name, set_ in given.items() if set_]
+
+    @property
+    def federated(self) -> bool:
+        return self.aggregation != "none"
+
+    @property
+    def shards_data(self) -> bool:
+        """Each device holds its own shard rather than all rows."""
+        return self.simulated is not None or self.federated or self.data_split is not None
+
+
+class FleetMember(BaseModel):
+    device: str
+    shard: int | None = Field(description="which shard of the data (simulated fleets)")
+    training_file: str
+    fits: bool = Field(description="the planner predicts a configuration fits the budget")
+    budget_mb: float
+    smallest_budget_mb: int | None
+    configuration: str | None = Field(description="the configuration planned for the device "
+                                      "(the worker's own plan once its job has started)")
+    predicted_peak_mb: float | None
+    measured_peak_mb: float | None = Field(description="the kernel's count: anonymous + "
+                                           "shared memory at the job's peak")
+    predicted_step_time_s: float | None = Field(description="on this service's host")
+    measured_step_time_s: float | None
+    device_step_time_s_estimate: float | None
+    job_id: str | None = Field(description="none when the device does not fit and "
+                               "allow_infeasible is off")
+    status: str = Field(description="the job's status, or not_run")
+    final_loss: float | None
+    error_code: str | None
+
+
+class FleetSummary(BaseModel):
+    devices: int
+    fit: int
+    by_status: dict[str, int]
+    failures_by_code: dict[str, int]
+    final_loss: dict[str, float] | None = Field(description="mean, min and max over the "
+                                                "succeeded jobs")
+
+
+class RoundParticipant(BaseModel):
+    member: int = Field(description="index into the fleet's members")
+    device: str
+    job_id: str | None = Field(description="none when the device did not train this round")
+    outcome: Literal["training", "trained", "dropped", "out_of_memory", "straggler",
+                     "does_not_fit", "failed", "cancelled"]
+    examples: int = Field(description="rows in the device's shard: its weight in the average")
+    offline_after_step: int | None = Field(description="dropout: the device went offline "
+                                           "after this many local steps")
+    device_time_s: float | None = Field(description="estimated on-device time of the round's "
+                                        "local steps")
+
+
+class FleetRoundPublic(BaseModel):
+    index: int
+    status: Literal["running", "done", "failed"] = Field(description="failed: no device "
+                                                         "finished, the global adapter is "
+                                                         "the previous round's")
+    participants: list[RoundParticipant]
+    eval_loss: float | None = Field(description="the global adapter's validation loss")
+    simulated_wall_s: float | None = Field(description="the slowest participant's estimated "
+                                           "on-device time")
+    host_wall_s: float | None = Field(description="this host's time for the round")
+    started_at: datetime
+    finished_at: datetime | None
+
+
+class FleetPublic(BaseModel):
+    id: str
+    object: Literal["fleet"] = "fleet"
+    model: str
+    method: str
+    aggregation: str
+    created_at: datetime
+    members: list[FleetMember]
+    summary: FleetSummary
+    rounds: list[FleetRoundPublic] = Field(description="federated fleets, round by round")
+    metadata: dict
+
+
+class FleetsPublic(BaseModel):
+    data: list[FleetPublic]
+    count: int
