@@ -74,6 +74,11 @@ class FleetCreate(RequestModel):
     deadline_s: float | None = Field(default=None, gt=0, le=1e7, description=(
         "simulated on-device seconds a round may take; slower devices are stragglers and "
         "left out of the round"))
+    references: bool = Field(default=False, description=(
+        "also train, from scratch and scored on validation_file, every device alone on its "
+        "shard for as many steps as the rounds give it (local-only) and one run on the whole "
+        "training file seeing as many examples as all the rounds' devices together "
+        "(centralized): what the fleet's global adapter is measured against"))
 
     @model_validator(mode="after")
     def _one_way_to_name_devices(self) -> FleetCreate:
@@ -89,7 +94,7 @@ class FleetCreate(RequestModel):
             return []
         given = {"rounds": self.rounds != 1, "local_steps": self.local_steps is not None,
                  "participation": self.participation != 1.0, "dropout": self.dropout != 0.0,
-                 "deadline_s": self.deadline_s is not None}
+                 "deadline_s": self.deadline_s is not None, "references": self.references}
         return [name for name, set_ in given.items() if set_]
 
     @property
@@ -160,6 +165,24 @@ class FleetRoundPublic(BaseModel):
     finished_at: datetime | None
 
 
+class ReferenceRun(BaseModel):
+    kind: Literal["local_only", "centralized"]
+    member: int | None = Field(description="local-only: the device, as an index into the "
+                               "fleet's members")
+    job_id: str
+    steps: int
+    status: str
+    eval_loss: float | None = Field(description="the validation loss after its last step, "
+                                    "on the fleet's validation set")
+
+
+class FleetReferences(BaseModel):
+    local_only_mean: float | None = Field(description="the mean over the devices' local-only "
+                                          "runs that succeeded, once all have ended")
+    centralized: float | None
+    runs: list[ReferenceRun]
+
+
 class FleetPublic(BaseModel):
     id: str
     object: Literal["fleet"] = "fleet"
@@ -169,7 +192,11 @@ class FleetPublic(BaseModel):
     created_at: datetime
     members: list[FleetMember]
     summary: FleetSummary
+    planned_rounds: int | None = Field(description="federated: the rounds asked for")
+    local_steps: int | None = Field(description="federated: each device's steps per round")
     rounds: list[FleetRoundPublic] = Field(description="federated fleets, round by round")
+    references: FleetReferences | None = Field(description="federated fleets created with "
+                                               "references")
     metadata: dict
 
 

@@ -10,13 +10,16 @@ from sqlmodel import Session, select
 from app.fleet_schemas import (
     FleetMember,
     FleetPublic,
+    FleetReferences,
     FleetRoundPublic,
     FleetSummary,
+    ReferenceRun,
     RoundParticipant,
 )
 from mebp_core.units import MB
-from service.federation import rounds_of
-from service.models import Fleet, FleetRound, Job
+from service.crud import TERMINAL
+from service.federation import is_federated, rounds_of
+from service.models import Fleet, FleetRound, Job, Metric
 
 
 def fleet_public(session: Session, fleet: Fleet) -> FleetPublic:
@@ -34,10 +37,15 @@ def fleet_public(session: Session, fleet: Fleet) -> FleetPublic:
         final_loss=None if not losses else {"mean": mean(losses), "min": min(losses),
                                             "max": max(losses)})
     request = fleet.spec["request"]
+    federated = is_federated(fleet)
     return FleetPublic(id=fleet.id, model=fleet.model, method=request["method"],
                        aggregation=request.get("aggregation", "none"),
+                       planned_rounds=request["rounds"] if federated else None,
+                       local_steps=(request["local_steps"] or request["hyperparameters"]
+                                    ["steps"]) if federated else None,
                        created_at=fleet.created_at, members=members, summary=summary,
                        rounds=[_round(r, fleet.spec["members"]) for r in rounds],
+                       references=_references(session, fleet.spec.get("references"), jobs),
                        metadata=request["metadata"])
 
 
@@ -50,6 +58,32 @@ def _round(current: FleetRound, members: list[dict]) -> FleetRoundPublic:
         started_at=current.started_at, finished_at=current.finished_at,
         participants=[RoundParticipant(**seat, device=members[seat["member"]]["device"])
                       for seat in current.participants])
+
+
+def _references(session: Session, references: list[dict] | None, jobs: dict[str, Job]
+                ) -> FleetReferences | None:
+    if references is None:
+        return None
+    runs = [ReferenceRun(**reference, steps=jobs[reference["job_id"]].total_steps,
+                         status=jobs[reference["job_id"]].status,
+                         eval_loss=final_validation_loss(session, jobs[reference["job_id"]]))
+            for reference in references]
+    local = [run for run in runs if run.kind == "local_only"]
+    local_losses = [run.eval_loss for run in local if run.eval_loss is not None]
+    ended = all(run.status in TERMINAL for run in local)
+    central = [run.eval_loss for run in runs if run.kind == "centralized"]
+    return FleetReferences(
+        local_only_mean=mean(local_losses) if ended and local_losses else None,
+        centralized=central[0] if central else None, runs=runs)
+
+
+def final_validation_loss(session: Session, job: Job) -> float | None:
+    """A succeeded job's validation loss after its last step (none for any other job)."""
+    if job.status != "succeeded":
+        return None
+    last = session.exec(select(Metric.data).where(Metric.job_id == job.id)
+                        .order_by(Metric.step.desc())).first()
+    return None if last is None else last.get("val_loss")
 
 
 def _member(spec: dict, job: Job | None) -> FleetMember:

@@ -10,6 +10,7 @@ from mebp_core.lora.spec import TARGET_SUFFIXES, LoraSpec
 
 SCHEMA_VERSION = 1
 MAX_THREADS = 256
+MAX_STEPS = 1_000_000
 
 Method = Literal["mebp", "mezo", "backprop"]
 Quant = Literal["none", "int8", "int4"]
@@ -97,7 +98,7 @@ class TrainConfig(BaseModel):
     method: Method = Field(default="mebp", description=(
         "mebp (exact gradients, memory-efficient), mezo (zeroth-order, two forwards) or "
         "backprop (plain autograd, the baseline)"))
-    steps: int = Field(default=10, ge=1, le=1_000_000, description="optimizer steps")
+    steps: int = Field(default=10, ge=1, le=MAX_STEPS, description="optimizer steps")
     seq_len: int = Field(default=256, ge=2, le=131_072, description="tokens per sequence")
     batch_size: int = Field(default=1, ge=1, le=1024, description="sequences per step")
     lora_rank: int = Field(default=8, ge=1, le=1024, description="LoRA rank r")

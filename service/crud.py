@@ -3,7 +3,7 @@ status moves, its events, metrics and adapter."""
 
 from __future__ import annotations
 
-from sqlmodel import Session, select
+from sqlmodel import Session, col, select, update
 
 from service.models import Adapter, Event, Job, Metric, utc_now
 from service.storage import new_id
@@ -41,6 +41,21 @@ def create_queued_job(session: Session, *, plan: dict | None, **fields) -> Job:
               data={"status": "validating", "plan": plan})
     set_status(session, job, "queued", "queued")
     return job
+
+
+def request_cancel(session: Session, job_id: str) -> None:
+    """A queued job is cancelled at once; a running one is asked to stop after its current
+    step, keeping the adapter trained so far. The caller commits."""
+    # only while no worker holds it; a worker may claim it between a read and this write
+    dropped = session.exec(update(Job).where(Job.id == job_id,
+                                             col(Job.status).in_(("validating", "queued")))
+                           .values(status="cancelled", finished_at=utc_now()))
+    if dropped.rowcount == 1:
+        add_event(session, job_id=job_id, kind="status", message="cancelled before it ran",
+                  data={"status": "cancelled"})
+    else:  # running: the worker stops it after the current step, keeping the adapter
+        session.exec(update(Job).where(Job.id == job_id).values(cancel_requested=True))
+        add_event(session, job_id=job_id, kind="cancel", message="cancel requested")
 
 
 def fail_job(session: Session, job: Job, code: str, message: str,

@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from mebp_core.federated.aggregate import Update, aggregate
-from mebp_core.federated.rounds import fate, is_straggler, participants
+from mebp_core.federated.rounds import fate, is_straggler, participants, reference_steps
 from mebp_core.lora.peft_io import (
     CONFIG_NAME,
     WEIGHTS_NAME,
@@ -82,6 +82,33 @@ def start_round(session: Session, fleet: Fleet, index: int, storage_root: Path) 
         seats.append(seat)
     session.add(FleetRound(fleet_id=fleet.id, index=index, status=RUNNING, participants=seats))
     return jobs
+
+
+def queue_references(session: Session, fleet: Fleet) -> list[str]:
+    """Queue the fleet's references, each a normal job from scratch: every device that fits
+    alone on its shard (local-only) and one run on the whole training file (centralized,
+    with the first such device's configuration and cap); records them in the fleet's spec
+    and returns the job ids. The caller commits, then enqueues."""
+    request, members = fleet.spec["request"], fleet.spec["members"]
+    local_steps, central_steps = reference_steps(
+        len(members), request["participation"], request["rounds"],
+        request["local_steps"] or request["hyperparameters"]["steps"])
+    runs = [{"kind": "local_only", "member": index, "template": spec["job"],
+             "training_file": spec["training_file"], "steps": local_steps}
+            for index, spec in enumerate(members) if spec["job"] is not None]
+    if runs:
+        runs.append({**runs[0], "kind": "centralized", "member": None,
+                     "training_file": request["training_file"], "steps": central_steps})
+    references = []
+    for run in runs:
+        config = {**run["template"]["config"], "steps": run["steps"]}
+        job = create_queued_job(session, **{**run["template"], "config": config,
+                                            "training_file": run["training_file"]},
+                                tenant=fleet.tenant, fleet_id=fleet.id)
+        references.append({"kind": run["kind"], "member": run["member"], "job_id": job.id})
+    fleet.spec = {**fleet.spec, "references": references}
+    session.add(fleet)
+    return [reference["job_id"] for reference in references]
 
 
 def advance(session: Session, fleet_id: str, storage_root: Path, evaluate: Evaluate

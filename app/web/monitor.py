@@ -89,9 +89,10 @@ def fleet_page(fleet_id: str, request: Request, session: SessionDep,
                principal: PagePrincipal) -> HTMLResponse:
     fleet = read_fleet(fleet_id, session, principal).model_dump(mode="json")
     return templates.TemplateResponse(request, "fleet.html", {
-        "fleet": fleet, "chart": script_json({"curves": loss_curves(session, fleet["members"]),
+        "fleet": fleet, "chart": script_json({"curves": loss_curves(session, fleet),
                                               "members": fleet["members"],
-                                              "rounds": fleet["rounds"]})})
+                                              "rounds": fleet["rounds"],
+                                              "references": fleet["references"]})})
 
 
 def member_label(member: dict) -> str:
@@ -100,16 +101,30 @@ def member_label(member: dict) -> str:
     return member["device"] if shard is None else f"{member['device']} · shard {shard + 1}"
 
 
-def loss_curves(session, members: list[dict]) -> list[dict]:
-    """Loss per step of the fleet's own jobs, one curve per device."""
+def loss_curves(session, fleet: dict) -> list[dict]:
+    """Loss per step of the fleet's own jobs, one curve per device; a federated device's
+    curve runs through every round it trained in, on the fleet's step axis (round r's local
+    step s at r × local_steps + s), broken between rounds."""
+    runs: dict[int, list[tuple[str, int]]] = {}  # member -> [(job id, first step)]
+    for current in fleet["rounds"]:
+        for seat in current["participants"]:
+            if seat["job_id"] is not None:
+                runs.setdefault(seat["member"], []).append(
+                    (seat["job_id"], current["index"] * fleet["local_steps"]))
     curves = []
-    for member in members:
-        if member["job_id"] is None:
-            continue
-        rows = session.exec(select(Metric.step, Metric.loss)
-                            .where(Metric.job_id == member["job_id"])
-                            .order_by(Metric.step)).all()
-        if rows:
-            curves.append({"job_id": member["job_id"], "label": member_label(member),
-                           "steps": [r[0] for r in rows], "loss": [r[1] for r in rows]})
+    for index, member in enumerate(fleet["members"]):
+        steps, losses, job_ids = [], [], []
+        for job_id, offset in runs.get(index) or ([(member["job_id"], 0)]
+                                                  if member["job_id"] else []):
+            rows = session.exec(select(Metric.step, Metric.loss).where(Metric.job_id == job_id)
+                                .order_by(Metric.step)).all()
+            if rows and steps:  # a gap in the line between rounds
+                steps.append(None)
+                losses.append(None)
+            steps += [offset + step for step, _ in rows]
+            losses += [loss for _, loss in rows]
+            job_ids.append(job_id)
+        if job_ids and steps:
+            curves.append({"job_id": ", ".join(job_ids), "label": member_label(member),
+                           "steps": steps, "loss": losses})
     return curves

@@ -19,13 +19,16 @@ class Fate:
 
 
 def participants(devices: int, fraction: float, seed: int, round_index: int) -> list[int]:
-    """The indices of the devices selected for ``round_index``: ``fraction`` of them,
-    rounded, and at least one."""
+    """The indices of the devices selected for ``round_index``."""
+    return sorted(random.Random(f"{seed}:participants:{round_index}")
+                  .sample(range(devices), selected_count(devices, fraction)))
+
+
+def selected_count(devices: int, fraction: float) -> int:
+    """How many devices a round selects: ``fraction`` of them, rounded, and at least one."""
     if not 0 < fraction <= 1:
         raise ValueError(f"participation must be in (0, 1], got {fraction}")
-    count = max(1, round(fraction * devices))
-    return sorted(random.Random(f"{seed}:participants:{round_index}")
-                  .sample(range(devices), count))
+    return max(1, round(fraction * devices))
 
 
 def fate(seed: int, round_index: int, device: int, dropout: float, local_steps: int) -> Fate:
@@ -41,3 +44,11 @@ def is_straggler(estimated_device_s: float | None, deadline_s: float | None) -> 
     """A device whose estimated on-device time for the round passes the deadline."""
     return deadline_s is not None and estimated_device_s is not None \
         and estimated_device_s > deadline_s
+
+
+def reference_steps(devices: int, fraction: float, rounds: int, local_steps: int
+                    ) -> tuple[int, int]:
+    """The steps of a fleet's two references: each device alone on its shard for as many
+    steps as the rounds would give it (local-only), and one run on the union of the shards
+    that sees as many examples as all the rounds' devices together (centralized)."""
+    return rounds * local_steps, rounds * selected_count(devices, fraction) * local_steps

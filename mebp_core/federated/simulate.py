@@ -19,7 +19,7 @@ from pathlib import Path
 from mebp_core.bench.corpus import collect_module_docstrings, split_corpus, take_prefix
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.federated.aggregate import Update, aggregate
-from mebp_core.federated.rounds import participants
+from mebp_core.federated.rounds import participants, reference_steps
 from mebp_core.federated.split import Row, SplitSpec, split_rows
 from mebp_core.lora.peft_io import load_peft_adapter, save_peft_adapter
 
@@ -188,7 +188,8 @@ def run_federated(spec: FederatedSpec, work: Path, log: Log = print) -> dict:
                         aggregation=aggregation, log=log)
               for method, aggregation in (("mebp", "fedavg"), ("mebp", "ffa"),
                                           ("mezo", "fedavg"))]
-    total_steps = spec.rounds * spec.local_steps
+    total_steps, central_steps = reference_steps(len(devices), 1.0, spec.rounds,
+                                                 spec.local_steps)
     local = []
     for member, device in enumerate(devices):  # each device alone, as many steps
         config = local_config(spec, device, "mebp", total_steps, False)
@@ -196,7 +197,6 @@ def run_federated(spec: FederatedSpec, work: Path, log: Log = print) -> dict:
         local.append(held_out_loss(spec, model_dir, validation, out))
         log(f"local-only {device.profile}: held-out loss {local[-1]:.4f}")
     union = write_rows(rows, work / "union.jsonl")
-    central_steps = total_steps * len(devices)  # the same number of examples, batch 1
     central = train_local(TrainConfig(steps=central_steps, seq_len=spec.seq_len,
                                       seed=spec.seed, optimizer=spec.optimizer, lr=spec.lr,
                                       knobs=EngineKnobs(threads=spec.threads)),

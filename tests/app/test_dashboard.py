@@ -317,26 +317,36 @@ def test_the_api_docs_render_offline_and_every_page_has_a_favicon(page, service)
 
 
 def test_a_federated_fleet_page_shows_each_round_and_who_took_part(page, service, dataset_id):
-    """Global validation loss per round, each device's fate per round, simulated time."""
+    """Global validation loss per round beside the references, each device's fate per round,
+    simulated time, and each device's loss through every round."""
     status, fleet = service.request("POST", "/v1/fleets", {
         "model": "preset:tiny", "training_file": dataset_id, "validation_file": dataset_id,
         "simulated": {"device": "pixel-8", "count": 2}, "aggregation": "ffa", "rounds": 2,
-        "local_steps": 2, "hyperparameters": {"steps": 2, "seq_len": 32}})
+        "local_steps": 2, "hyperparameters": {"steps": 2, "seq_len": 32}, "references": True})
     assert status == 201, fleet
     deadline = time.monotonic() + 300
-    while len([r for r in fleet["rounds"] if r["status"] == "done"]) < 2:
-        assert time.monotonic() < deadline, fleet["rounds"]
+    while len([r for r in fleet["rounds"] if r["status"] == "done"]) < 2 \
+            or fleet["references"]["centralized"] is None:
+        assert time.monotonic() < deadline, (fleet["rounds"], fleet["references"])
         time.sleep(1)
         fleet = service.request("GET", f"/v1/fleets/{fleet['id']}")[1]
     sign_in(page, service.api_key)
     page.goto(f"/fleets/{fleet['id']}")
-    expect(page.locator("#rounds-summary")).to_contain_text("2 rounds so far")
+    expect(page.locator("#rounds-summary")).to_contain_text("2 of 2 rounds so far")
     grid = page.locator("#participation tbody tr[data-device]")
     expect(grid).to_have_count(2)
     for index in range(2):
         expect(grid.nth(index).locator(".badge")).to_have_text(["trained", "trained"])
     expect(page.locator("#participation .round-loss a")).to_have_count(2)  # the adapters
-    curve, = chart_traces(page, "round-chart")
+    curve, local, central = chart_traces(page, "round-chart")
     assert curve["x"] == [0, 1]
     assert curve["y"] == pytest.approx([r["eval_loss"] for r in fleet["rounds"]])
+    references = fleet["references"]
+    assert local["name"].startswith("local-only") and central["name"].startswith("centralized")
+    assert local["y"] == pytest.approx([references["local_only_mean"]] * 2)
+    assert central["y"] == pytest.approx([references["centralized"]] * 2)
+    expect(page.locator("#references a")).to_have_count(3)  # 2 local-only, 1 centralized
+    # each device's loss runs through both rounds: steps 1-2, a break, then 3-4
+    for device in chart_traces(page, "loss-chart"):
+        assert device["x"] == [1, 2, None, 3, 4], device
     shoot(page, "fleet-federated")

@@ -4,6 +4,7 @@ killed mid-job, Redis restarted empty, the database down, the storage full."""
 from __future__ import annotations
 
 import glob
+import io
 import json
 import os
 import shutil
@@ -12,13 +13,17 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
+import torch
+from safetensors.torch import load
 from service_harness import free_port, service_env, start_service, stop_service
 
+from mebp_core.federated.rounds import fate
 from worker.memory_cap import GROUP_PARENT, v1_hierarchy, v2_hierarchy
 
 ROWS = b"".join(json.dumps({"text": f"fault row {i}"}).encode() + b"\n" for i in range(16))
@@ -107,6 +112,79 @@ def test_a_job_whose_worker_is_lost_too_often_fails_worker_lost(
     done = service.finished(job["id"], timeout_s=60)
     assert done["status"] == "failed" and done["error"]["code"] == "worker_lost", done
     assert "no heartbeat" in done["error"]["message"]
+
+
+ROUND_SEED, DROPOUT, LOCAL_STEPS = 35, 0.4, 40  # seed 35: device 1 alone goes offline
+
+
+def test_an_unreliable_fleet_round_survives_a_killed_worker_and_leaves_out_who_failed(
+        embedded_with_external_workers):
+    """One federated round of five phones: two train (one of them on a worker SIGKILLed
+    mid-job, which resumes elsewhere), one goes offline mid-round, one is a straggler past
+    the deadline and one is out of memory under its cap. The global adapter averages the two
+    that trained, each once."""
+    service, new_worker = embedded_with_external_workers()
+    first = new_worker()
+    for device in ({"id": "slow-phone", "budget_mb": 1024, "relative_compute": 0.0001},
+                   {"id": "small-phone", "budget_mb": 64, "relative_compute": 1.0}):
+        assert service.request("POST", "/v1/devices", {**device, "name": device["id"]})[0] == 201
+    hyper = {"steps": LOCAL_STEPS, "seq_len": 32, "checkpoint_every": 5}
+    plan = service.request("POST", "/v1/plans", {"model": "preset:tiny", "device": "pixel-8",
+                                                 "seq_len": 32})[1]
+    slowest_s = max(c["device_step_time_s_estimate"] for c in plan["configurations"])
+    deadline_s = 10 * slowest_s * LOCAL_STEPS  # every pixel-8 makes it, the slow phone not
+    rows = b"".join(json.dumps({"text": f"fleet row {i} of the unreliable round"}).encode()
+                    + b"\n" for i in range(23))
+    training = service.upload("rows.jsonl", rows)[1]["id"]
+    status, fleet = service.request("POST", "/v1/fleets", {
+        "model": "preset:tiny", "training_file": training, "validation_file": training,
+        "devices": ["pixel-8", "pixel-8", "pixel-8", "slow-phone", "small-phone"],
+        "hyperparameters": hyper, "aggregation": "fedavg", "rounds": 1, "seed": ROUND_SEED,
+        "dropout": DROPOUT, "deadline_s": deadline_s, "allow_infeasible": True})
+    assert status == 201, fleet
+    assert fleet["members"][3]["device_step_time_s_estimate"] * LOCAL_STEPS > deadline_s
+    offline = [fate(ROUND_SEED, 0, member, DROPOUT, LOCAL_STEPS).offline_after_step
+               for member in range(5)]
+    assert offline[0] is offline[2] is None and 0 < offline[1] < LOCAL_STEPS, offline
+
+    doomed = fleet["rounds"][0]["participants"][0]["job_id"]
+    service.wait_for(doomed, lambda j: j["progress"]["step"] >= 8, timeout_s=120)
+    kill_group(first)  # the worker, the horse running device 0's job and its engine
+    new_worker()
+    deadline = time.monotonic() + 300
+    while (current := service.request("GET", f"/v1/fleets/{fleet['id']}")[1]["rounds"][0]
+           )["status"] == "running":
+        assert time.monotonic() < deadline, (current, service.output.read_text()[-3000:])
+        time.sleep(0.5)
+
+    seats = current["participants"]
+    assert current["status"] == "done", current
+    assert [seat["outcome"] for seat in seats] == ["trained", "dropped", "trained", "straggler",
+                                                   "out_of_memory"], seats
+    assert seats[3]["job_id"] is None  # a straggler is never run
+    resumed = service.request("GET", f"/v1/jobs/{doomed}")[1]
+    assert resumed["attempts"] == 2, resumed
+    steps = [m["step"] for m in service.request("GET", f"/v1/jobs/{doomed}/metrics")[1]["data"]]
+    assert steps == list(range(1, LOCAL_STEPS + 1))
+    assert service.request("GET", f"/v1/jobs/{seats[1]['job_id']}")[1]["progress"][
+        "total_steps"] == offline[1]
+    small = service.request("GET", f"/v1/jobs/{seats[4]['job_id']}")[1]
+    assert small["error"]["code"] == "memory_budget_exceeded", small
+    assert current["simulated_wall_s"] == max(seats[i]["device_time_s"] for i in (0, 2))
+
+    trained = [(adapter(service, f"/v1/jobs/{seats[i]['job_id']}/adapter"), seats[i]["examples"])
+               for i in (0, 2)]
+    total = sum(examples for _, examples in trained)
+    combined = adapter(service, f"/v1/fleets/{fleet['id']}/rounds/0/adapter")
+    for name, tensor in combined.items():
+        expected = sum(update[name].double() * n / total for update, n in trained)
+        torch.testing.assert_close(tensor, expected.float(), rtol=1e-6, atol=1e-7)
+
+
+def adapter(service, path: str) -> dict[str, torch.Tensor]:
+    response = service.client.get(path)
+    assert response.status_code == 200, response.text
+    return load(zipfile.ZipFile(io.BytesIO(response.content)).read("adapter_model.safetensors"))
 
 
 @pytest.fixture

@@ -39,6 +39,18 @@ def wait_for_rounds(service, fleet_id: str, rounds: int, timeout_s: float = 400)
                          f"{fleet['rounds']}\n{service.output.read_text()[-3000:]}")
 
 
+def wait_for_references(service, fleet_id: str, timeout_s: float = 400) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        fleet = service.request("GET", f"/v1/fleets/{fleet_id}")[1]
+        references = fleet["references"]
+        if references["centralized"] is not None and references["local_only_mean"] is not None:
+            return fleet
+        time.sleep(1)
+    raise AssertionError(f"fleet {fleet_id}: references not done in {timeout_s} s: "
+                         f"{fleet['references']}\n{service.output.read_text()[-3000:]}")
+
+
 def adapter_tensors(service, path: str) -> dict[str, torch.Tensor]:
     response = service.client.get(path)
     assert response.status_code == 200, response.text
@@ -51,9 +63,11 @@ def test_a_fedavg_fleet_trains_in_rounds_from_each_global_adapter(any_service):
     training = service.upload("notes.jsonl", ROWS)[1]["id"]
     validation = service.upload("held-out.jsonl", VALIDATION)[1]["id"]
     status, fleet = service.request("POST", "/v1/fleets", {
-        **FLEET, "training_file": training, "validation_file": validation})
+        **FLEET, "training_file": training, "validation_file": validation,
+        "references": True})
     assert status == 201, fleet
     assert fleet["aggregation"] == "fedavg" and len(fleet["members"]) == 3
+    assert (fleet["planned_rounds"], fleet["local_steps"]) == (2, 2)
     shards = [service.request("GET", f"/v1/datasets/{m['training_file']}")[1]
               for m in fleet["members"]]
     assert sum(shard["rows"] for shard in shards) == ROWS.count(b"\n")
@@ -84,9 +98,34 @@ def test_a_fedavg_fleet_trains_in_rounds_from_each_global_adapter(any_service):
     assert response.status_code == 200 and response.content[:4] == b"GGUF"
     assert service.client.get(f"/v1/fleets/{fleet['id']}/rounds/2/adapter").status_code == 404
 
+    # the references: each device alone on its shard for the rounds' 2 × 2 steps, and one
+    # run on all rows seeing the 2 rounds × 3 devices × 2 steps' examples
+    references = wait_for_references(service, fleet["id"])["references"]
+    local = [run for run in references["runs"] if run["kind"] == "local_only"]
+    [central] = [run for run in references["runs"] if run["kind"] == "centralized"]
+    assert [run["member"] for run in local] == [0, 1, 2]
+    assert [run["steps"] for run in local] == [4, 4, 4] and central["steps"] == 12
+    for run in (*local, central):
+        job = service.request("GET", f"/v1/jobs/{run['job_id']}")[1]
+        expected_file = training if run is central else \
+            fleet["members"][run["member"]]["training_file"]
+        assert job["status"] == "succeeded" and job["training_file"] == expected_file, job
+        assert job["progress"]["total_steps"] == run["steps"] and job["fleet_id"] == fleet["id"]
+        # its validation loss after its last step, on the fleet's validation set
+        metrics = service.request("GET", f"/v1/jobs/{run['job_id']}/metrics")[1]["data"]
+        assert run["eval_loss"] == metrics[-1]["data"]["val_loss"] > 0
+    assert references["local_only_mean"] == pytest.approx(
+        sum(run["eval_loss"] for run in local) / 3)
+    assert central["eval_loss"] != references["local_only_mean"]
+
 
 @pytest.mark.parametrize(("change", "field", "words"), [
     ({"aggregation": "none"}, ["body", "rounds"], "rounds needs aggregation fedavg or ffa"),
+    ({"aggregation": "none", "rounds": 1, "local_steps": None, "references": True},
+     ["body", "references"], "references needs aggregation fedavg or ffa"),
+    ({"references": True}, ["body", "references"], "references need validation_file"),
+    ({"references": True, "validation_file": "ds_any", "local_steps": 100_000, "rounds": 100},
+     ["body", "references"], "would train 30000000 steps, more than 1000000"),
     ({"participation": 0}, ["body", "participation"], "greater than 0"),
     ({"rounds": 101}, ["body", "rounds"], "less than or equal to 100"),
     ({"data_split": {"kind": "by_field", "field": "team"}}, ["body", "data_split", "field"],

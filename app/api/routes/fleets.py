@@ -22,10 +22,13 @@ from app.submit import (
     require_queue,
     require_queue_room,
 )
+from mebp_core.config import MAX_STEPS
+from mebp_core.federated.rounds import reference_steps
 from mebp_core.federated.split import SplitError, SplitSpec, read_rows, split_rows
 from mebp_core.store.resolve import source_config
-from service.federation import start_round
-from service.models import Dataset, Fleet, FleetRound
+from service.crud import TERMINAL, request_cancel
+from service.federation import queue_references, start_round
+from service.models import Dataset, Fleet, FleetRound, Job
 from service.registry import model_source
 from service.settings import Settings
 from service.storage import dataset_path, new_id, round_adapter_dir, write_shards
@@ -45,6 +48,8 @@ def create_fleet(body: FleetCreate, request: Request, session: SessionDep,
         raise invalid(idle[0], f"{idle[0]} needs aggregation fedavg or ffa",
                       getattr(body, idle[0]))
     devices = _device_ids(session, body)
+    if body.references:
+        _check_references_can_run(body, len(devices))
     common = {name: getattr(body, name) for name in JOB_FIELDS}
     check_references(session, JobCreate(**common, training_file=body.training_file),
                      principal.tenant)
@@ -114,6 +119,8 @@ def _plan_members(session: Session, settings: Settings, body: FleetCreate, fleet
     session.add(fleet)
     if body.federated:
         jobs = start_round(session, fleet, 0, settings.storage_root)
+    if body.references:
+        jobs += queue_references(session, fleet)
     require_queue_room(session, settings, tenant=principal.tenant, adding=0)  # exact now
     session.commit()
     return jobs
@@ -137,6 +144,17 @@ def read_fleet_or_404(session: Session, fleet_id: str, principal) -> Fleet:
     if fleet is None or fleet.tenant != principal.tenant:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no fleet {fleet_id!r}")
     return fleet
+
+
+def _check_references_can_run(body: FleetCreate, devices: int) -> None:
+    if body.validation_file is None:
+        raise invalid("references", "references need validation_file: every reference and "
+                      "every round's global adapter are scored on it", True)
+    steps = reference_steps(devices, body.participation, body.rounds,
+                            body.local_steps or body.hyperparameters.steps)
+    if max(steps) > MAX_STEPS:
+        raise invalid("references", f"the centralized reference would train {max(steps)} "
+                      f"steps, more than {MAX_STEPS}", True)
 
 
 def _device_ids(session: Session, body: FleetCreate) -> list[str]:
@@ -179,10 +197,14 @@ def _shards(session: Session, settings: Settings, body: FleetCreate, fleet_id: s
 @router.post("/{fleet_id}/cancel", response_model=FleetPublic)
 def cancel_fleet(fleet_id: str, session: SessionDep, principal: PrincipalDep) -> FleetPublic:
     """A federated fleet stops after the round in progress and keeps its last global
-    adapter; the round's jobs run to their end."""
+    adapter; the round's jobs run to their end. Its references that have not ended are
+    cancelled."""
     fleet = read_fleet_or_404(session, fleet_id, principal)
     fleet.cancel_requested = True
     session.add(fleet)
+    for reference in fleet.spec.get("references", []):
+        if session.get(Job, reference["job_id"]).status not in TERMINAL:
+            request_cancel(session, reference["job_id"])
     session.commit()
     return fleet_public(session, fleet)
 

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query, Request, Response, status
 from sqlalchemy.exc import IntegrityError
-from sqlmodel import Session, col, select, update
+from sqlmodel import Session, select
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
@@ -26,12 +26,12 @@ from app.schemas import (
 from app.submit import submit_job
 from service.crud import (
     TERMINAL,
-    add_event,
     events_after,
     latest_adapter,
     metrics_after,
+    request_cancel,
 )
-from service.models import Job, utc_now
+from service.models import Job
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
@@ -96,16 +96,7 @@ def cancel_job(job_id: str, session: SessionDep, principal: PrincipalDep) -> Job
     job = get_job_or_404(session, job_id, principal)
     if job.status in TERMINAL:
         raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is already {job.status}")
-    # only while no worker holds it; a worker may claim it between our read and this write
-    dropped = session.exec(update(Job).where(Job.id == job_id,
-                                             col(Job.status).in_(("validating", "queued")))
-                           .values(status="cancelled", finished_at=utc_now()))
-    if dropped.rowcount == 1:
-        add_event(session, job_id=job_id, kind="status", message="cancelled before it ran",
-                  data={"status": "cancelled"})
-    else:  # running: the worker stops it after the current step, keeping the adapter
-        session.exec(update(Job).where(Job.id == job_id).values(cancel_requested=True))
-        add_event(session, job_id=job_id, kind="cancel", message="cancel requested")
+    request_cancel(session, job_id)
     session.commit()
     session.refresh(job)
     return job_public(job, latest_adapter(session, job.id))

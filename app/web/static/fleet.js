@@ -1,5 +1,6 @@
-// The fleet's own jobs: loss by step with one legend entry per device, and each device's
-// final loss against its memory budget.
+// The fleet's own jobs: loss by step with one legend entry per device (through every round
+// of a federated fleet), each device's final loss against its memory budget, and a
+// federated fleet's global loss per round beside its references.
 (function () {
   const data = JSON.parse(document.getElementById("chart-data").textContent);
   const config = {displaylogo: false, responsive: true};
@@ -7,7 +8,8 @@
     type: "scatter", mode: "lines", x: c.steps, y: c.loss, name: c.label,
     hovertemplate: `${c.label}<br>step %{x}: %{y:.4f}<extra>${c.job_id}</extra>`,
   })), {
-    margin: {t: 20, r: 20}, xaxis: {title: {text: "step"}}, yaxis: {title: {text: "loss"}},
+    margin: {t: 20, r: 20}, yaxis: {title: {text: "loss"}},
+    xaxis: {title: {text: data.rounds.length ? "step (round × local steps + local step)" : "step"}},
     legend: {orientation: "h", y: -0.25},
   }, config);
   const done = data.members.filter((m) => m.final_loss !== null);
@@ -26,13 +28,28 @@
   if (document.getElementById("round-chart")) {
     let clock = 0;  // simulated on-device seconds at the end of each round
     const ends = data.rounds.map((r) => (clock += r.simulated_wall_s || 0));
-    Plotly.newPlot("round-chart", [{
+    const traces = [{
       type: "scatter", mode: "lines+markers", name: "global adapter",
       x: evaluated.map((r) => r.index), y: evaluated.map((r) => r.eval_loss),
       customdata: evaluated.map((r) => ends[r.index]),
       hovertemplate: "round %{x}: %{y:.4f}<br>%{customdata:.1f} s simulated<extra></extra>",
-    }], {
-      margin: {t: 20, r: 20}, showlegend: false,
+    }];
+    // the references are one figure each: a level line across the rounds
+    const span = [0, Math.max(data.rounds.length - 1, 1)];
+    const refs = data.references || {};
+    const level = (name, value, dash) => ({
+      type: "scatter", mode: "lines", name, x: span, y: [value, value],
+      line: {dash, color: "gray"}, hovertemplate: `${name}: %{y:.4f}<extra></extra>`,
+    });
+    if (refs.local_only_mean != null) {
+      traces.push(level("local-only (mean of devices)", refs.local_only_mean, "dot"));
+    }
+    if (refs.centralized != null) {
+      traces.push(level("centralized (same examples)", refs.centralized, "dash"));
+    }
+    Plotly.newPlot("round-chart", traces, {
+      margin: {t: 20, r: 20}, showlegend: traces.length > 1,
+      legend: {orientation: "h", y: -0.25},
       xaxis: {title: {text: "round"}, dtick: 1},
       yaxis: {title: {text: "validation loss of the global adapter"}},
     }, config);
