@@ -1,5 +1,6 @@
 """Writing artifacts atomically: staged next to their place, swapped in (a directory fsynced
-first; a small JSON file as a whole).
+first; a small JSON file as a whole); and one writer at a time where several processes
+would otherwise do the same work at once.
 
 An interruption never leaves a half-written artifact, and an existing directory is replaced
 only when it is an earlier artifact of the same kind, never a user's folder.
@@ -7,6 +8,7 @@ only when it is an earlier artifact of the same kind, never a user's folder.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -20,6 +22,16 @@ from mebp_core.errors import MebpError
 
 class OutputExistsError(MebpError, ValueError):
     """The output path holds something this command must not overwrite."""
+
+
+@contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on the file ``path`` (made if missing) for the block: processes
+    on this machine taking the same lock run the block one after another."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @contextmanager

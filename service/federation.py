@@ -5,8 +5,9 @@ device that is neither a straggler nor offline from the start, each starting fro
 round's global adapter; when every one of them has ended, the updates of those that trained
 (not dropped, not out of memory) are combined into the round's global adapter, which is
 evaluated, and the next round starts. ``advance`` is safe to run any number of times, from
-any process: a round turns done once (its row is updated under a lock, and the adapter it
-writes is the same bytes however often it is written), so no update is counted twice.
+any process: coordinators take turns, a round turns done once (its row is updated under a
+lock, and the adapter it writes is the same bytes however often it is written), so no
+update is counted twice.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from safetensors import safe_open
 from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
+from mebp_core.atomic import exclusive_lock
 from mebp_core.federated.aggregate import Update, aggregate
 from mebp_core.federated.rounds import fate, is_straggler, participants, reference_steps
 from mebp_core.lora.peft_io import (
@@ -30,7 +32,7 @@ from mebp_core.lora.peft_io import (
 )
 from service.crud import TERMINAL, create_queued_job, latest_adapter
 from service.models import Fleet, FleetRound, Job, utc_now
-from service.storage import round_adapter_dir
+from service.storage import coordinator_lock_path, round_adapter_dir
 
 RUNNING, DONE, FAILED = "running", "done", "failed"
 # what became of a selected device
@@ -115,7 +117,18 @@ def advance(session: Session, fleet_id: str, storage_root: Path, evaluate: Evalu
             ) -> list[str]:
     """Finish the fleet's current round if all its jobs have ended, and start the next;
     returns the job ids to enqueue (none while the round is still training). A round in
-    which nobody trains (stragglers, devices offline or too small) ends at once."""
+    which nobody trains (stragglers, devices offline or too small) ends at once.
+
+    Coordinators take turns: on one machine by a file lock, which also serializes them on
+    SQLite (where a row lock is a no-op), and across machines by the fleet's row lock. The
+    session must not be inside a transaction yet, so that it reads what the one before
+    committed."""
+    with exclusive_lock(coordinator_lock_path(storage_root, fleet_id)):
+        return _advance(session, fleet_id, storage_root, evaluate)
+
+
+def _advance(session: Session, fleet_id: str, storage_root: Path, evaluate: Evaluate
+             ) -> list[str]:
     fleet = session.exec(select(Fleet).where(Fleet.id == fleet_id).with_for_update()).first()
     if fleet is None or not is_federated(fleet):
         return []

@@ -33,6 +33,11 @@ def round_adapter_dir(root: Path, fleet_id: str, index: int) -> Path:
     return root / "fleets" / fleet_id / f"round-{index}" / "adapter"
 
 
+def coordinator_lock_path(root: Path, fleet_id: str) -> Path:
+    """The lock a fleet's coordinators on this machine take in turn."""
+    return root / "fleets" / fleet_id / "coordinator.lock"
+
+
 def base_config_path(root: Path, job_id: str) -> Path:
     """The base model's Hugging Face config, kept beside the adapter for its exports."""
     return job_dir(root, job_id) / "base_config.json"

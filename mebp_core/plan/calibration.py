@@ -10,7 +10,6 @@ taken, and plans say so.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import importlib.metadata
 import json
@@ -22,7 +21,7 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from mebp_core.atomic import write_json_atomically
+from mebp_core.atomic import exclusive_lock, write_json_atomically
 from mebp_core.cpu import cpu_model
 from mebp_core.errors import MebpError
 from mebp_core.plan.correction import TimeCorrection, load_corrections
@@ -130,9 +129,7 @@ def load_calibration(cache_dir: Path, threads: int | None = None, *,
     if not path.exists():
         if not measure:
             return None
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_suffix(".lock"), "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+        with exclusive_lock(path.with_suffix(".lock")):
             if not path.exists():  # measured by the holder we waited for
                 write_json_atomically(path, asdict(measure_steady_host(threads)))
     try:

@@ -17,14 +17,13 @@ Runs are kept per calibration: a fresh calibration starts without a correction.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import statistics
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from mebp_core.atomic import write_json_atomically
+from mebp_core.atomic import exclusive_lock, write_json_atomically
 
 RECENT_RUNS = 5  # the prior is the median of this many latest runs' ratios
 FIT_RUNS = 12  # the per-part factors are fitted on this many latest runs
@@ -140,9 +139,7 @@ def record_run(calibration_file: Path, calibrated_at: str, *, matmul_dtype: str,
     if not RATIO_BOUNDS[0] <= ratio <= RATIO_BOUNDS[1]:
         return None
     path = correction_path(calibration_file)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:  # workers record concurrently
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive_lock(path.with_suffix(".lock")):  # workers record concurrently
         runs = _read(path)
         runs.append({"calibrated_at": calibrated_at, "matmul_dtype": matmul_dtype,
                      "ratio": round(ratio, 5), "modelled_s": round(modelled_s, 5),

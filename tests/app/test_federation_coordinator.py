@@ -6,6 +6,10 @@ last global adapter; a stalled round is found for the reconciler."""
 
 from __future__ import annotations
 
+import threading
+import time
+
+import pytest
 import torch
 from sqlmodel import Session, select
 
@@ -135,3 +139,44 @@ def test_stragglers_past_the_deadline_get_no_job(tmp_path):
         seats = rounds_of(session, fleet.id)[0].participants
         assert [s["outcome"] for s in seats] == ["training", "training", "straggler"]
         assert len(jobs) == 2 and seats[2]["job_id"] is None
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_two_coordinators_at_once_finish_the_round_once(tmp_path, request, database):
+    """Two coordinators woken by the round's last two jobs ending run ``advance`` at the
+    same moment: the round is combined and evaluated once, the next starts once."""
+    url = database_url(None, tmp_path) if database == "sqlite" else \
+        request.getfixturevalue("postgres_url")
+    upgrade_database(url)
+    engine = make_engine(url)
+    with Session(engine) as session:
+        fleet = federated_fleet(session)
+        start_round(session, fleet, 0, tmp_path)
+        session.commit()
+        fleet_id = fleet.id
+        finish_jobs(session, tmp_path, 0)
+    evaluated, started = [], {}
+    barrier = threading.Barrier(2)
+
+    def evaluate(fleet, adapter):
+        evaluated.append(adapter)
+        time.sleep(0.5)  # the other coordinator arrives while this one is mid-round
+        return 1.0
+
+    def coordinator(name: str) -> None:
+        with Session(engine) as session:
+            barrier.wait()
+            started[name] = advance(session, fleet_id, tmp_path, evaluate)
+
+    threads = [threading.Thread(target=coordinator, args=(name,)) for name in "ab"]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(len(jobs) for jobs in started.values()) == [0, 3], started
+    assert len(evaluated) == 1
+    with Session(engine) as session:
+        assert [r.status for r in rounds_of(session, fleet_id)] == ["done", "running"]
+        queued = session.exec(select(Job).where(Job.status == "queued")).all()
+        assert sorted(job.id for job in queued) == sorted(sum(started.values(), []))
+    engine.dispose()
