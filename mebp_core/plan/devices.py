@@ -60,7 +60,7 @@ class DeviceProfile:
             return None
         missing = 0 if self.budget_bytes is None else \
             max(0, prediction.store_bytes - max(0, self.budget_bytes - prediction.peak_bytes))
-        return sum(device_step_time(prediction.work, workload, self.rates, missing).values())
+        return sum(device_step_time(prediction.device_work, workload, self.rates, missing).values())
 
     def to_json(self) -> dict:
         rates = self.rates

@@ -24,7 +24,7 @@ from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import Architecture
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.correction import TimeCorrection
-from mebp_core.plan.timing import StepWork, step_time
+from mebp_core.plan.timing import StepWork, step_time, step_work
 from mebp_core.plan.workload import (
     DTYPE_BYTES,
     MLP_PROJECTIONS,
@@ -67,7 +67,7 @@ class Prediction:
     time: dict[str, float]  # matmul, decompress, elementwise, overhead, disk -> seconds
     store_bytes: int  # packed bytes read per step: page cache, not anonymous memory
     checkpoint_file_bytes: int  # checkpoints in a memory-mapped file: dirty page cache
-    work: StepWork  # what the step does, for on-device estimates
+    device_work: StepWork  # what the step does on a phone, for on-device estimates
     modelled_time: dict[str, float]  # ``time`` before the host's measured-run correction
     correction: TimeCorrection | None = None  # what measured runs on this host say
 
@@ -149,13 +149,17 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
               "loss_chunk": phase["loss_chunk"]}
     store_bytes = _lazy_store_bytes(workload, set(resident))
     modelled, work = step_time(workload, knobs, host, set(resident))
+    if upcast:  # a phone runs its 16-bit matmuls natively: it never pays this host's upcasts
+        work = step_work(workload, knobs.model_copy(update={"bf16_matmul": "native"}),
+                         set(resident))
     correction = host.time_corrections.get(matmul_dtype_of(workload, knobs))
     time = modelled if correction is None else correction.apply(modelled)
     checkpoint_file = 0
     if every != "none" and knobs.checkpoint_storage == "mmap":
         checkpoint_file = math.ceil(arch.num_layers / every) * hidden_bytes
     return Prediction(memory=memory, time=time, store_bytes=store_bytes,
-                      checkpoint_file_bytes=checkpoint_file, work=work, modelled_time=modelled,
+                      checkpoint_file_bytes=checkpoint_file, device_work=work,
+                      modelled_time=modelled,
                       correction=correction)
 
 

@@ -188,6 +188,21 @@ def test_devices_cover_the_mission_profiles_and_estimate_time(workload, host):
         .device_step_time_s is None
 
 
+def test_a_phones_estimate_never_pays_this_hosts_bf16_upcasts(host):
+    """A host without bf16 matmuls upcasts each tile to float32 and the step costs it more;
+    the phone runs the same configuration in 16-bit natively, so its estimate is the
+    native path's whatever this host does."""
+    paper = paper_workload("preset:qwen2.5-0.5b", 256)
+    phone = get_device("iphone-15-pro-max")
+    estimates, host_times = {}, {}
+    for path in ("float32", "native"):
+        knobs = paper_knobs().model_copy(update={"bf16_matmul": path, "threads": host.threads})
+        [entry] = make_plan(paper, host, device=phone, knobs=[knobs]).entries
+        estimates[path], host_times[path] = entry.device_step_time_s, entry.prediction.step_time_s
+    assert host_times["float32"] != pytest.approx(host_times["native"], rel=0.05)
+    assert estimates["float32"] == pytest.approx(estimates["native"], rel=1e-9)
+
+
 @pytest.mark.parametrize(("device", "mebp_s", "mezo_s"),
                          [("iphone-15-pro-max", 3.85, 2.68), ("iphone-17-pro", 0.68, None)])
 def test_devices_reproduce_the_figures_they_are_fitted_on(device, mebp_s, mezo_s, host):
