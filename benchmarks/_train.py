@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import statistics
 from pathlib import Path
+
+from mebp_core.plan.correction import steady_step_time
 
 REPO = Path(__file__).resolve().parents[1]
 MEBP = REPO / ".venv" / "bin" / "mebp"
@@ -17,6 +18,4 @@ def train_argv(preset: str, data: Path, out: Path, metrics: Path, *, steps: int,
 
 
 def timed_step_s(steps: list[dict]) -> float | None:
-    """The median step time after the warm-up step (the only step if there is one)."""
-    times = [s["step_time_s"] for s in steps[1:]] or [s["step_time_s"] for s in steps]
-    return statistics.median(times) if times else None
+    return steady_step_time([s["step_time_s"] for s in steps])

@@ -14,7 +14,8 @@ import signal
 import time
 from pathlib import Path
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
+from mebp_core.kernel_memory import CGROUP_ROOT
+
 GROUP_PARENT = "mebp"  # every job's cgroup lives under <hierarchy>/mebp/
 PROCS_ENV, RLIMIT_ENV = "MEBP_CAP_CGROUP_PROCS", "MEBP_CAP_RLIMIT_DATA"
 

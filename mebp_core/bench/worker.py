@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from mebp_core.plan.correction import steady_step_time
 from mebp_core.units import MB
 
 ENGINE_METHODS = ("mebp", "mezo", "backprop")
@@ -55,10 +56,9 @@ def run_timed_steps(step: Callable[[], dict], steps: int, memory) -> list[dict]:
 
 def summarize_steps(records: list[dict], memory) -> dict:
     """The median step time excludes the first (warm-up) step when there are others."""
-    timed = records[1:] or records
-    return {"steps_completed": len(records),
-            "step_times_s": [r["step_time_s"] for r in records],
-            "s_per_step": statistics.median(r["step_time_s"] for r in timed),
+    times = [r["step_time_s"] for r in records]
+    return {"steps_completed": len(records), "step_times_s": times,
+            "s_per_step": steady_step_time(times),
             "losses": [r["loss"] for r in records],
             # the kernel's figure (anonymous + shared); anonymous alone beside it
             "peak_mb": memory.peak_bytes / MB,

@@ -60,11 +60,17 @@ def correction_path(calibration_file: Path) -> Path:
     return calibration_file.with_name(calibration_file.stem + "-time-correction.json")
 
 
+def steady_step_time(step_times: list[float]) -> float | None:
+    """A run's step time: the median of its steps after the first (warm-up) one; the first
+    when it is the only one, None without steps."""
+    timed = step_times[1:] or step_times
+    return statistics.median(timed) if timed else None
+
+
 def measured_step_time(step_times: list[float]) -> float | None:
-    """A run's step time: the median of its steps after the first, or None with fewer than
-    two steps (the first alone is not representative)."""
-    later = step_times[1:]
-    return statistics.median(later) if later else None
+    """``steady_step_time``, or None with fewer than two steps: the first alone is not
+    representative enough to correct the planner with."""
+    return steady_step_time(step_times) if len(step_times) > 1 else None
 
 
 def load_corrections(calibration_file: Path, calibrated_at: str) -> dict[str, TimeCorrection]:
