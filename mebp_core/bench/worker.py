@@ -116,7 +116,7 @@ def run_engine(args: argparse.Namespace) -> dict:
         engine = load_engine_model(args.model, compute_dtype=config.compute_dtype,
                                    lora_spec=lora_spec_of(config), seed=config.seed,
                                    knobs=config.knobs)
-        checkpoints = make_checkpoints(config.knobs.checkpoint_storage)
+        checkpoints = make_checkpoints(config.knobs.checkpoint_storage, args.scratch_dir)
         try:
             step_function = make_step_function(engine, config,
                                                make_block_optimizers(engine, config),
@@ -234,6 +234,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16")
     parser.add_argument("--threads", type=int, help="torch intra-op threads")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--scratch-dir", default=".", help="where memory-mapped checkpoints "
+                        "go: a directory on disk (a tmpfs would make them shared memory)")
     parser.add_argument("--knobs", help="engine methods: trade-off knobs as a JSON object")
     parser.add_argument("--seeds", type=int, default=5, help="cosine: MeZO directions")
     parser.add_argument("--eps", type=float, default=1e-3, help="cosine: MeZO's eps")

@@ -49,12 +49,15 @@ class RamCheckpoints(_PeakCounter):
 
 
 class MmapCheckpoints(_PeakCounter):
-    """Block inputs written to a memory-mapped file: file-backed pages the kernel can write back
-    and evict, instead of anonymous memory. The file is unlinked at once, so nothing is left
-    behind even if the process dies."""
+    """Block inputs written to a memory-mapped file in ``directory``: file-backed pages the
+    kernel can write back and evict, instead of anonymous memory. The directory must be on
+    disk (on a tmpfs such as the usual temp dir the pages would be shared memory, charged
+    and unreclaimable like anonymous memory). The file is unlinked at once, so nothing is
+    left behind even if the process dies. A popped input is a view of its slot, never a
+    copy: it stays file-backed until the next forward writes the slot again."""
 
-    def __init__(self, directory: str | Path | None = None) -> None:
-        self.directory = Path(directory) if directory else Path(tempfile.gettempdir())
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
         self._buffer: torch.Tensor | None = None
         self._slot_numel = 0
         self._shapes: dict[int, torch.Size] = {}
@@ -89,7 +92,7 @@ class MmapCheckpoints(_PeakCounter):
 
     def pop(self, block: int) -> torch.Tensor:
         shape = self._shapes.pop(block)
-        return self._buffer[block].view(shape).clone()
+        return self._buffer[block].view(shape)
 
     @property
     def nbytes(self) -> int:
@@ -106,8 +109,11 @@ class MmapCheckpoints(_PeakCounter):
 
 
 def make_checkpoints(storage: str, directory: str | Path | None = None):
+    """``directory``: where memory-mapped checkpoints go (mmap only, and then required)."""
     if storage == "ram":
         return RamCheckpoints()
     if storage == "mmap":
+        if directory is None:
+            raise ValueError("memory-mapped checkpoints need a directory on disk")
         return MmapCheckpoints(directory)
     raise ValueError(f"checkpoint_storage: unknown value {storage!r} (ram or mmap)")

@@ -193,7 +193,7 @@ class TrainingRun:
 
     def __init__(self, engine: EngineModel, config: TrainConfig, data: TrainData, *,
                  memory: MemoryTracker, checkpoint_dir: Path | None,
-                 scratch_dir: Path | None = None) -> None:
+                 scratch_dir: Path) -> None:
         """``scratch_dir``: where memory-mapped block checkpoints go (on disk, beside the
         run's output, not a temp dir that may be tmpfs, i.e. shared memory)."""
         self.engine, self.config, self.data, self.memory = engine, config, data, memory

@@ -101,10 +101,10 @@ def test_only_lora_parameters_receive_gradients(packed_models):
     assert all(not p.requires_grad for p in engine.arch.parameters() if id(p) not in lora)
 
 
-def test_checkpoints_hold_one_block_input_per_block(packed_models):
+def test_checkpoints_hold_one_block_input_per_block(packed_models, tmp_path):
     for storage in ("ram", "mmap"):
         engine = load_engine_model(packed_models["qwen3", "int4"], lora_spec=LORA)
-        checkpoints = make_checkpoints(storage)
+        checkpoints = make_checkpoints(storage, tmp_path)
         input_ids, labels = random_batch(300, seed=3)
         run_mebp_step(engine, input_ids, labels, checkpoints,
                       loss_scale=1.0 / count_valid_targets(labels))
