@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from datetime import datetime
 from typing import Literal
 
@@ -9,6 +10,7 @@ from pydantic import BaseModel, Field, model_validator
 
 from app.api.request_model import RequestModel
 from app.schemas import EngineKnobs, Hyperparameters, Metadata, Name
+from mebp_core.config import Method, TrainConfig
 
 
 class SimulatedDevices(RequestModel):
@@ -50,10 +52,10 @@ class FleetCreate(RequestModel):
     simulated: SimulatedDevices | None = None
     memory_budget_mb: float | None = Field(default=None, gt=0, le=1 << 20,
                                            description="overrides every device's budget")
-    method: Literal["mebp", "mezo", "backprop"] = "mebp"
+    method: Method = "mebp"
     hyperparameters: Hyperparameters = Hyperparameters()
     config: Literal["auto"] | EngineKnobs = "auto"
-    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    seed: int = copy.copy(TrainConfig.model_fields["seed"])
     metadata: Metadata = Field(default_factory=dict)
     allow_infeasible: bool = Field(default=False, description="also run the devices the "
                                    "planner predicts will not fit (the kernel cap decides)")

@@ -181,12 +181,12 @@ class JobCreate(RequestModel):
                                 examples=["iphone-15-pro-max"])
     memory_budget_mb: float | None = Field(default=None, gt=0, le=1 << 20,
                                            description="overrides the device's budget")
-    method: Literal["mebp", "mezo", "backprop"] = "mebp"
+    method: core.Method = "mebp"
     hyperparameters: Hyperparameters = Hyperparameters()
     config: Literal["auto"] | EngineKnobs = Field(
         default="auto", description='"auto" (the fastest configuration predicted to fit) or '
         "explicit trade-off knobs")
-    seed: int = Field(default=0, ge=0, le=2**63 - 1)
+    seed: int = copy.copy(core.TrainConfig.model_fields["seed"])
     metadata: Metadata = Field(default_factory=dict)
     allow_infeasible: bool = Field(default=False, description="run even when the planner "
                                    "predicts the budget is too small: the kernel cap decides")

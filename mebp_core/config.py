@@ -112,7 +112,8 @@ class TrainConfig(BaseModel):
     optimizer: Optimizer = Field(default="sgd", description="sgd or adamw")
     lr: float = Field(default=1e-4, gt=0, le=10.0, description="learning rate")
     weight_decay: float = Field(default=0.0, ge=0, le=10.0, description="weight decay")
-    seed: int = Field(default=0, description="seeds the adapter's init, the data order, MeZO")
+    seed: int = Field(default=0, ge=0, le=2**63 - 1,
+                      description="seeds the adapter's init, the data order, MeZO")
     quant: Quant = Field(default="int4", description="how the frozen weights are stored")
     schedule: Schedule = Field(default="constant", description="learning-rate schedule")
     warmup_steps: int = Field(default=0, ge=0, description="linear warm-up steps")

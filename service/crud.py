@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from sqlmodel import Session, col, select, update
 
+from mebp_core.config import TrainConfig
 from service.models import Adapter, Event, Job, Metric, utc_now
 from service.storage import new_id
 
@@ -34,7 +35,7 @@ def create_queued_job(session: Session, *, plan: dict | None, **fields) -> Job:
     """A new job row with its first events, queued; the caller commits, then enqueues.
     ``fields`` are the Job's (tenant, model, config, training_file, ...)."""
     job = Job(id=new_id("job"), status="validating", plan=plan,
-              total_steps=fields["config"]["steps"], **fields)
+              total_steps=TrainConfig.model_validate(fields["config"]).steps, **fields)
     session.add(job)
     session.flush()  # the row its events refer to goes first
     add_event(session, job_id=job.id, kind="status", message="validated and planned",

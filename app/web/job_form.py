@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import json
-from typing import Literal
 
 from pydantic import BaseModel, Field
 
 from app.schemas import Hyperparameters, JobCreate
+from mebp_core.config import Method
 from mebp_core.config_args import value_kinds
 
 # the knobs are one flat object; anything larger or deeper is not a configuration, and
@@ -64,7 +64,7 @@ class JobForm(BaseModel):
     memory_budget_mb: str = ""
     training_file: str = ""
     validation_file: str = ""
-    method: Literal["mebp", "mezo", "backprop"] = "mebp"
+    method: Method = "mebp"
     config: str = "auto"  # "auto", or the knobs of the configuration clicked, as JSON
     configuration: str = "auto"  # that configuration's id, for display
     allow_infeasible: bool = False

@@ -15,6 +15,7 @@ from app.job_view import job_public
 from app.web.auth import PagePrincipal, SessionRequired
 from app.web.csrf import FormToken
 from app.web.templating import script_json, templates
+from mebp_core.config import TrainConfig
 from mebp_core.errors import MebpError
 from mebp_core.store.export_base import BASE_FORMATS, check_base_format
 from mebp_core.store.resolve import source_config
@@ -50,7 +51,7 @@ def job_page(job_id: str, request: Request, session: SessionDep,
 def base_links(session: Session, job: dict) -> dict[str, str]:
     """{format: URL} of the base model downloads the job's adapter applies to, for the
     formats its model can be exported in."""
-    config = job["config"]
+    config = TrainConfig.model_validate(job["config"])
     try:
         model_config = source_config(model_source(session, job["model"]))
     except (UnknownModelError, MebpError):
@@ -61,8 +62,8 @@ def base_links(session: Session, job: dict) -> dict[str, str]:
             check_base_format(model_config, fmt, "float32")
         except MebpError:
             continue
-        query = urlencode({"format": fmt, "quant": config["quant"],
-                           "group_size": config["group_size"]})
+        query = urlencode({"format": fmt, "quant": config.quant,
+                           "group_size": config.group_size})
         links[fmt] = f"/v1/models/{quote(job['model'])}/base?{query}"
     return links
 
