@@ -18,7 +18,7 @@ from app.schemas import JobCreate
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.plan.arch import PlanInputError
 from mebp_core.plan.devices import DeviceProfile, mezo_device_step_time
-from mebp_core.plan.on_host import chosen_entry, plan_on_host, plan_summary
+from mebp_core.plan.on_host import plan_job_run
 from mebp_core.plan.workload import Workload
 from mebp_core.units import MB
 from service.devices import find_device
@@ -76,14 +76,10 @@ def plan_job(body: JobCreate, settings: Settings, session: Session) -> PlannedJo
     # it again on its own host (``worker.host_plan``) and sets its own threads
     here = config.model_copy(update={"knobs": knobs.model_copy(
         update={"threads": settings.threads})})
-    plan = plan_on_host(arch, here, budget_bytes=budget_bytes, device=device,
-                        candidates=None if body.config == "auto" else [here.knobs],
-                        cache_dir=settings.cache_dir)
-    chosen = chosen_entry(plan)
-    config = config.model_copy(update={"knobs": chosen.knobs.model_copy(
-        update={"threads": None})})
-    summary = plan_summary(plan, chosen, chosen_by="auto" if body.config == "auto"
-                           else "request")
+    runs, summary, plan = plan_job_run(
+        arch, here, budget_bytes=budget_bytes, device=device,
+        chosen_by="auto" if body.config == "auto" else "request", cache_dir=settings.cache_dir)
+    config = runs.model_copy(update={"knobs": runs.knobs.model_copy(update={"threads": None})})
     return PlannedJob(config, device, budget_bytes, summary, feasible=plan.auto is not None)
 
 

@@ -11,7 +11,7 @@ from mebp_core.cache import default_cache_dir
 from mebp_core.config import TrainConfig
 from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.calibration import load_calibration
-from mebp_core.plan.on_host import chosen_entry, plan_on_host, plan_summary
+from mebp_core.plan.on_host import plan_job_run
 from service.crud import add_event
 from service.devices import find_device
 from service.models import Job
@@ -33,21 +33,17 @@ def plan_on_this_worker(session: Session, job: Job, source: str, settings: Setti
     if _same_host(planned.get("calibration"), settings):  # planned with this host's own
         return here
     device = None if job.device_id is None else find_device(session, job.device_id)
-    by_request = planned.get("chosen_by") == "request"
-    plan = plan_on_host(load_architecture(source), here, budget_bytes=job.memory_budget_bytes,
-                        device=device, candidates=[here.knobs] if by_request else None,
-                        cache_dir=settings.cache_dir)
-    chosen = chosen_entry(plan)
-    here = here.model_copy(update={"knobs": chosen.knobs.model_copy(
-        update={"threads": settings.threads})})
-    summary = {**plan_summary(plan, chosen, chosen_by=planned.get("chosen_by", "auto")),
-               "planned_by": worker}
-    if chosen.id != planned.get("configuration"):
+    here, summary, _ = plan_job_run(
+        load_architecture(source), here, budget_bytes=job.memory_budget_bytes, device=device,
+        chosen_by=planned.get("chosen_by", "auto"), cache_dir=settings.cache_dir)
+    summary["planned_by"] = worker
+    chosen_id = summary["configuration"]
+    if chosen_id != planned.get("configuration"):
         add_event(session, job_id=job.id, kind="log",
-                  message=f"planned on {worker}: {chosen.id} (predicted "
+                  message=f"planned on {worker}: {chosen_id} (predicted "
                   f"{summary['predicted_peak_mb']:.0f} MB, {summary['predicted_step_time_s']:.2f}"
                   f" s/step) instead of {planned.get('configuration')}",
-                  data={"configuration": chosen.id,
+                  data={"configuration": chosen_id,
                         "previous_configuration": planned.get("configuration")})
     job.config = here.model_dump(mode="json")
     job.plan = summary

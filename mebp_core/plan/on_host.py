@@ -83,3 +83,19 @@ def plan_summary(plan: Plan, chosen: PlanEntry, *, chosen_by: str) -> dict:
         "dominant_component": plan.smallest.prediction.dominant_component(),
         "calibration": plan.calibration,
     }
+
+
+def plan_job_run(arch: Architecture, config: TrainConfig, *, budget_bytes: int | None,
+                 device: DeviceProfile | None, chosen_by: str, cache_dir: Path | None
+                 ) -> tuple[TrainConfig, dict, Plan]:
+    """A service job's plan on this host, at ``config``'s thread count: ``config`` with the
+    knobs it runs (the fastest configuration predicted to fit, or the smallest when none
+    does; with ``chosen_by="request"``, its own knobs), the summary the job records, and
+    the plan."""
+    plan = plan_on_host(arch, config, budget_bytes=budget_bytes, device=device,
+                        candidates=[config.knobs] if chosen_by == "request" else None,
+                        cache_dir=cache_dir)
+    chosen = chosen_entry(plan)
+    runs = config.model_copy(update={"knobs": chosen.knobs.model_copy(
+        update={"threads": config.knobs.threads})})
+    return runs, plan_summary(plan, chosen, chosen_by=chosen_by), plan
