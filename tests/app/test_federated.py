@@ -103,6 +103,11 @@ def test_a_fedavg_fleet_trains_in_rounds_from_each_global_adapter(any_service):
     response = service.client.get(f"/v1/fleets/{fleet['id']}/rounds/1/adapter",
                                   params={"format": "gguf"})
     assert response.status_code == 200 and response.content[:4] == b"GGUF"
+    response = service.client.get(f"/v1/fleets/{fleet['id']}/rounds/1/adapter",
+                                  params={"format": "mlx"})
+    assert response.status_code == 200 and any(
+        name.endswith("adapters.safetensors")
+        for name in zipfile.ZipFile(io.BytesIO(response.content)).namelist())
     assert service.client.get(f"/v1/fleets/{fleet['id']}/rounds/2/adapter").status_code == 404
 
     # the references: each device alone on its shard for the rounds' 2 × 2 steps, and one
