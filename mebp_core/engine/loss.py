@@ -1,4 +1,5 @@
-"""Cross-entropy through the output projection without ever holding [tokens x vocab] logits.
+"""Cross-entropy through the output projection without ever holding [tokens x vocab] logits
+(and, for plain backprop, with them).
 
 One pass over vocabulary tiles keeps, per token, the running max ``m``, the running sum
 ``s = sum exp(l - m)`` and the running ``acc = sum exp(l - m) * dl/dz * W_v``. At the end
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from mebp_core.data.example import IGNORE_INDEX
 from mebp_core.engine.frozen import WeightWorkingSet
@@ -122,3 +124,15 @@ def iter_vocab_tiles(store, head_name: str, dtype: torch.dtype, tile_bytes: int,
             yield start, weight
         finally:
             working_set.drop(weight)
+
+
+def compute_full_logits_loss(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor,
+                             softcap: float | None) -> tuple[torch.Tensor, int, int]:
+    """Summed token cross-entropy, valid and correct target counts, from the full (N, V)
+    logits of ``hidden`` (N, D) and the head ``weight`` (V, D), under autograd: what a plain
+    PyTorch trainer computes."""
+    logits = apply_softcap((hidden @ weight.T).float(), softcap)  # (N, V)
+    loss_sum = F.cross_entropy(logits, targets, ignore_index=IGNORE_INDEX, reduction="sum")
+    valid = targets != IGNORE_INDEX
+    correct = int((logits.detach().argmax(dim=1) == targets)[valid].sum())
+    return loss_sum, int(valid.sum()), correct

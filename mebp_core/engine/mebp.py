@@ -18,7 +18,12 @@ from dataclasses import dataclass
 
 import torch
 
-from mebp_core.engine.loss import IGNORE_INDEX, compute_head_loss, iter_vocab_tiles
+from mebp_core.engine.loss import (
+    IGNORE_INDEX,
+    compute_full_logits_loss,
+    compute_head_loss,
+    iter_vocab_tiles,
+)
 from mebp_core.engine.model import EngineModel
 from mebp_core.models.base import apply_softcap
 
@@ -113,15 +118,22 @@ def compute_logits(engine: EngineModel, input_ids: torch.Tensor) -> torch.Tensor
 
 def run_mebp_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Tensor,
                   checkpoints, *, loss_scale: float,
-                  on_block_done: Callable[[int], None] | None = None) -> StepLoss:
+                  on_block_done: Callable[[int], None] | None = None,
+                  full_logits: bool = False) -> StepLoss:
     """Accumulate ``loss_scale * d(sum of token losses)/d(LoRA)`` into the LoRA ``.grad``s.
 
     ``on_block_done(i)`` runs right after block i's gradients are complete: an optimizer may
     update that block there, since no later backward reads its parameters.
+
+    ``full_logits``: the loss from the whole (N, V) logits inside the one autograd graph,
+    as plain backprop computes it (the same gradients; it needs ``checkpoint_blocks`` none).
     """
     every = engine.knobs.checkpoint_blocks
+    if full_logits and every != "none":
+        raise ValueError("full logits are plain backprop's: they need checkpoint_blocks none")
     if every == "none":
-        return _run_whole_graph_step(engine, input_ids, labels, loss_scale, on_block_done)
+        return _run_whole_graph_step(engine, input_ids, labels, loss_scale, on_block_done,
+                                     full_logits)
     hidden = forward_blocks(engine, input_ids, checkpoints, every)
     head, grad = _head_backward(engine, hidden, labels, loss_scale)
     del hidden
@@ -183,8 +195,8 @@ def _segment_inputs(engine: EngineModel, first_input: torch.Tensor, first: int, 
 
 
 def _run_whole_graph_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Tensor,
-                          loss_scale: float,
-                          on_block_done: Callable[[int], None] | None) -> StepLoss:
+                          loss_scale: float, on_block_done: Callable[[int], None] | None,
+                          full_logits: bool) -> StepLoss:
     """No checkpoints: one autograd graph over every block, all activations kept, no recompute.
     Lazy frozen weights are decompressed again, tile by tile, by their backward."""
     ctx = engine.context(input_ids.shape[1])
@@ -192,6 +204,8 @@ def _run_whole_graph_step(engine: EngineModel, input_ids: torch.Tensor, labels: 
         hidden = engine.arch.embed(input_ids).to(engine.dtype)  # (B, T, D)
         for layer in engine.layers:
             hidden = layer(hidden, ctx)
+    if full_logits:
+        return _full_logits_backward(engine, hidden, labels, loss_scale)
     head, grad = _head_backward(engine, hidden, labels, loss_scale)
     backward_from(hidden, grad)
     del hidden, grad
@@ -199,6 +213,26 @@ def _run_whole_graph_step(engine: EngineModel, input_ids: torch.Tensor, labels: 
         for index in reversed(range(len(engine.layers))):
             on_block_done(index)
     return StepLoss(float(head.loss_sum), head.valid_tokens, head.correct_tokens)
+
+
+def _full_logits_backward(engine: EngineModel, hidden: torch.Tensor, labels: torch.Tensor,
+                          loss_scale: float) -> StepLoss:
+    with torch.enable_grad():
+        normed = engine.arch.final_norm(hidden)
+        loss_sum, valid, correct = compute_full_logits_loss(
+            normed.reshape(-1, normed.shape[-1]), shift_targets(labels).reshape(-1),
+            _head_weight(engine), engine.arch.logit_softcap)
+        (loss_sum * loss_scale).backward()
+    return StepLoss(float(loss_sum.detach()), valid, correct)
+
+
+def _head_weight(engine: EngineModel) -> torch.Tensor:
+    """The head, (V, D): resident, or on a lazy engine decompressed once for the step."""
+    name = engine.arch.head_weight_name
+    resident = engine.working_set.resident.get(name)
+    if resident is not None:
+        return resident
+    return engine.store.dequantize(name, engine.dtype)
 
 
 def _head_backward(engine: EngineModel, hidden: torch.Tensor, labels: torch.Tensor,

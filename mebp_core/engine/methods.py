@@ -6,9 +6,10 @@
   block is updated as soon as its gradients are complete (its gradients never coexist with
   the others'); otherwise gradients accumulate over the micro-batches, are clipped, and every
   block steps at the end.
-- ``backprop``: plain autograd over the whole model, all activations kept; its config's knobs
-  keep every frozen projection and the head resident (``config.BACKPROP_KNOBS``): the fast,
-  memory-hungry reference.
+- ``backprop``: plain autograd over the whole model and the full logits, all activations
+  kept: the one engine's whole-graph step with the knobs ``config.BACKPROP_KNOBS`` (every
+  frozen projection and the head resident) and full logits; the fast, memory-hungry
+  reference.
 - ``mezo``: two perturbed forwards and a seed-regenerated update, no backward.
 """
 
@@ -21,7 +22,6 @@ import torch
 from torch.nn.utils import clip_grad_norm_
 
 from mebp_core.config import TrainConfig
-from mebp_core.engine.backprop import run_backprop_step
 from mebp_core.engine.mebp import StepLoss, count_valid_targets, run_mebp_step
 from mebp_core.engine.mezo import derive_step_seed, run_mezo_step
 from mebp_core.engine.model import EngineModel
@@ -37,9 +37,10 @@ def make_step_function(engine: EngineModel, config: TrainConfig,
     """The per-step body of the training loop for ``config.method``."""
     if config.method == "mezo":
         return _mezo_step(engine, config)
-    if config.method == "backprop":
+    if config.method == "backprop":  # the one engine with BACKPROP_KNOBS, and full logits
         def backward(input_ids, labels, loss_scale, on_block_done):
-            return run_backprop_step(engine, input_ids, labels, loss_scale=loss_scale)
+            return run_mebp_step(engine, input_ids, labels, checkpoints, loss_scale=loss_scale,
+                                 full_logits=True)
     elif config.method == "mebp":
         def backward(input_ids, labels, loss_scale, on_block_done):
             return run_mebp_step(engine, input_ids, labels, checkpoints, loss_scale=loss_scale,

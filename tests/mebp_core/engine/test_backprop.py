@@ -1,5 +1,6 @@
 """Plain backprop (the one engine with ``BACKPROP_KNOBS``: frozen projections and head resident,
-one autograd graph) gives MeBP's loss and gradients, for every family."""
+one autograd graph over the blocks and the full logits) gives MeBP's loss and gradients, for
+every family."""
 
 from __future__ import annotations
 
@@ -10,12 +11,17 @@ import torch
 from engine_fixtures import FAMILIES, load_with_random_lora, random_batch
 
 from mebp_core.config import BACKPROP_KNOBS, EngineKnobs, TrainConfig
-from mebp_core.engine.backprop import run_backprop_step
 from mebp_core.engine.checkpoints import make_checkpoints
 from mebp_core.engine.frozen import FrozenLinear
 from mebp_core.engine.mebp import count_valid_targets, evaluate_batch, run_mebp_step
 
 RESIDENT = EngineKnobs(**BACKPROP_KNOBS)
+
+
+def backprop_step(engine, input_ids, labels, loss_scale):
+    """What method backprop runs: the whole-graph step, full logits."""
+    return run_mebp_step(engine, input_ids, labels, make_checkpoints("ram"),
+                         loss_scale=loss_scale, full_logits=True)
 
 
 def lora_grads(engine) -> dict[str, torch.Tensor]:
@@ -37,7 +43,7 @@ def test_backprop_gradients_equal_mebp(family, quant, packed_models):
     expected = run_mebp_step(lazy, input_ids, labels, make_checkpoints("ram"), loss_scale=scale)
     resident = load_with_random_lora(packed, knobs=RESIDENT)
 
-    actual = run_backprop_step(resident, input_ids, labels, loss_scale=scale)
+    actual = backprop_step(resident, input_ids, labels, scale)
 
     assert actual.loss_sum == pytest.approx(expected.loss_sum, rel=1e-6)
     assert (actual.valid_tokens, actual.correct_tokens) == (expected.valid_tokens,
@@ -69,10 +75,10 @@ def test_resident_step_decompresses_nothing_and_accumulates(packed_models):
     input_ids, labels = random_batch(300, seed=3)
     engine.working_set.reset_counters()
 
-    run_backprop_step(engine, input_ids, labels, loss_scale=0.5)
+    backprop_step(engine, input_ids, labels, 0.5)
     assert engine.working_set.decompressed_params == 0
     half = {name: grad.clone() for name, grad in lora_grads(engine).items()}
-    run_backprop_step(engine, input_ids, labels, loss_scale=0.5)
+    backprop_step(engine, input_ids, labels, 0.5)
     for name, grad in lora_grads(engine).items():
         torch.testing.assert_close(grad, 2 * half[name], rtol=1e-6, atol=0)
 
@@ -96,8 +102,16 @@ def test_bfloat16_backprop_close_to_mebp(packed_models):
     expected = run_mebp_step(lazy, input_ids, labels, make_checkpoints("ram"), loss_scale=scale)
     engine = load_with_random_lora(packed, compute_dtype="bfloat16",
                                    knobs=RESIDENT.model_copy(update={"bf16_matmul": "native"}))
-    actual = run_backprop_step(engine, input_ids, labels, loss_scale=scale)
+    actual = backprop_step(engine, input_ids, labels, scale)
     assert actual.loss_sum == pytest.approx(expected.loss_sum, rel=1e-2)
     want, got = lora_grads(lazy), lora_grads(engine)
     worst = max(relative_error(got[name], want[name]) for name in want)
     assert worst <= 5e-2, f"bfloat16: worst LoRA gradient relative error {worst:.2e}"
+
+
+def test_full_logits_are_only_for_the_whole_graph(packed_models):
+    engine = load_with_random_lora(packed_models["qwen3", "int4"])  # checkpointed knobs
+    input_ids, labels = random_batch(300, seed=6)
+    with pytest.raises(ValueError, match="checkpoint_blocks none"):
+        run_mebp_step(engine, input_ids, labels, make_checkpoints("ram"), loss_scale=1.0,
+                      full_logits=True)
