@@ -71,7 +71,8 @@ BaseFormatQuery = Annotated[Literal["hf", "gguf"], Query(
                 "give their base; gguf: one llama.cpp file")]
 QuantQuery = Annotated[Quant, Query(
     description="the storage the job trained against (its config's quant)")]
-GroupSizeQuery = Annotated[int, Query(ge=8, le=4096, description="the job config's group_size")]
+GroupSizeQuery = Annotated[int, *_DEFAULTS["group_size"].metadata,  # TrainConfig's bounds
+                           Query(description="the job config's group_size")]
 DtypeQuery = Annotated[Literal[BASE_DTYPES], Query(description="the weights' dtype")]
 
 
