@@ -115,7 +115,9 @@ def test_float32_math_on_bfloat16_rows_is_chunked_and_matches_one_pass(store_hid
         return (reference_delta(x.float(), a, b, scaling)).to(x.dtype)
 
     want_y, want = run_grads(one_pass, x, lora_a, lora_b, grad_y)
-    assert torch.equal(y, want_y)
+    # a multithreaded GEMM may split its sums differently for fewer rows: the float32
+    # results differ in their last bits, so a bf16 output may round one ulp apart
+    assert max_rel_err(y, want_y) <= 1e-2
     assert [g.dtype for g in grads] == [torch.bfloat16, torch.float32, torch.float32]
     for got, expected in zip(grads, want, strict=True):
         assert max_rel_err(got, expected) <= (1e-2 if got.dtype == torch.bfloat16 else 1e-5)
