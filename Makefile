@@ -16,9 +16,13 @@ $(STAMP): pyproject.toml
 	$(PY) -c "from mebp_core.store.kernel_build import build_kernel; build_kernel()"
 	touch $(STAMP)
 
-# The dashboard tests drive Debian's chromium; it is installed here where missing.
+# The dashboard tests drive Debian's chromium; it is installed here where missing. The suite
+# runs in TEST_WORKERS processes, a test file each at a time (most tests wait on services and
+# jobs of their own, so two overlap well on two cores).
+TEST_WORKERS ?= 2
 test: setup browser llama-cpp
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25 \
+		-n $(TEST_WORKERS) --dist loadfile
 
 lint: setup
 	$(VENV)/bin/ruff check mebp_core service app worker tests benchmarks
