@@ -105,8 +105,8 @@ def member_label(member: dict) -> str:
 def loss_curves(session, fleet: dict) -> list[dict]:
     """Loss per step of the fleet's own jobs, one curve per device; a federated device's
     curve runs through every round it trained in, on the fleet's step axis (round r's local
-    step s at r × local_steps + s), broken between rounds."""
-    runs: dict[int, list[tuple[str, int]]] = {}  # member -> [(job id, first step)]
+    step s at r × local_steps + s), broken between rounds. Each point names its job."""
+    runs: dict[int, list[tuple[str, int]]] = {}  # member -> [(job id, step offset)]
     for current in fleet["rounds"]:
         for seat in current["participants"]:
             if seat["job_id"] is not None:
@@ -114,18 +114,18 @@ def loss_curves(session, fleet: dict) -> list[dict]:
                     (seat["job_id"], current["index"] * fleet["local_steps"]))
     curves = []
     for index, member in enumerate(fleet["members"]):
-        steps, losses, job_ids = [], [], []
-        for job_id, offset in runs.get(index) or ([(member["job_id"], 0)]
-                                                  if member["job_id"] else []):
+        if not fleet["rounds"] and member["job_id"] is not None:
+            runs[index] = [(member["job_id"], 0)]
+        curve = {"label": member_label(member), "steps": [], "loss": [], "jobs": []}
+        for job_id, offset in runs.get(index, []):
             rows = session.exec(select(Metric.step, Metric.loss).where(Metric.job_id == job_id)
                                 .order_by(Metric.step)).all()
-            if rows and steps:  # a gap in the line between rounds
-                steps.append(None)
-                losses.append(None)
-            steps += [offset + step for step, _ in rows]
-            losses += [loss for _, loss in rows]
-            job_ids.append(job_id)
-        if job_ids and steps:
-            curves.append({"job_id": ", ".join(job_ids), "label": member_label(member),
-                           "steps": steps, "loss": losses})
+            if rows and curve["steps"]:  # a gap in the line between rounds
+                for points in (curve["steps"], curve["loss"], curve["jobs"]):
+                    points.append(None)
+            curve["steps"] += [offset + step for step, _ in rows]
+            curve["loss"] += [loss for _, loss in rows]
+            curve["jobs"] += [job_id] * len(rows)
+        if curve["steps"]:
+            curves.append(curve)
     return curves

@@ -5,8 +5,8 @@
   const data = JSON.parse(document.getElementById("chart-data").textContent);
   const config = {displaylogo: false, responsive: true};
   Plotly.newPlot("loss-chart", data.curves.map((c) => ({
-    type: "scatter", mode: "lines", x: c.steps, y: c.loss, name: c.label,
-    hovertemplate: `${c.label}<br>step %{x}: %{y:.4f}<extra>${c.job_id}</extra>`,
+    type: "scatter", mode: "lines", x: c.steps, y: c.loss, name: c.label, customdata: c.jobs,
+    hovertemplate: `${c.label}<br>step %{x}: %{y:.4f}<extra>%{customdata}</extra>`,
   })), {
     margin: {t: 20, r: 20}, yaxis: {title: {text: "loss"}},
     xaxis: {title: {text: data.rounds.length ? "step (round × local steps + local step)" : "step"}},
