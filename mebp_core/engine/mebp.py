@@ -205,14 +205,17 @@ def _run_whole_graph_step(engine: EngineModel, input_ids: torch.Tensor, labels: 
         for layer in engine.layers:
             hidden = layer(hidden, ctx)
     if full_logits:
-        return _full_logits_backward(engine, hidden, labels, loss_scale)
-    head, grad = _head_backward(engine, hidden, labels, loss_scale)
-    backward_from(hidden, grad)
-    del hidden, grad
+        step = _full_logits_backward(engine, hidden, labels, loss_scale)
+    else:
+        head, grad = _head_backward(engine, hidden, labels, loss_scale)
+        backward_from(hidden, grad)
+        del grad
+        step = StepLoss(float(head.loss_sum), head.valid_tokens, head.correct_tokens)
+    del hidden
     if on_block_done is not None:
         for index in reversed(range(len(engine.layers))):
             on_block_done(index)
-    return StepLoss(float(head.loss_sum), head.valid_tokens, head.correct_tokens)
+    return step
 
 
 def _full_logits_backward(engine: EngineModel, hidden: torch.Tensor, labels: torch.Tensor,
