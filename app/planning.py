@@ -52,12 +52,11 @@ def plan_job(body: JobCreate, settings: Settings, session: Session) -> PlannedJo
     device = device_or_422(session, body.device)
     budget_bytes = _budget_bytes(body, device)
     arch = model_architecture_or_422(session, body.model)
-    hyper = body.hyperparameters.model_dump(exclude={"learning_rate", "checkpoint_every"})
+    hyper = body.hyperparameters.model_dump()  # by TrainConfig's names
     hyper["checkpoint_every"] = body.hyperparameters.checkpoint_every or settings.checkpoint_every
     knobs = EngineKnobs() if body.config == "auto" else body.config
     try:
-        config = TrainConfig(method=body.method, seed=body.seed, lr=body.hyperparameters
-                             .learning_rate, knobs=knobs, **hyper)
+        config = TrainConfig(method=body.method, seed=body.seed, knobs=knobs, **hyper)
         workload = Workload.from_config(arch, config)
     except ValidationError as exc:
         raise invalid_from(exc, ("hyperparameters",)) from None

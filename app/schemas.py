@@ -13,6 +13,7 @@ from pydantic import (
     StringConstraints,
     create_model,
 )
+from pydantic.fields import FieldInfo
 
 from app.api.request_model import RequestModel
 from mebp_core import config as core
@@ -58,17 +59,26 @@ class EngineKnobs(RequestModel, core.EngineKnobs):
     counts."""
 
 
+# TrainConfig fields whose public name is not the CLI's (``--lr`` is ``learning_rate``)
+PUBLIC_NAMES = {"lr": "learning_rate"}
+
+
 def _config_fields(names, **overrides) -> dict:
     """``TrainConfig``'s own fields (type, bounds, default, description), for a request
-    body: one definition of each setting."""
+    body, under their public names: one definition of each setting."""
     fields = core.TrainConfig.model_fields
-    return {**{name: (fields[name].annotation, copy.copy(fields[name])) for name in names},
-            **overrides}
+
+    def public(name: str) -> FieldInfo:
+        if name not in PUBLIC_NAMES:
+            return copy.copy(fields[name])
+        return FieldInfo.merge_field_infos(fields[name], Field(alias=PUBLIC_NAMES[name]))
+
+    return {**{name: (fields[name].annotation, public(name)) for name in names}, **overrides}
 
 
 # TrainConfig fields a job request carries elsewhere or not at all: every other field is a
 # hyperparameter, so a field added to TrainConfig is one with no other edit
-_NOT_HYPERPARAMETERS = ("schema_version", "knobs", "method", "seed", "lr",
+_NOT_HYPERPARAMETERS = ("schema_version", "knobs", "method", "seed",
                         "validation_fraction", "skip_malformed")
 
 
@@ -165,12 +175,11 @@ class Hyperparameters(create_model(
         "Training", __base__=WorkloadFields, **_config_fields(
             [name for name in core.TrainConfig.model_fields
              if name not in PLAN_QUERY_FIELDS and name not in _NOT_HYPERPARAMETERS],
-            learning_rate=(float, copy.copy(core.TrainConfig.model_fields["lr"])),
             checkpoint_every=(int | None, Field(default=None, ge=1, description=(
                 "steps between checkpoints, from which a job resumes after losing its "
                 "worker (default MEBP_CHECKPOINT_EVERY)")))))):
-    """Training settings: ``TrainConfig``'s fields, named as in ``mebp train``
-    (``learning_rate`` is ``--lr``)."""
+    """Training settings: ``TrainConfig``'s fields, named as in ``mebp train`` but for
+    ``PUBLIC_NAMES`` (``learning_rate`` is ``--lr``)."""
 
 
 class JobCreate(RequestModel):

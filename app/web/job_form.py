@@ -96,7 +96,8 @@ def hyperparameter_inputs(values: dict[str, str]) -> list[dict]:
     """One input per field of ``Hyperparameters``, derived from the field: its name, its
     description as the label's hint, a choice for a literal, a number or text otherwise."""
     inputs = []
-    for name, field in Hyperparameters.model_fields.items():
+    for field_name, field in Hyperparameters.model_fields.items():
+        name = field.alias or field_name  # the public name, as the API takes it
         default = FORM_DEFAULTS.get(name, field.default)
         choices = _choices(field.annotation)
         value = values.get(name)

@@ -44,6 +44,8 @@ def dataset_id(api) -> str:
     ({"validation_file": "ds-missing"}, ["body", "validation_file"]),
     ({"hyperparameters": {"lora_rank": 0}}, ["body", "hyperparameters", "lora_rank"]),
     ({"hyperparameters": {"lorarank": 4}}, ["body", "hyperparameters", "lorarank"]),
+    ({"hyperparameters": {"learning_rate": 11}}, ["body", "hyperparameters", "learning_rate"]),
+    ({"hyperparameters": {"lr": 0.1}}, ["body", "hyperparameters", "lr"]),  # the CLI's name
     ({"hyperparameters": {"seq_len": 1 << 17}}, ["body", "hyperparameters", "seq_len"]),
     ({"method": "mezo", "hyperparameters": {"optimizer": "adamw"}}, ["body", "hyperparameters"]),
     ({"config": {"checkpoint_blocks": 0}}, ["body", "config"]),
@@ -121,3 +123,11 @@ def test_a_repeated_idempotency_key_returns_the_same_job(api, dataset_id):
     assert again.json()["id"] == first.json()["id"] != other.json()["id"]
     jobs = api.request("GET", "/v1/jobs")[1]["data"]
     assert sum(job["id"] == first.json()["id"] for job in jobs) == 1
+
+
+def test_the_public_learning_rate_is_the_configs_lr(api, dataset_id):
+    status, job = api.request("POST", "/v1/jobs", {
+        "model": "preset:tiny", "training_file": dataset_id, "device": "pixel-8",
+        "hyperparameters": {"steps": 1, "seq_len": 16, "learning_rate": 0.0421}})
+    assert status == 201, job
+    assert job["config"]["lr"] == 0.0421

@@ -237,8 +237,8 @@ def test_the_job_form_has_an_input_for_every_hyperparameter_and_submits_them(svc
         page = client.get("/jobs/new?model=preset:tiny&seq_len=16",
                           headers={"Cookie": f"{COOKIE}={cookie}"})
     assert page.status_code == 200
-    for name in Hyperparameters.model_fields:
-        assert f'name="{name}"' in page.text, name
+    for name, field in Hyperparameters.model_fields.items():
+        assert f'name="{field.alias or name}"' in page.text, name  # by its public name
     response = post_form(svc, "/jobs/new", cookie,
                          job_form(dataset_id, page_token(svc, cookie), warmup_steps="1",
                                   lora_alpha="4", schedule="cosine", max_grad_norm=""),
