@@ -100,6 +100,11 @@ class FleetCreate(RequestModel):
         return [name for name, set_ in given.items() if set_]
 
     @property
+    def steps_per_round(self) -> int:
+        """Each selected device's local steps in a round."""
+        return self.local_steps or self.hyperparameters.steps
+
+    @property
     def federated(self) -> bool:
         return self.aggregation != "none"
 

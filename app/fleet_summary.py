@@ -18,7 +18,7 @@ from app.fleet_schemas import (
 )
 from mebp_core.units import MB
 from service.crud import TERMINAL
-from service.federation import is_federated, rounds_of
+from service.federation import is_federated, rounds_of, steps_per_round
 from service.models import Fleet, FleetRound, Job, Metric
 
 
@@ -41,8 +41,7 @@ def fleet_public(session: Session, fleet: Fleet) -> FleetPublic:
     return FleetPublic(id=fleet.id, model=fleet.model, method=request["method"],
                        aggregation=request.get("aggregation", "none"),
                        planned_rounds=request["rounds"] if federated else None,
-                       local_steps=(request["local_steps"] or request["hyperparameters"]
-                                    ["steps"]) if federated else None,
+                       local_steps=steps_per_round(request) if federated else None,
                        created_at=fleet.created_at, members=members, summary=summary,
                        rounds=[_round(r, fleet.spec["members"]) for r in rounds],
                        references=_references(session, fleet.spec.get("references"), jobs),
@@ -64,10 +63,11 @@ def _references(session: Session, references: list[dict] | None, jobs: dict[str,
                 ) -> FleetReferences | None:
     if references is None:
         return None
-    runs = [ReferenceRun(**reference, steps=jobs[reference["job_id"]].total_steps,
-                         status=jobs[reference["job_id"]].status,
-                         eval_loss=final_validation_loss(session, jobs[reference["job_id"]]))
-            for reference in references]
+    runs = []
+    for reference in references:
+        job = jobs[reference["job_id"]]
+        runs.append(ReferenceRun(**reference, steps=job.total_steps, status=job.status,
+                                 eval_loss=final_validation_loss(session, job)))
     local = [run for run in runs if run.kind == "local_only"]
     local_losses = [run.eval_loss for run in local if run.eval_loss is not None]
     ended = all(run.status in TERMINAL for run in local)

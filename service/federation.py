@@ -42,6 +42,11 @@ TRAINING, TRAINED, DROPPED, OUT_OF_MEMORY, STRAGGLER, DOES_NOT_FIT = (
 Evaluate = Callable[[Fleet, Path], float | None]
 
 
+def steps_per_round(request: dict) -> int:
+    """Each selected device's local steps in a round, from a fleet's stored request."""
+    return request["local_steps"] or request["hyperparameters"]["steps"]
+
+
 def is_federated(fleet: Fleet) -> bool:
     return fleet.spec.get("request", {}).get("aggregation", "none") != "none"
 
@@ -55,7 +60,7 @@ def start_round(session: Session, fleet: Fleet, index: int, storage_root: Path) 
     """Add round ``index`` and the jobs of its selected devices; the caller commits, then
     enqueues the returned job ids."""
     request, members = fleet.spec["request"], fleet.spec["members"]
-    local_steps = request["local_steps"] or request["hyperparameters"]["steps"]
+    local_steps = steps_per_round(request)
     init = None if index == 0 else str(round_adapter_dir(storage_root, fleet.id, index - 1))
     if init is not None and not Path(init).is_dir():
         init = _last_global_adapter(session, fleet, storage_root)
@@ -93,8 +98,7 @@ def queue_references(session: Session, fleet: Fleet) -> list[str]:
     and returns the job ids. The caller commits, then enqueues."""
     request, members = fleet.spec["request"], fleet.spec["members"]
     local_steps, central_steps = reference_steps(
-        len(members), request["participation"], request["rounds"],
-        request["local_steps"] or request["hyperparameters"]["steps"])
+        len(members), request["participation"], request["rounds"], steps_per_round(request))
     runs = [{"kind": "local_only", "member": index, "template": spec["job"],
              "training_file": spec["training_file"], "steps": local_steps}
             for index, spec in enumerate(members) if spec["job"] is not None]

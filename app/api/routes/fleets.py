@@ -78,7 +78,7 @@ def _member_job_body(body: FleetCreate, device: str, training_file: str) -> JobC
     trained (every device shares A's seeded init)."""
     common = {name: getattr(body, name) for name in JOB_FIELDS}
     if body.federated:
-        update = {"steps": body.local_steps or body.hyperparameters.steps}
+        update = {"steps": body.steps_per_round}
         if body.aggregation == "ffa":
             update["lora_freeze_a"] = True
         common["hyperparameters"] = body.hyperparameters.model_copy(update=update)
@@ -150,8 +150,7 @@ def _check_references_can_run(body: FleetCreate, devices: int) -> None:
     if body.validation_file is None:
         raise invalid("references", "references need validation_file: every reference and "
                       "every round's global adapter are scored on it", True)
-    steps = reference_steps(devices, body.participation, body.rounds,
-                            body.local_steps or body.hyperparameters.steps)
+    steps = reference_steps(devices, body.participation, body.rounds, body.steps_per_round)
     if max(steps) > MAX_STEPS:
         raise invalid("references", f"the centralized reference would train {max(steps)} "
                       f"steps, more than {MAX_STEPS}", True)
