@@ -47,7 +47,7 @@ def _tenant(text: str) -> str:
 
 
 def _run_keys(args: argparse.Namespace) -> int:
-    from app.serve import keys_command
+    from app.keys import keys_command  # not app.serve: no torch to start for a key
 
     if args.action == "create" and args.tenant is None:
         return _usage("mebp keys create needs --tenant")

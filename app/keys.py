@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 from sqlmodel import Session, col, delete, select
 
+from service.db import database_url, make_engine, upgrade_database
 from service.models import ApiKey, DashboardSession
+from service.settings import load_settings
 
 BOOTSTRAP_TENANT = "default"
 ADMIN, USER = "admin", "user"
@@ -64,3 +68,23 @@ def ensure_bootstrap_key(session: Session, key: str) -> None:
 def principal_for_hash(session: Session, key_hash: str) -> Principal | None:
     row = session.exec(select(ApiKey).where(ApiKey.key_hash == key_hash)).first()
     return None if row is None else Principal(row.tenant, row.scopes == ADMIN, row.key_hash)
+
+
+def keys_command(action: str, *, tenant: str | None, key: str | None, admin: bool,
+                 data_dir: Path | None) -> int:
+    """``mebp keys create`` prints a new key once (only its hash is kept); ``mebp keys
+    revoke`` deletes one key or a tenant's keys."""
+    settings = load_settings(data_dir=data_dir)
+    url = database_url(settings.database_url, settings.data_dir)
+    upgrade_database(url)
+    engine = make_engine(url)
+    try:
+        with Session(engine) as session:
+            if action == "create":
+                print(create_key(session, tenant=tenant, admin=admin))
+                return 0
+            revoked = revoke_keys(session, tenant=tenant, key=key)
+    finally:
+        engine.dispose()
+    print(f"mebp: revoked {revoked} key(s)", file=sys.stderr)
+    return 0 if revoked else 1

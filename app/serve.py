@@ -5,7 +5,6 @@ key; ``mebp keys`` and ``mebp db``. ``mebp worker`` is the worker package's own 
 from __future__ import annotations
 
 import signal
-import sys
 import threading
 from pathlib import Path
 
@@ -27,31 +26,6 @@ def upgrade(*, data_dir: Path | None) -> int:
     upgrade_database(url)
     print(f"mebp: database at {url.split('@')[-1]} is up to date")
     return 0
-
-
-def keys_command(action: str, *, tenant: str | None, key: str | None, admin: bool,
-                 data_dir: Path | None) -> int:
-    """``mebp keys create`` prints a new key once (only its hash is kept); ``mebp keys
-    revoke`` deletes one key or a tenant's keys."""
-    from sqlmodel import Session
-
-    from app.keys import create_key, revoke_keys
-    from service.db import make_engine
-
-    settings = load_settings(data_dir=data_dir)
-    url = database_url(settings.database_url, settings.data_dir)
-    upgrade_database(url)
-    engine = make_engine(url)
-    try:
-        with Session(engine) as session:
-            if action == "create":
-                print(create_key(session, tenant=tenant, admin=admin))
-                return 0
-            revoked = revoke_keys(session, tenant=tenant, key=key)
-    finally:
-        engine.dispose()
-    print(f"mebp: revoked {revoked} key(s)", file=sys.stderr)
-    return 0 if revoked else 1
 
 
 def serve(*, host: str | None, port: int | None, data_dir: Path | None,

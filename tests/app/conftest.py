@@ -8,6 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from dashboard_harness import launch_chromium
+from playwright.sync_api import Browser
 from service_harness import (
     REDIS_TEST_URL,
     Service,
@@ -97,3 +99,9 @@ def rlimit_service(tmp_path_factory, model_cache) -> Iterator[Service]:
                             {"MEBP_ENFORCEMENT": "rlimit"})
     yield service
     stop_service(service)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> Iterator[Browser]:
+    with launch_chromium() as browser:
+        yield browser

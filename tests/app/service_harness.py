@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 import psycopg
+from fastapi.testclient import TestClient
 
 API_KEY = "test-key-0123456789"
 MAX_UPLOAD_BYTES = 256 << 10
@@ -51,6 +52,12 @@ class Service:
                                              else f"Bearer {key}"}
         response = self.client.request(method, path, json=body, headers=headers)
         return response.status_code, response.json()
+
+    def anonymous(self) -> httpx.Client:
+        """A client with no key that follows no redirect, as a browser before it signs in."""
+        if self.process is None:
+            return GuestClient(self.client)
+        return httpx.Client(base_url=self.url, timeout=60, follow_redirects=False)
 
     def upload(self, name: str, content: bytes) -> tuple[int, dict]:
         response = self.client.post("/v1/datasets", files={"file": (name, content)})
@@ -97,6 +104,21 @@ class Service:
                     kind = line.removeprefix("event: ")
                 elif line.startswith("data: "):
                     yield kind, json.loads(line.removeprefix("data: "))
+
+
+class GuestClient(TestClient):
+    """Another client of an entered TestClient's app, on the event loop its lifespan started
+    the app's tasks on; entering it does not run the lifespan again."""
+
+    def __init__(self, host: TestClient) -> None:
+        super().__init__(host.app, base_url=str(host.base_url), follow_redirects=False)
+        self.portal = host.portal
+
+    def __enter__(self) -> GuestClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def free_port() -> int:
@@ -149,12 +171,10 @@ def stop_service(service: Service) -> None:
 
 @contextmanager
 def in_process_service(root: Path, cache: Path, model_root: Path,
-                       database: str | None = None) -> Iterator[Service]:
+                       database: str | None = None, **settings_overrides) -> Iterator[Service]:
     """The app of ``mebp serve`` in this process over ``database`` (SQLite in ``root`` if
     None) and the machine's Redis (a queue of its own, emptied after), with the subprocess
-    tier's limits."""
-    from fastapi.testclient import TestClient
-
+    tier's limits and any other ``Settings`` given."""
     from app.main import create_app
     from service.db import database_url, upgrade_database
     from service.queue import connect, job_queue
@@ -165,7 +185,8 @@ def in_process_service(root: Path, cache: Path, model_root: Path,
                         DATABASE_URL=database, REDIS_URL=REDIS_TEST_URL,
                         queue_name=f"mebp-test-{uuid.uuid4().hex[:8]}",
                         model_roots=str(model_root), max_upload_bytes=MAX_UPLOAD_BYTES,
-                        max_upload_rows=MAX_UPLOAD_ROWS, max_line_bytes=MAX_LINE_BYTES)
+                        max_upload_rows=MAX_UPLOAD_ROWS, max_line_bytes=MAX_LINE_BYTES,
+                        **settings_overrides)
     data.mkdir(parents=True)
     upgrade_database(database_url(database, data))
     output = root / "serve.log"

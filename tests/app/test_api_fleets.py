@@ -87,8 +87,8 @@ def test_simulated_phones_each_train_on_their_own_shard(any_service):
     assert fleet["id"] in {f["id"] for f in service.request("GET", "/v1/fleets")[1]["data"]}
 
 
-def test_fleet_input_errors_name_the_field(any_service):
-    service = any_service
+def test_fleet_input_errors_name_the_field(any_api):
+    service = any_api
     source = dataset(service)
     base = {"model": "preset:tiny", "training_file": source}
     cases = [({"devices": ["pixel-8", "nokia-3310"]}, ["body", "devices", "1"]),

@@ -1,44 +1,24 @@
-"""The dashboard in a real browser: Playwright drives Debian's chromium headless against
-`mebp serve`. Screenshots are kept in test-artifacts/dashboard/."""
+"""The dashboard in a real browser against `mebp serve` (the federated fleet's page is
+tested beside its fleet, in test_federated)."""
 
 from __future__ import annotations
 
 import json
 import re
-import shutil
-import time
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from dashboard_harness import chart_traces, open_page, point_on_page, shoot, sign_in
+from playwright.sync_api import Page, expect
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts" / "dashboard"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu",
-                  "--disable-background-networking"]
 ROWS = b"".join(json.dumps({"text": f"dashboard row {i}: phones learn on the go"}).encode()
                 + b"\n" for i in range(24))
 
 
-@pytest.fixture(scope="module")
-def browser():
-    chromium = shutil.which("chromium")
-    if chromium is None:
-        pytest.fail("Debian's chromium is missing: `make test` installs it (apt-get install "
-                    "chromium)")
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_FLAGS)
-        yield browser
-        browser.close()
-
-
 @pytest.fixture
-def page(browser, service) -> Page:
-    context = browser.new_context(base_url=service.url, viewport={"width": 1280, "height": 900},
-                                  accept_downloads=True)
-    page = context.new_page()
-    yield page
-    context.close()
+def page(chromium, service) -> Page:
+    with open_page(chromium, service.url) as page:
+        yield page
 
 
 @pytest.fixture(scope="module")
@@ -46,33 +26,6 @@ def dataset_id(service) -> str:
     status, body = service.upload("dashboard.jsonl", ROWS)
     assert status == 201, body
     return body["id"]
-
-
-def sign_in(page: Page, key: str) -> None:
-    page.goto("/")
-    page.fill("input[name=api_key]", key)
-    page.click("#signin button[type=submit]")
-
-
-def shoot(page: Page, name: str) -> None:
-    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-
-
-def chart_traces(page: Page, chart_id: str) -> list[dict]:
-    return page.evaluate(f"""document.getElementById("{chart_id}").data.map(
-        t => ({{name: t.name, x: Array.from(t.x), y: Array.from(t.y)}}))""")
-
-
-def point_on_page(page: Page, chart_id: str, trace_name: str, index: int) -> tuple[float, float]:
-    """Where a data point is drawn, in page pixels, from the chart's own axes."""
-    return page.evaluate(f"""(() => {{
-        const gd = document.getElementById("{chart_id}");
-        const trace = gd.data.find(t => t.name === "{trace_name}");
-        const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
-        const box = gd.getBoundingClientRect();
-        return [box.left + xa._offset + xa.c2p(trace.x[{index}]),
-                box.top + ya._offset + ya.c2p(trace.y[{index}])];
-    }})()""")
 
 
 def test_only_the_sign_in_shows_without_the_key(page, service):
@@ -314,39 +267,3 @@ def test_the_api_docs_render_offline_and_every_page_has_a_favicon(page, service)
     assert icon.ok and icon.headers["content-type"].startswith("image/svg")
     page.goto("/signin")
     assert page.locator("link[rel=icon]").get_attribute("href") == "/static/favicon.svg"
-
-
-def test_a_federated_fleet_page_shows_each_round_and_who_took_part(page, service, dataset_id):
-    """Global validation loss per round beside the references, each device's fate per round,
-    simulated time, and each device's loss through every round."""
-    status, fleet = service.request("POST", "/v1/fleets", {
-        "model": "preset:tiny", "training_file": dataset_id, "validation_file": dataset_id,
-        "simulated": {"device": "pixel-8", "count": 2}, "aggregation": "ffa", "rounds": 2,
-        "local_steps": 2, "hyperparameters": {"steps": 2, "seq_len": 32}, "references": True})
-    assert status == 201, fleet
-    deadline = time.monotonic() + 300
-    while len([r for r in fleet["rounds"] if r["status"] == "done"]) < 2 \
-            or fleet["references"]["centralized"] is None:
-        assert time.monotonic() < deadline, (fleet["rounds"], fleet["references"])
-        time.sleep(1)
-        fleet = service.request("GET", f"/v1/fleets/{fleet['id']}")[1]
-    sign_in(page, service.api_key)
-    page.goto(f"/fleets/{fleet['id']}")
-    expect(page.locator("#rounds-summary")).to_contain_text("2 of 2 rounds so far")
-    grid = page.locator("#participation tbody tr[data-device]")
-    expect(grid).to_have_count(2)
-    for index in range(2):
-        expect(grid.nth(index).locator(".badge")).to_have_text(["trained", "trained"])
-    expect(page.locator("#participation .round-loss a")).to_have_count(2)  # the adapters
-    curve, local, central = chart_traces(page, "round-chart")
-    assert curve["x"] == [0, 1]
-    assert curve["y"] == pytest.approx([r["eval_loss"] for r in fleet["rounds"]])
-    references = fleet["references"]
-    assert local["name"].startswith("local-only") and central["name"].startswith("centralized")
-    assert local["y"] == pytest.approx([references["local_only_mean"]] * 2)
-    assert central["y"] == pytest.approx([references["centralized"]] * 2)
-    expect(page.locator("#references a")).to_have_count(3)  # 2 local-only, 1 centralized
-    # each device's loss runs through both rounds: steps 1-2, a break, then 3-4
-    for device in chart_traces(page, "loss-chart"):
-        assert device["x"] == [1, 2, None, 3, 4], device
-    shoot(page, "fleet-federated")

@@ -1,6 +1,7 @@
 """Federated fleets end to end on the real service: devices train in rounds on their own
 shards, each round's global adapter is the examples-weighted average of the updates that
-finished, the next round starts from it, and bad settings are 422s naming the field."""
+finished, the next round starts from it, the references train beside it, the fleet's page
+shows it all; bad settings are 422s naming the field."""
 
 from __future__ import annotations
 
@@ -10,13 +11,17 @@ import time
 import uuid
 import zipfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import psutil
 import pytest
 import torch
+from dashboard_harness import chart_traces, open_page, shoot, sign_in
+from playwright.sync_api import expect
 from safetensors.torch import load
 from service_harness import (
     REDIS_TEST_URL,
+    Service,
     start_service,
     stop_service,
     temporary_postgres_database,
@@ -65,21 +70,37 @@ def adapter_tensors(service, path: str) -> dict[str, torch.Tensor]:
     return load(archive.read("adapter_model.safetensors"))
 
 
-def test_a_fedavg_fleet_trains_in_rounds_from_each_global_adapter(any_service):
-    service = any_service
+@dataclass
+class FinishedFleet:
+    service: Service
+    training: str  # the training file's dataset id
+    fleet: dict  # after its last round and its references
+
+
+@pytest.fixture(scope="module", params=["embedded-fedavg", "shared-ffa"])
+def finished_fleet(request) -> FinishedFleet:
+    """One fleet with its references run to the end per deployment, read by the tests below:
+    fedavg on the embedded service, ffa on the machine's PostgreSQL and Redis."""
+    deployment, aggregation = request.param.split("-")
+    service = request.getfixturevalue("service" if deployment == "embedded"
+                                      else "shared_service")
     training = service.upload("notes.jsonl", ROWS)[1]["id"]
     validation = service.upload("held-out.jsonl", VALIDATION)[1]["id"]
     status, fleet = service.request("POST", "/v1/fleets", {
-        **FLEET, "training_file": training, "validation_file": validation,
-        "references": True})
+        **FLEET, "aggregation": aggregation, "training_file": training,
+        "validation_file": validation, "references": True})
     assert status == 201, fleet
-    assert fleet["aggregation"] == "fedavg" and len(fleet["members"]) == 3
+    assert fleet["aggregation"] == aggregation and len(fleet["members"]) == 3
     assert (fleet["planned_rounds"], fleet["local_steps"]) == (2, 2)
+    wait_for_rounds(service, fleet["id"], 2)
+    return FinishedFleet(service, training, wait_for_references(service, fleet["id"]))
+
+
+def test_a_fleet_trains_in_rounds_from_each_global_adapter(finished_fleet):
+    service, fleet = finished_fleet.service, finished_fleet.fleet
     shards = [service.request("GET", f"/v1/datasets/{m['training_file']}")[1]
               for m in fleet["members"]]
     assert sum(shard["rows"] for shard in shards) == ROWS.count(b"\n")
-
-    fleet = wait_for_rounds(service, fleet["id"], 2)
     first, second = fleet["rounds"]
     for current in (first, second):
         assert current["status"] == "done", current
@@ -87,7 +108,8 @@ def test_a_fedavg_fleet_trains_in_rounds_from_each_global_adapter(any_service):
         assert current["eval_loss"] > 0 and current["simulated_wall_s"] > 0
     assert second["eval_loss"] != first["eval_loss"]
 
-    # round 0's global adapter is its updates' average, weighted by their shards' rows
+    # round 0's global adapter is its updates' average, weighted by their shards' rows (for
+    # ffa, whose devices share one frozen A, that average is the shared A itself)
     updates = [(adapter_tensors(service, f"/v1/jobs/{p['job_id']}/adapter"), p["examples"])
                for p in first["participants"]]
     total = sum(examples for _, examples in updates)
@@ -95,6 +117,8 @@ def test_a_fedavg_fleet_trains_in_rounds_from_each_global_adapter(any_service):
     for name, tensor in combined.items():
         expected = sum(update[name].double() * examples / total for update, examples in updates)
         torch.testing.assert_close(tensor, expected.float(), rtol=1e-6, atol=1e-7)
+        if fleet["aggregation"] == "ffa" and "lora_A" in name:
+            assert all(torch.equal(update[name], tensor) for update, _ in updates), name
     # round 1's jobs started from it
     for participant in second["participants"]:
         events = service.request("GET", f"/v1/jobs/{participant['job_id']}/events")[1]
@@ -110,16 +134,19 @@ def test_a_fedavg_fleet_trains_in_rounds_from_each_global_adapter(any_service):
         for name in zipfile.ZipFile(io.BytesIO(response.content)).namelist())
     assert service.client.get(f"/v1/fleets/{fleet['id']}/rounds/2/adapter").status_code == 404
 
-    # the references: each device alone on its shard for the rounds' 2 × 2 steps, and one
-    # run on all rows seeing the 2 rounds × 3 devices × 2 steps' examples
-    references = wait_for_references(service, fleet["id"])["references"]
+
+def test_the_references_train_each_device_alone_and_one_run_on_everything(finished_fleet):
+    """Each device alone on its shard for the rounds' 2 × 2 steps, and one run on all rows
+    seeing the 2 rounds × 3 devices × 2 steps' examples, scored on the validation set."""
+    service, fleet = finished_fleet.service, finished_fleet.fleet
+    references = fleet["references"]
     local = [run for run in references["runs"] if run["kind"] == "local_only"]
     [central] = [run for run in references["runs"] if run["kind"] == "centralized"]
     assert [run["member"] for run in local] == [0, 1, 2]
     assert [run["steps"] for run in local] == [4, 4, 4] and central["steps"] == 12
     for run in (*local, central):
         job = service.request("GET", f"/v1/jobs/{run['job_id']}")[1]
-        expected_file = training if run is central else \
+        expected_file = finished_fleet.training if run is central else \
             fleet["members"][run["member"]]["training_file"]
         assert job["status"] == "succeeded" and job["training_file"] == expected_file, job
         assert job["progress"]["total_steps"] == run["steps"] and job["fleet_id"] == fleet["id"]
@@ -129,6 +156,36 @@ def test_a_fedavg_fleet_trains_in_rounds_from_each_global_adapter(any_service):
     assert references["local_only_mean"] == pytest.approx(
         sum(run["eval_loss"] for run in local) / 3)
     assert central["eval_loss"] != references["local_only_mean"]
+
+
+def test_the_fleet_page_shows_each_round_and_who_took_part(chromium, finished_fleet):
+    """Global validation loss per round beside the references, each device's fate per round,
+    simulated time, and each device's loss through every round."""
+    service, fleet = finished_fleet.service, finished_fleet.fleet
+    with open_page(chromium, service.url) as page:
+        sign_in(page, service.api_key)
+        page.goto(f"/fleets/{fleet['id']}")
+        expect(page.locator("#rounds-summary")).to_contain_text("2 of 2 rounds so far")
+        grid = page.locator("#participation tbody tr[data-device]")
+        expect(grid).to_have_count(3)
+        for index in range(3):
+            expect(grid.nth(index).locator(".badge")).to_have_text(["trained", "trained"])
+        expect(page.locator("#participation .round-loss a")).to_have_count(2)  # the adapters
+        curve, local, central = chart_traces(page, "round-chart")
+        assert curve["x"] == [0, 1]
+        assert curve["y"] == pytest.approx([r["eval_loss"] for r in fleet["rounds"]])
+        references = fleet["references"]
+        assert local["name"].startswith("local-only")
+        assert central["name"].startswith("centralized")
+        assert local["y"] == pytest.approx([references["local_only_mean"]] * 2)
+        assert central["y"] == pytest.approx([references["centralized"]] * 2)
+        expect(page.locator("#references a")).to_have_count(4)  # 3 local-only, 1 centralized
+        # each device's loss runs through both rounds: steps 1-2, a break, then 3-4
+        devices = chart_traces(page, "loss-chart")
+        assert len(devices) == 3
+        for device in devices:
+            assert device["x"] == [1, 2, None, 3, 4], device
+        shoot(page, f"fleet-{fleet['aggregation']}")
 
 
 @pytest.mark.parametrize(("change", "field", "words"), [
@@ -145,11 +202,11 @@ def test_a_fedavg_fleet_trains_in_rounds_from_each_global_adapter(any_service):
     ({"data_split": {"kind": "dirichlet", "field": "user"}}, ["body", "data_split"],
      "alpha goes with dirichlet"),
 ])
-def test_federated_settings_that_cannot_work_are_422s_naming_the_field(service, change, field,
+def test_federated_settings_that_cannot_work_are_422s_naming_the_field(api, change, field,
                                                                        words):
-    training = service.upload("notes.jsonl", ROWS)[1]["id"]
-    status, body = service.request("POST", "/v1/fleets",
-                                   {**FLEET, **change, "training_file": training})
+    training = api.upload("notes.jsonl", ROWS)[1]["id"]
+    status, body = api.request("POST", "/v1/fleets",
+                               {**FLEET, **change, "training_file": training})
     assert status == 422, body
     [error] = body["detail"]
     assert error["loc"] == field and words in error["msg"], error

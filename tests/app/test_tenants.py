@@ -9,7 +9,6 @@ import sqlite3
 import subprocess
 import sys
 
-import httpx
 import pytest
 from service_harness import create_key
 
@@ -17,36 +16,37 @@ ROWS = b'{"text": "tenant rows are their own"}\n' * 4
 
 
 @pytest.fixture(scope="module")
-def other(service):
+def other(api):
     """A client for another tenant, acme."""
-    key = create_key(service, "acme")
-    client = httpx.Client(base_url=service.url, timeout=60,
-                          headers={"Authorization": f"Bearer {key}"})
+    key = create_key(api, "acme")
+    client = api.anonymous()
+    client.headers["Authorization"] = f"Bearer {key}"
     yield key, client
     client.close()
 
 
 @pytest.fixture(scope="module")
-def default_job(service):
-    dataset = service.upload("mine.jsonl", ROWS)[1]["id"]
-    status, job = service.request("POST", "/v1/jobs", {
+def default_job(api):
+    """A job of the default tenant (queued: the fast tier runs no worker)."""
+    dataset = api.upload("mine.jsonl", ROWS)[1]["id"]
+    status, job = api.request("POST", "/v1/jobs", {
         "model": "preset:tiny", "training_file": dataset, "device": "pixel-8",
         "hyperparameters": {"steps": 1, "seq_len": 16}})
     assert status == 201, job
-    return service.finished(job["id"])
+    return job
 
 
-def test_keys_are_stored_only_as_their_hash(service, other):
+def test_keys_are_stored_only_as_their_hash(api, other):
     key, _ = other
-    database = sqlite3.connect(service.output.parent / "data" / "mebp.db")
+    database = sqlite3.connect(api.output.parent / "data" / "mebp.db")
     rows = database.execute("select tenant, key_hash, scopes from api_keys").fetchall()
     database.close()
     assert ("acme", hashlib.sha256(key.encode()).hexdigest(), "user") in rows
     assert not any(key in " ".join(map(str, row)) for row in rows)
-    assert not any(service.api_key in " ".join(map(str, row)) for row in rows)
+    assert not any(api.api_key in " ".join(map(str, row)) for row in rows)
 
 
-def test_another_tenants_ids_answer_404(service, other, default_job):
+def test_another_tenants_ids_answer_404(other, default_job):
     _, client = other
     job_id, dataset_id = default_job["id"], default_job["training_file"]
     for path in (f"/v1/jobs/{job_id}", f"/v1/jobs/{job_id}/events", f"/v1/jobs/{job_id}/metrics",
@@ -63,7 +63,7 @@ def test_another_tenants_ids_answer_404(service, other, default_job):
     assert response.json()["detail"][0]["loc"] == ["body", "training_file"]
 
 
-def test_each_tenant_sees_its_own(service, other, default_job):
+def test_each_tenant_sees_its_own(api, other, default_job):
     _, client = other
     upload = client.post("/v1/datasets", files={"file": ("acme.jsonl", ROWS)})
     assert upload.status_code == 201
@@ -73,7 +73,7 @@ def test_each_tenant_sees_its_own(service, other, default_job):
     assert job.status_code == 201, job.text
     mine = {j["id"] for j in client.get("/v1/jobs").json()["data"]}
     assert mine == {job.json()["id"]}
-    theirs = {j["id"] for j in service.request("GET", "/v1/jobs")[1]["data"]}
+    theirs = {j["id"] for j in api.request("GET", "/v1/jobs")[1]["data"]}
     assert job.json()["id"] not in theirs and default_job["id"] in theirs
 
 
