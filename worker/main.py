@@ -83,6 +83,9 @@ def work(settings: Settings, *, burst: bool = False) -> int:
     except CalibrationError as exc:  # each job's plan tries again, and fails it if it must
         print(f"mebp worker: {exc}", file=sys.stderr, flush=True)
     upgrade_database(database_url(settings.database_url, settings.data_dir))
+    # RQ forks a horse per job: imported once here (torch with them), not again in each
+    import worker.coordinator  # noqa: F401
+    import worker.runner  # noqa: F401
     queue = job_queue(connect(settings.redis_url), settings.queue_name)
     wait_for_redis(queue.connection)
     print(f"mebp worker: serving queue {settings.queue_name!r}", file=sys.stderr, flush=True)

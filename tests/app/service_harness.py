@@ -7,6 +7,7 @@ jobs."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import socket
@@ -14,6 +15,7 @@ import subprocess
 import sys
 import time
 import uuid
+import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -92,6 +94,28 @@ class Service:
     def finished(self, job_id: str, timeout_s: float = 120,
                  client: httpx.Client | None = None) -> dict:
         return self.wait_for(job_id, lambda job: job["status"] in TERMINAL, timeout_s, client)
+
+    def fleet_after_rounds(self, fleet_id: str, rounds: int, timeout_s: float = 400) -> dict:
+        """The fleet once ``rounds`` of its rounds have ended."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            fleet = self.request("GET", f"/v1/fleets/{fleet_id}")[1]
+            if sum(r["status"] != "running" for r in fleet["rounds"]) >= rounds:
+                return fleet
+            if time.monotonic() > deadline:
+                raise AssertionError(f"fleet {fleet_id}: {rounds} rounds not done in "
+                                     f"{timeout_s} s: {fleet['rounds']}\n"
+                                     f"{self.output.read_text()[-3000:]}")
+            time.sleep(0.5)
+
+    def adapter_tensors(self, path: str) -> dict:
+        """The tensors of the PEFT adapter archive served at ``path``."""
+        from safetensors.torch import load
+
+        response = self.client.get(path)
+        assert response.status_code == 200, response.text
+        archive = zipfile.ZipFile(io.BytesIO(response.content))
+        return load(archive.read("adapter_model.safetensors"))
 
     def events(self, job_id: str) -> Iterator[tuple[str, dict]]:
         """The job's Server-Sent Events as (event, data) until the stream ends."""

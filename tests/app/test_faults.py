@@ -4,7 +4,6 @@ killed mid-job, Redis restarted empty, the database down, the storage full."""
 from __future__ import annotations
 
 import glob
-import io
 import json
 import os
 import shutil
@@ -13,14 +12,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import zipfile
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 import torch
-from safetensors.torch import load
 from service_harness import free_port, service_env, start_service, stop_service
 
 from mebp_core.federated.rounds import fate
@@ -172,19 +169,13 @@ def test_an_unreliable_fleet_round_survives_a_killed_worker_and_leaves_out_who_f
     assert small["error"]["code"] == "memory_budget_exceeded", small
     assert current["simulated_wall_s"] == max(seats[i]["device_time_s"] for i in (0, 2))
 
-    trained = [(adapter(service, f"/v1/jobs/{seats[i]['job_id']}/adapter"), seats[i]["examples"])
-               for i in (0, 2)]
+    trained = [(service.adapter_tensors(f"/v1/jobs/{seats[i]['job_id']}/adapter"),
+                seats[i]["examples"]) for i in (0, 2)]
     total = sum(examples for _, examples in trained)
-    combined = adapter(service, f"/v1/fleets/{fleet['id']}/rounds/0/adapter")
+    combined = service.adapter_tensors(f"/v1/fleets/{fleet['id']}/rounds/0/adapter")
     for name, tensor in combined.items():
         expected = sum(update[name].double() * n / total for update, n in trained)
         torch.testing.assert_close(tensor, expected.float(), rtol=1e-6, atol=1e-7)
-
-
-def adapter(service, path: str) -> dict[str, torch.Tensor]:
-    response = service.client.get(path)
-    assert response.status_code == 200, response.text
-    return load(zipfile.ZipFile(io.BytesIO(response.content)).read("adapter_model.safetensors"))
 
 
 @pytest.fixture

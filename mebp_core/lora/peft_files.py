@@ -1,0 +1,6 @@
+"""The files of an adapter directory in PEFT's format, by name only: the service reads and
+moves them without importing torch (``peft_io`` reads and writes their contents)."""
+
+CONFIG_NAME = "adapter_config.json"
+WEIGHTS_NAME = "adapter_model.safetensors"
+ADAPTER_FILES = frozenset({CONFIG_NAME, WEIGHTS_NAME})
