@@ -141,6 +141,8 @@ def _row(model: str, seq_len: int, config: str, prediction, measured: dict) -> d
     return {"model": model, "seq_len": seq_len, "config": config,
             "time_correction": round(prediction.time_factor, 4),
             "modelled_time_s": {k: round(v, 4) for k, v in prediction.modelled_time.items()},
+            # the engine's own clock on its dequantization, beside the modelled part
+            "measured_decompress_s": measured.get("decompress_s_median"),
             "time_error_one_factor": prediction.modelled_step_time_s * prior
             / measured["s_per_step"] - 1,
             "predicted_peak_mb": round(predicted_mb, 1),

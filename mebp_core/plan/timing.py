@@ -201,7 +201,9 @@ def _traffic_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str],
     forwards = passes["tiled_forward"] + passes["whole_forward"]
     backwards = passes["tiled_backward"] + passes["whole_backward"]
     block = n * saved_bytes_per_token(workload, knobs) * ELEMENTWISE_PASSES
-    logits = n * arch.vocab_size * (4 * 6 + e)
+    # MeBP's loss and its gradient come from one pass over the vocabulary; MeZO's two
+    # forwards each make their own loss
+    logits = n * arch.vocab_size * (4 * 6 + e) * (2 if method == "mezo" else 1)
     adapted = adapted_projections(workload).values()
     lora_forward = sum(n * (inp + out) * e for out, inp in adapted)
     # the backward reads x and the output gradient for A's, B's and x's gradients, and x once

@@ -3,6 +3,8 @@ Pareto front, ``auto`` and the smallest budget."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from mebp_core.config import EngineKnobs, TrainConfig
@@ -11,6 +13,7 @@ from mebp_core.plan.devices import get_device, load_devices, paper_knobs, paper_
 from mebp_core.plan.on_host import fastest_fitting, plan_on_host
 from mebp_core.plan.planner import candidate_knobs, make_plan
 from mebp_core.plan.predict import COMPONENTS, NATIVE_BF16_BYTES, predict
+from mebp_core.plan.timing import step_work
 from mebp_core.plan.workload import Workload
 from mebp_core.resident import select_resident
 from mebp_core.units import MB
@@ -201,6 +204,22 @@ def test_a_phones_estimate_never_pays_this_hosts_bf16_upcasts(host):
         estimates[path], host_times[path] = entry.device_step_time_s, entry.prediction.step_time_s
     assert host_times["float32"] != pytest.approx(host_times["native"], rel=0.05)
     assert estimates["float32"] == pytest.approx(estimates["native"], rel=1e-9)
+
+
+def test_mezo_pays_the_vocabulary_pass_of_each_of_its_two_forwards():
+    """MeBP's loss and its gradient come from one pass over the vocabulary; each of MeZO's
+    two forwards makes a loss of its own, so a larger vocabulary adds twice the traffic."""
+    arch = load_architecture("preset:qwen2.5-0.5b")
+    knobs = paper_knobs()
+
+    def added_traffic(method: str) -> float:
+        small, large = (step_work(Workload(arch=replace(arch, vocab_size=vocab), seq_len=256),
+                                  knobs, set(), method).traffic_bytes
+                        for vocab in (50_000, 150_000))
+        return large - small
+
+    assert added_traffic("mezo") == pytest.approx(2 * added_traffic("mebp"), rel=1e-9)
+    assert added_traffic("mebp") > 0
 
 
 @pytest.mark.parametrize(("device", "mebp_s", "mezo_s"),
