@@ -18,11 +18,13 @@ $(STAMP): pyproject.toml
 
 # The dashboard tests drive Debian's chromium; it is installed here where missing. The suite
 # runs in TEST_WORKERS processes, a test file each at a time (most tests wait on services and
-# jobs of their own, so two overlap well on two cores).
+# jobs of their own, so two overlap well on two cores), in collection order: the service's
+# few long files first, the many short ones filling in at the end (xdist's default order,
+# most tests first, left the long files for last).
 TEST_WORKERS ?= 2
 test: setup browser llama-cpp
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25 \
-		-n $(TEST_WORKERS) --dist loadfile
+		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: setup
 	$(VENV)/bin/ruff check mebp_core service app worker tests benchmarks

@@ -70,3 +70,15 @@ def check_front() -> Callable[[dict], None]:
             auto = next(c for c in configs if c["id"] == plan["auto"])
             assert auto["feasible"] and auto["step_time_s"] == fastest
     return check
+
+
+@pytest.fixture(scope="session")
+def warm_cache(tmp_path_factory) -> Path:
+    """A cache dir that CLI runs share, where a test is not about a first use: the
+    dequantization kernel built once and each preset packed on its first run, rather than
+    both again in every test's own empty cache."""
+    from mebp_core.store.kernel_build import build_kernel
+
+    cache = tmp_path_factory.mktemp("warm-cache")
+    build_kernel(cache)
+    return cache

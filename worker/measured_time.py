@@ -18,11 +18,12 @@ def predicted_figures(plan: dict | None) -> dict:
             "predicted_peak_mb": plan.get("predicted_peak_mb")}
 
 
-def correct_host_time(job: Job, *, cache_dir: Path, threads: int | None
-                      ) -> tuple[float, TimeCorrection] | None:
+def correct_host_time(job: Job, *, cache_dir: Path, threads: int | None,
+                      decompress_s: float | None = None) -> tuple[float, TimeCorrection] | None:
     """Record the job's measured/modelled step-time ratio against this worker's calibration,
-    if the job was planned with that same calibration and measured over two steps or more.
-    Returns the measured step time and the host's new correction."""
+    if the job was planned with that same calibration and measured over two steps or more,
+    with the engine's own time on decompression in those steps (``decompress_s``, the same
+    median). Returns the measured step time and the host's new correction."""
     plan = job.plan or {}
     modelled = plan.get("modelled_step_time_s")
     if not plan.get("planned") or not modelled or job.step_time_s is None:
@@ -35,5 +36,7 @@ def correct_host_time(job: Job, *, cache_dir: Path, threads: int | None
                             matmul_dtype=plan["matmul_dtype"], modelled_s=modelled,
                             measured_s=job.step_time_s,
                             modelled_parts=plan.get("modelled_time_s"),
+                            measured_parts=None if decompress_s is None
+                            else {"decompress": decompress_s},
                             label=f"job {job.id}: {job.model} {plan.get('configuration')}")
     return None if correction is None else (job.step_time_s, correction)

@@ -109,6 +109,7 @@ class JobRun:
         self.dir = job_dir(settings.storage_root, job_id)
         self.resumed_from = 0  # the checkpoint step this attempt continues from
         self.step_times: list[float] = []  # this attempt's, in step order
+        self.decompress_times: list[float] = []  # the engine's clock on its dequantization
 
     def run(self) -> str:
         worker = worker_name()
@@ -299,6 +300,7 @@ class JobRun:
         job.step, job.last_loss = step, loss
         if step > self.resumed_from and row.get("step_time_s") is not None:
             self.step_times.append(row["step_time_s"])
+            self.decompress_times.append(row.get("decompress_s", 0.0))
             job.step_time_s = measured_step_time(self.step_times)
         if "peak_anon_mb" in row:
             job.peak_anon_bytes = int(row["peak_anon_mb"] * MB)
@@ -350,7 +352,8 @@ class JobRun:
 
     def _correct_host_time(self, session: Session, job: Job) -> None:
         corrected = correct_host_time(job, cache_dir=self.settings.cache_dir or
-                                      default_cache_dir(), threads=self.settings.threads)
+                                      default_cache_dir(), threads=self.settings.threads,
+                                      decompress_s=measured_step_time(self.decompress_times))
         if corrected is None:
             return
         measured, correction = corrected
@@ -360,8 +363,8 @@ class JobRun:
                   f"{plan['predicted_step_time_s']:.3g} predicted; this host's "
                   f"{correction.matmul_dtype} step times are now "
                   f"corrected by x{correction.factor:.2f} (median of {correction.runs} runs"
-                  + (f"; per part, fitted on {correction.fitted_runs}"
-                     if correction.fitted_runs > 1 else "") + ")",
+                  + (f"; decompression apart, timed in {correction.timed_runs}"
+                     if correction.timed_runs else "") + ")",
                   data={"measured_step_time_s": measured,
                         "predicted_step_time_s": plan["predicted_step_time_s"],
                         "time_correction": correction.to_json()})

@@ -89,7 +89,8 @@ def _run_plan_check(spec: PlanCheckSpec, cache: Path) -> dict:
                                matmul_dtype=matmul_dtype_of(plan.workload, entry.knobs),
                                modelled_s=prediction.modelled_step_time_s,
                                measured_s=measured["s_per_step"], label=entry.id,
-                               modelled_parts=prediction.modelled_time)
+                               modelled_parts=prediction.modelled_time,
+                               measured_parts={"decompress": measured["decompress_s_median"]})
             if spec.with_peft and not model.startswith("preset:"):
                 print(f"{model}: --with-peft needs a preset (a Hugging Face copy is generated "
                       "from it); skipped", file=sys.stderr)

@@ -7,10 +7,12 @@ per-op overhead). Plans on this host then correct their step times per matmul dt
 
 - the prior is one factor, the median measured/modelled ratio of the last few runs, so one
   run already moves every plan toward what was measured;
-- each part then gets its own factor, fitted by ridge regression on the recent runs'
-  relative errors and pulled toward the prior: configurations differ in their mix of parts
-  (a lazy one decompresses, a resident one does not), and a host may be slower than its
-  calibration at one part only. With one run, or runs of one mix, the fit is the prior.
+- the parts the engine times itself (its dequantization) get their own factor, the median
+  of their measured/modelled ratios, and every other part the median ratio of what is left
+  of the step: configurations differ in their mix of parts (a lazy one decompresses, a
+  resident one does not), and a host may be slower than its calibration at one part only.
+  Measured, not inferred: a regression of the step totals on the parts (the previous
+  method) could not tell the parts apart on runs of similar mixes.
 
 Runs are kept per calibration: a fresh calibration starts without a correction.
 """
@@ -25,12 +27,11 @@ from pathlib import Path
 
 from mebp_core.atomic import exclusive_lock, write_json_atomically
 
-RECENT_RUNS = 5  # the prior is the median of this many latest runs' ratios
-FIT_RUNS = 12  # the per-part factors are fitted on this many latest runs
-# how strongly the part factors are held to the prior, against runs' squared relative errors
-# (a part that is a run's whole time weighs 1 per run): a few runs of one mix move little
-RIDGE = 0.3
-PART_FACTOR_BOUNDS = (0.25, 4.0)  # times the prior: a fit outside says the data is too thin
+RECENT_RUNS = 5  # the factors are medians over this many latest runs
+# the parts the engine clocks itself in every step (``StepMetrics.decompress_s``)
+MEASURED_PARTS = ("decompress",)
+# a timed part this small a share of a run's modelled step says little of its rate
+MIN_PART_SHARE = 0.03
 KEPT_RUNS = 50  # the history kept in the file, for inspection
 # a run whose steps ran this far from the model's time says more about the run than the host
 RATIO_BOUNDS = (0.01, 100.0)
@@ -44,7 +45,7 @@ class TimeCorrection:
     runs: int  # how many measured runs the prior is the median of
     matmul_dtype: str
     part_factors: dict[str, float] = field(default_factory=dict)  # absent: the prior
-    fitted_runs: int = 0  # how many runs the part factors are fitted on
+    timed_runs: int = 0  # how many runs with timed parts the part factors rest on
 
     def apply(self, time_by_part: dict[str, float]) -> dict[str, float]:
         return {part: seconds * self.part_factors.get(part, self.factor)
@@ -52,7 +53,7 @@ class TimeCorrection:
 
     def to_json(self) -> dict:
         return {"factor": round(self.factor, 4), "runs": self.runs,
-                "matmul_dtype": self.matmul_dtype, "fitted_runs": self.fitted_runs,
+                "matmul_dtype": self.matmul_dtype, "timed_runs": self.timed_runs,
                 "part_factors": {p: round(f, 4) for p, f in self.part_factors.items()}}
 
 
@@ -85,60 +86,49 @@ def load_corrections(calibration_file: Path, calibrated_at: str) -> dict[str, Ti
 
 
 def correction_from(runs: list[dict], matmul_dtype: str) -> TimeCorrection:
-    """The correction the latest of ``runs`` (oldest first) say: the prior, then the part
-    factors fitted toward it on the runs that recorded their parts."""
-    recent = [r["ratio"] for r in runs[-RECENT_RUNS:]]
-    prior = statistics.median(recent)
-    fitted = [r for r in runs[-FIT_RUNS:] if r.get("modelled_parts")]
-    return TimeCorrection(prior, len(recent), matmul_dtype,
-                          fit_part_factors(fitted, prior), len(fitted))
+    """The correction the latest of ``runs`` (oldest first) say: the prior, and the part
+    factors of the latest runs that recorded their parts."""
+    recent = runs[-RECENT_RUNS:]
+    prior = statistics.median(r["ratio"] for r in recent)
+    timed = [r for r in recent if r.get("modelled_parts") and r.get("measured_parts")]
+    return TimeCorrection(prior, len(recent), matmul_dtype, part_factors(timed), len(timed))
 
 
-def fit_part_factors(runs: list[dict], prior: float) -> dict[str, float]:
-    """Per part, the factor minimising the runs' squared relative errors plus ``RIDGE``
-    times each factor's squared distance from ``prior`` (in units of the prior)."""
-    parts = sorted({p for r in runs for p, s in r["modelled_parts"].items() if s > 0})
-    if not parts:
+def part_factors(runs: list[dict]) -> dict[str, float]:
+    """Per modelled part: a part the engine timed, the median of its measured/modelled
+    ratios (over the runs where it was a share of the step worth timing); any other part,
+    the median ratio of the rest of the step. Empty without runs."""
+    rest = [ratio for ratio in map(_rest_ratio, runs) if ratio is not None]
+    if not rest:
         return {}
-    # normal equations of the ridge problem, in d = factor / prior - 1
-    n = len(parts)
-    lhs = [[RIDGE if i == j else 0.0 for j in range(n)] for i in range(n)]
-    rhs = [0.0] * n
-    for run in runs:
-        x = [prior * run["modelled_parts"].get(p, 0.0) / run["measured_s"] for p in parts]
-        residual = 1.0 - sum(x)  # what the prior leaves unexplained, relatively
-        for i in range(n):
-            rhs[i] += x[i] * residual
-            for j in range(n):
-                lhs[i][j] += x[i] * x[j]
-    low, high = PART_FACTOR_BOUNDS
-    return {p: prior * min(max(1.0 + d, low), high)
-            for p, d in zip(parts, _solve(lhs, rhs), strict=True)}
+    factors = {}
+    for part in MEASURED_PARTS:
+        ratios = [r["measured_parts"][part] / r["modelled_parts"][part] for r in runs
+                  if part in r["measured_parts"] and
+                  r["modelled_parts"].get(part, 0.0) > MIN_PART_SHARE * r["modelled_s"]]
+        if ratios:
+            factors[part] = statistics.median(ratios)
+    rest_factor = statistics.median(rest)
+    modelled = {part for r in runs for part, seconds in r["modelled_parts"].items() if seconds}
+    return {part: factors.get(part, rest_factor) for part in sorted(modelled)}
 
 
-def _solve(a: list[list[float]], b: list[float]) -> list[float]:
-    """Gaussian elimination with partial pivoting (``a`` is symmetric positive definite)."""
-    n = len(b)
-    m = [row[:] + [b[i]] for i, row in enumerate(a)]
-    for col in range(n):
-        pivot = max(range(col, n), key=lambda r: abs(m[r][col]))
-        m[col], m[pivot] = m[pivot], m[col]
-        for r in range(col + 1, n):
-            f = m[r][col] / m[col][col]
-            for c in range(col, n + 1):
-                m[r][c] -= f * m[col][c]
-    x = [0.0] * n
-    for r in range(n - 1, -1, -1):
-        x[r] = (m[r][n] - sum(m[r][c] * x[c] for c in range(r + 1, n))) / m[r][r]
-    return x
+def _rest_ratio(run: dict) -> float | None:
+    """Measured over modelled time of the step without its timed parts."""
+    timed = [p for p in MEASURED_PARTS if p in run["measured_parts"]]
+    modelled = run["modelled_s"] - sum(run["modelled_parts"].get(p, 0.0) for p in timed)
+    measured = run["measured_s"] - sum(run["measured_parts"][p] for p in timed)
+    return measured / modelled if modelled > 0 and measured > 0 else None
 
 
 def record_run(calibration_file: Path, calibrated_at: str, *, matmul_dtype: str,
                modelled_s: float, measured_s: float, label: str,
-               modelled_parts: dict[str, float] | None = None) -> TimeCorrection | None:
-    """Add one run's measured time beside its modelled time (and the modelled time of each
-    part, which the part factors are fitted on); the correction the next plans will use, or
-    None if the ratio is out of bounds (not recorded)."""
+               modelled_parts: dict[str, float] | None = None,
+               measured_parts: dict[str, float] | None = None) -> TimeCorrection | None:
+    """Add one run's measured time beside its modelled time, with the modelled time of each
+    part and the measured time of those the engine timed (``MEASURED_PARTS``), which the
+    part factors come from; the correction the next plans will use, or None if the ratio is
+    out of bounds (not recorded)."""
     if modelled_s <= 0 or measured_s <= 0:
         return None
     ratio = measured_s / modelled_s
@@ -152,6 +142,9 @@ def record_run(calibration_file: Path, calibrated_at: str, *, matmul_dtype: str,
                      "measured_s": round(measured_s, 5), "label": label,
                      **({"modelled_parts": {p: round(t, 6) for p, t in modelled_parts.items()}}
                         if modelled_parts else {}),
+                     **({"measured_parts": {p: round(t, 6) for p, t in measured_parts.items()
+                                            if p in MEASURED_PARTS}}
+                        if measured_parts else {}),
                      "at": datetime.now(UTC).isoformat(timespec="seconds")})
         write_json_atomically(path, runs[-KEPT_RUNS:])
     return load_corrections(calibration_file, calibrated_at).get(matmul_dtype)

@@ -12,11 +12,11 @@ import pytest
 
 
 @pytest.mark.parametrize("signal_number", [signal.SIGTERM, signal.SIGINT])
-def test_signal_saves_a_checkpoint_and_resume_continues(signal_number, tmp_path):
+def test_signal_saves_a_checkpoint_and_resume_continues(signal_number, tmp_path, warm_cache):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"text": f"line {i} of a small corpus"}) + "\n"
                             for i in range(20)))
-    env = {**os.environ, "MEBP_CACHE_DIR": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1"}
+    env = {**os.environ, "MEBP_CACHE_DIR": str(warm_cache), "HF_HUB_OFFLINE": "1"}
     command = [sys.executable, "-m", "mebp_core.cli", "train", "--model", "preset:tiny",
                "--data", str(data), "--out", str(tmp_path / "adapter"), "--seq-len", "32",
                "--metrics", str(tmp_path / "m.jsonl")]

@@ -68,40 +68,55 @@ def test_a_new_calibration_starts_uncorrected_and_a_corrupt_record_is_ignored(
     assert json.loads(correction_path(calibration_path(cache, None)).read_text())[0]["ratio"] == 2.0
 
 
-def run(matmul_s: float, decompress_s: float, *, slow_decompress: float) -> dict:
-    """A run on a host whose decompression is ``slow_decompress`` times what was modelled."""
-    measured = matmul_s + slow_decompress * decompress_s
+def run(matmul_s: float, decompress_s: float, *, slow_decompress: float,
+        timed: bool = True) -> dict:
+    """A run on a host whose decompression is ``slow_decompress`` times what was modelled
+    and whose matmuls are 1.2 times; the engine timed its decompression (``timed``)."""
+    measured = 1.2 * matmul_s + slow_decompress * decompress_s
     modelled = matmul_s + decompress_s
     return {"ratio": measured / modelled, "measured_s": measured, "modelled_s": modelled,
-            "modelled_parts": {"matmul": matmul_s, "decompress": decompress_s, "disk": 0.0}}
+            "modelled_parts": {"matmul": matmul_s, "decompress": decompress_s, "disk": 0.0},
+            **({"measured_parts": {"decompress": slow_decompress * decompress_s}}
+               if timed else {})}
 
 
 def test_part_factors_find_the_part_the_host_is_slow_at():
     """Lazy (decompression-heavy) and resident configurations on a host whose decompression
-    is 3x slower than calibrated: one factor cannot fit both; the part factors do."""
+    is 3x slower than calibrated: one factor cannot fit both; the timed part and the rest
+    of the step each get their own."""
     mixes = [(1.0, 2.0), (3.0, 0.1), (1.0, 1.0), (2.0, 0.2), (1.0, 3.0), (4.0, 0.0)]
     runs = [run(m, d, slow_decompress=3.0) for m, d in mixes]
     correction = correction_from(runs, "float32")
     parts = correction.part_factors
     assert set(parts) == {"matmul", "decompress"}  # a part never modelled keeps the prior
-    assert parts["decompress"] > 1.8 * parts["matmul"]
-    assert abs(parts["matmul"] - 1.0) < abs(correction.factor - 1.0)
+    assert parts["decompress"] == pytest.approx(3.0) and parts["matmul"] == pytest.approx(1.2)
+    assert correction.timed_runs == RECENT_RUNS
 
     def error(time_factor_of) -> float:  # on a configuration not among the runs
         truth = run(1.5, 1.5, slow_decompress=3.0)
         predicted = sum(time_factor_of(p) * s for p, s in truth["modelled_parts"].items())
         return abs(predicted / truth["measured_s"] - 1)
-    per_part = error(lambda p: parts.get(p, correction.factor))
-    assert per_part < 0.6 * error(lambda p: correction.factor)  # 0.20 against 0.41
+    assert error(lambda p: parts.get(p, correction.factor)) == pytest.approx(0.0, abs=1e-9)
+    assert error(lambda p: correction.factor) > 0.2
 
 
-def test_one_run_or_runs_of_one_mix_leave_every_part_at_the_prior():
-    single = correction_from([run(1.0, 1.0, slow_decompress=2.0)], "float32")
-    assert single.factor == pytest.approx(1.5)
-    assert all(f == pytest.approx(1.5) for f in single.part_factors.values())
-    same_mix = correction_from([run(1.0, 1.0, slow_decompress=2.0)] * 4, "float32")
-    assert all(f == pytest.approx(1.5, rel=1e-6) for f in same_mix.part_factors.values())
-    # runs recorded without their parts (older records) give the prior alone
-    bare = [{k: v for k, v in run(1.0, 1.0, slow_decompress=2.0).items()
-             if k != "modelled_parts"}]
-    assert correction_from(bare, "float32").part_factors == {}
+def test_a_part_too_small_to_time_takes_the_rest_of_the_steps_factor():
+    resident = correction_from([run(4.0, 0.01, slow_decompress=10.0)], "float32")
+    assert resident.factor == pytest.approx((4.8 + 0.1) / 4.01)
+    assert resident.part_factors == {"matmul": pytest.approx(1.2),
+                                     "decompress": pytest.approx(1.2)}
+    # runs recorded without timed parts (older records) give the prior alone
+    untimed = correction_from([run(1.0, 1.0, slow_decompress=2.0, timed=False)], "float32")
+    assert untimed.part_factors == {} and untimed.timed_runs == 0
+
+
+def test_a_jobs_timed_decompression_is_recorded_with_its_run(tmp_path, seed_calibration, host):
+    cache = seed_calibration(tmp_path)
+    correction = record_run(calibration_path(cache, None), host.measured_at,
+                            matmul_dtype="float32", modelled_s=2.0, measured_s=5.0,
+                            label="test", modelled_parts={"matmul": 1.0, "decompress": 1.0},
+                            measured_parts={"decompress": 3.0, "matmul": 9.0})
+    assert correction.part_factors == {"matmul": pytest.approx(2.0),
+                                       "decompress": pytest.approx(3.0)}
+    [kept] = json.loads(correction_path(calibration_path(cache, None)).read_text())
+    assert kept["measured_parts"] == {"decompress": 3.0}  # only what the engine times

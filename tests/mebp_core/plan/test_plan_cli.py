@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from dataclasses import asdict, replace
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -115,3 +116,40 @@ def test_a_measurement_that_spreads_too_wide_is_taken_again(monkeypatch):
     kept = calibration.measure_steady_host(threads=1)
     assert len(taken) == 2
     assert kept.max_spread == min(t.max_spread for t in taken) and kept in taken
+
+
+@pytest.mark.slow
+def test_an_unsteady_calibration_is_measured_again_after_a_while(monkeypatch, tmp_path, host):
+    """A calibration kept although every attempt spread wide is measured again once
+    RETRY_UNSTEADY_S have passed: replaced when the new measurement is steadier, else kept
+    and not tried again for as long."""
+    from mebp_core.plan import calibration
+
+    taken, measure = [], calibration.measure_host
+
+    def measure_and_keep(threads=None):
+        taken.append(measure(threads))
+        return taken[-1]
+
+    monkeypatch.setattr(calibration, "MAX_SPREAD", 1.0)  # no real host is this steady
+    monkeypatch.setattr(calibration, "MEASURE_ATTEMPTS", 1)
+    monkeypatch.setattr(calibration, "measure_host", measure_and_keep)
+    path = calibration_path(tmp_path, 1)
+    path.parent.mkdir(parents=True)
+    hour_ago = (datetime.now(UTC) - timedelta(hours=1)).isoformat(timespec="seconds")
+
+    def cache(spread: float) -> None:
+        path.write_text(json.dumps(asdict(replace(host, threads=1, measured_at=hour_ago,
+                                                  spread={"matmul": spread}))))
+
+    cache(1e6)  # taken on a hopelessly busy host
+    again = load_calibration(tmp_path, 1)
+    assert len(taken) == 1 and again.measured_at == taken[0].measured_at != hour_ago
+    assert again.max_spread == taken[0].max_spread < 1e6
+
+    cache(1.0 + 1e-9)  # steadier than any new measurement can be: kept, the retry noted
+    kept = load_calibration(tmp_path, 1)
+    assert len(taken) == 2 and kept.measured_at == hour_ago and kept.retried_at is not None
+    assert load_calibration(tmp_path, 1).retried_at == kept.retried_at  # not again so soon
+    assert len(taken) == 2
+    assert load_calibration(tmp_path, 1, measure=False).measured_at == hour_ago
