@@ -32,6 +32,8 @@ MAX_LINE_BYTES = 4096
 POSTGRES_ADMIN = os.environ.get("MEBP_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_TEST_URL = os.environ.get("MEBP_TEST_REDIS", "redis://127.0.0.1:6379/0")
 TERMINAL = {"succeeded", "failed", "cancelled"}
+# a lost worker noticed within seconds, for the tests that kill one
+FAST_RECOVERY = {"MEBP_HEARTBEAT_TIMEOUT_S": "3", "MEBP_RECONCILE_INTERVAL_S": "0.5"}
 
 
 @dataclass
@@ -116,6 +118,10 @@ class Service:
         assert response.status_code == 200, response.text
         archive = zipfile.ZipFile(io.BytesIO(response.content))
         return load(archive.read("adapter_model.safetensors"))
+
+    def job_events(self, job_id: str) -> list[dict]:
+        """The job's events so far."""
+        return self.request("GET", f"/v1/jobs/{job_id}/events")[1]
 
     def events(self, job_id: str) -> Iterator[tuple[str, dict]]:
         """The job's Server-Sent Events as (event, data) until the stream ends."""
@@ -233,6 +239,13 @@ class temporary_postgres_database:
     def __exit__(self, *exc: object) -> None:
         with psycopg.connect(POSTGRES_ADMIN, autocommit=True) as admin:
             admin.execute(f'drop database "{self.name}" with (force)')
+
+
+def tiny_job(dataset: str, steps: int, **hyperparameters) -> dict:
+    """A job body: the tiny preset on a pixel-8 for ``steps`` steps of 32 tokens, unless
+    ``hyperparameters`` say otherwise."""
+    return {"model": "preset:tiny", "training_file": dataset, "device": "pixel-8",
+            "hyperparameters": {"steps": steps, "seq_len": 32, **hyperparameters}}
 
 
 def create_key(service, tenant: str, *extra: str) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from service_harness import start_service, stop_service
+from service_harness import start_service, stop_service, tiny_job
 
 ROWS = b"".join(json.dumps({"text": f"disk row {i}"}).encode() + b"\n" for i in range(16))
 
@@ -44,10 +44,6 @@ def fill(directory: Path) -> Path:
                 assert exc.errno == errno.ENOSPC, exc
     return filler
 
-
-def job_body(dataset: str, steps: int) -> dict:
-    return {"model": "preset:tiny", "training_file": dataset, "device": "pixel-8",
-            "hyperparameters": {"steps": steps, "seq_len": 32}}
 
 
 def health(service) -> httpx.Response:
@@ -83,7 +79,7 @@ def test_a_job_with_no_byte_free_fails_storage_full_and_a_fleet_is_a_507(
     try:
         dataset = service.upload("rows.jsonl", ROWS)[1]["id"]
         fill(storage)
-        job = service.request("POST", "/v1/jobs", job_body(dataset, 1))[1]
+        job = service.request("POST", "/v1/jobs", tiny_job(dataset, 1))[1]
         done = service.finished(job["id"], timeout_s=90)
         assert done["status"] == "failed", done
         assert done["error"]["code"] == "storage_full", done["error"]
@@ -109,7 +105,7 @@ def test_a_full_data_dir_is_degraded_health_and_the_running_job_ends(tmp_path, m
     try:
         assert health(service).status_code == 200
         dataset = service.upload("rows.jsonl", ROWS)[1]["id"]
-        job = service.request("POST", "/v1/jobs", job_body(dataset, 100_000))[1]
+        job = service.request("POST", "/v1/jobs", tiny_job(dataset, 100_000))[1]
         service.wait_for(job["id"], lambda j: j["progress"]["step"] >= 2, timeout_s=90)
         filler = fill(data)
         answer = health(service)

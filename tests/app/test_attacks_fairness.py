@@ -20,6 +20,7 @@ from service_harness import (
     start_service,
     stop_service,
     temporary_postgres_database,
+    tiny_job,
 )
 from sqlmodel import Session
 
@@ -31,13 +32,9 @@ LIMITS = {"MEBP_MAX_RUNNING_JOBS_PER_TENANT": "1", "MEBP_MAX_QUEUED_JOBS_PER_TEN
           "MEBP_RECONCILE_INTERVAL_S": "0.5"}
 
 
-def job_body(dataset: str, steps: int) -> dict:
-    return {"model": "preset:tiny", "training_file": dataset, "device": "pixel-8",
-            "hyperparameters": {"steps": steps, "seq_len": 16}}
-
 
 def submit(client: httpx.Client, dataset: str, steps: int) -> str:
-    response = client.post("/v1/jobs", json=job_body(dataset, steps))
+    response = client.post("/v1/jobs", json=tiny_job(dataset, steps, seq_len=16))
     assert response.status_code == 201, response.text
     return response.json()["id"]
 
@@ -66,7 +63,7 @@ def test_a_tenants_backlog_waits_behind_another_tenants_job_and_its_queue_is_bou
         service.wait_for(long_job, lambda j: j["progress"]["step"] >= 1, timeout_s=60)
         backlog = [submit(service.client, dataset, 2) for _ in range(2)]
         # a third queued job, or a fleet, passes the tenant's queue limit
-        refused = service.client.post("/v1/jobs", json=job_body(dataset, 2))
+        refused = service.client.post("/v1/jobs", json=tiny_job(dataset, 2, seq_len=16))
         assert refused.status_code == 429, refused.text
         assert int(refused.headers["retry-after"]) > 0
         assert "MEBP_MAX_QUEUED_JOBS_PER_TENANT" in refused.json()["detail"]
@@ -141,9 +138,9 @@ def test_concurrent_submissions_never_pass_the_queued_limit(tmp_path, model_cach
         stack.callback(stop_service, service)
         dataset = service.upload("a.jsonl", ROWS)[1]["id"]
         with ThreadPoolExecutor(12) as pool:
+            body = tiny_job(dataset, 2, seq_len=16)
             statuses = list(pool.map(
-                lambda _: service.client.post("/v1/jobs", json=job_body(dataset, 2)).status_code,
-                range(12)))
+                lambda _: service.client.post("/v1/jobs", json=body).status_code, range(12)))
         assert sorted(statuses) == [201] * 3 + [429] * 9, statuses
         queued = service.client.get("/v1/jobs", params={"status": "queued"}).json()
         assert queued["count"] == 3

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
-from service_harness import service_env, start_service, stop_service
+from service_harness import service_env, start_service, stop_service, tiny_job
 
 from service.queue import WORKER_HEARTBEAT_S, WORKER_LIVE_S
 
@@ -26,10 +26,6 @@ ROWS = b"".join(json.dumps({"text": f"redis row {i}"}).encode() + b"\n" for i in
 FAST_RECOVERY = {"MEBP_HEARTBEAT_TIMEOUT_S": "3", "MEBP_RECONCILE_INTERVAL_S": "0.5"}
 RESTART_WITHIN_S = 10.0  # the supervisor checks every 0.5 s; a loaded machine starts slowly
 
-
-def job_body(dataset: str, steps: int, **hyper) -> dict:
-    return {"model": "preset:tiny", "training_file": dataset, "device": "pixel-8",
-            "hyperparameters": {"steps": steps, "seq_len": 32, **hyper}}
 
 
 def socket_of(service) -> Path:
@@ -97,7 +93,7 @@ def test_the_embedded_redis_killed_while_idle_is_restarted_and_serves_jobs(priva
     log = service.output.read_text()
     assert re.search(rf"embedded Redis {killed} exited with code -9", log), log[-2000:]
     dataset = service.upload("rows.jsonl", ROWS)[1]["id"]
-    status, job = service.request("POST", "/v1/jobs", job_body(dataset, 3))
+    status, job = service.request("POST", "/v1/jobs", tiny_job(dataset, 3))
     assert status == 201, job
     assert service.finished(job["id"], timeout_s=120)["status"] == "succeeded"
     # the worker that outlived the restart is listed again (it re-registers as it beats)
@@ -132,7 +128,7 @@ def test_a_job_interrupted_by_the_embedded_redis_dying_resumes_and_succeeds(priv
     service = private_service(FAST_RECOVERY)
     dataset = service.upload("rows.jsonl", ROWS)[1]["id"]
     steps = 60
-    job = service.request("POST", "/v1/jobs", job_body(dataset, steps, checkpoint_every=5))[1]
+    job = service.request("POST", "/v1/jobs", tiny_job(dataset, steps, checkpoint_every=5))[1]
     service.wait_for(job["id"], lambda j: j["progress"]["step"] >= 10, timeout_s=90)
     # Taken before Redis dies: the worker may exit on its own once Redis is gone.
     family = worker_family(service)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import psutil
 import pytest
 from service_harness import (
+    FAST_RECOVERY,
     REDIS_TEST_URL,
     start_service,
     stop_service,
@@ -57,8 +58,7 @@ def test_a_coordinator_killed_mid_round_runs_again_and_a_cancel_stops_after_the_
     moved on again, each update counted once; cancelled during round 1, the fleet ends
     there with its global adapter."""
     service = start_service(tmp_path / "service", model_cache, {
-        "MEBP_HEARTBEAT_TIMEOUT_S": "3", "MEBP_RECONCILE_INTERVAL_S": "0.5",
-        "MEBP_ADVANCE_GRACE_S": "2", **quick_recovery_database})
+        **FAST_RECOVERY, "MEBP_ADVANCE_GRACE_S": "2", **quick_recovery_database})
     try:
         training = service.upload("notes.jsonl", ROWS)[1]["id"]
         validation = service.upload("held-out.jsonl", VALIDATION)[1]["id"]
