@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mebp_core.plan.calibration import calibration_path, load_calibration
-from mebp_core.plan.correction import TimeCorrection, record_run
+from mebp_core.plan.correction import TimeCorrection, measured_step_time, record_run
 from service.models import Job
 
 
@@ -19,11 +19,14 @@ def predicted_figures(plan: dict | None) -> dict:
 
 
 def correct_host_time(job: Job, *, cache_dir: Path, threads: int | None,
-                      decompress_s: float | None = None) -> tuple[float, TimeCorrection] | None:
+                      decompress_times: list[float | None] = ()
+                      ) -> tuple[float, TimeCorrection] | None:
     """Record the job's measured/modelled step-time ratio against this worker's calibration,
     if the job was planned with that same calibration and measured over two steps or more,
-    with the engine's own time on decompression in those steps (``decompress_s``, the same
-    median). Returns the measured step time and the host's new correction."""
+    with the engine's own time on decompression in those steps (``decompress_times``, one
+    per step, taken as the step time is; not recorded if a step lacks it). Returns the
+    measured step time and the host's new correction."""
+    decompress_s = None if None in decompress_times else measured_step_time(decompress_times)
     plan = job.plan or {}
     modelled = plan.get("modelled_step_time_s")
     if not plan.get("planned") or not modelled or job.step_time_s is None:

@@ -109,7 +109,7 @@ class JobRun:
         self.dir = job_dir(settings.storage_root, job_id)
         self.resumed_from = 0  # the checkpoint step this attempt continues from
         self.step_times: list[float] = []  # this attempt's, in step order
-        self.decompress_times: list[float] = []  # the engine's clock on its dequantization
+        self.decompress_times: list[float | None] = []  # the engine's clock on dequantizing
 
     def run(self) -> str:
         worker = worker_name()
@@ -300,7 +300,7 @@ class JobRun:
         job.step, job.last_loss = step, loss
         if step > self.resumed_from and row.get("step_time_s") is not None:
             self.step_times.append(row["step_time_s"])
-            self.decompress_times.append(row.get("decompress_s", 0.0))
+            self.decompress_times.append(row.get("decompress_s"))
             job.step_time_s = measured_step_time(self.step_times)
         if "peak_anon_mb" in row:
             job.peak_anon_bytes = int(row["peak_anon_mb"] * MB)
@@ -353,7 +353,7 @@ class JobRun:
     def _correct_host_time(self, session: Session, job: Job) -> None:
         corrected = correct_host_time(job, cache_dir=self.settings.cache_dir or
                                       default_cache_dir(), threads=self.settings.threads,
-                                      decompress_s=measured_step_time(self.decompress_times))
+                                      decompress_times=self.decompress_times)
         if corrected is None:
             return
         measured, correction = corrected

@@ -97,18 +97,24 @@ class Service:
                  client: httpx.Client | None = None) -> dict:
         return self.wait_for(job_id, lambda job: job["status"] in TERMINAL, timeout_s, client)
 
-    def fleet_after_rounds(self, fleet_id: str, rounds: int, timeout_s: float = 400) -> dict:
-        """The fleet once ``rounds`` of its rounds have ended."""
+    def fleet_when(self, fleet_id: str, predicate, what: str, timeout_s: float = 400) -> dict:
+        """Poll the fleet until ``predicate`` holds (``what`` names it in the failure)."""
         deadline = time.monotonic() + timeout_s
         while True:
             fleet = self.request("GET", f"/v1/fleets/{fleet_id}")[1]
-            if sum(r["status"] != "running" for r in fleet["rounds"]) >= rounds:
+            if predicate(fleet):
                 return fleet
             if time.monotonic() > deadline:
-                raise AssertionError(f"fleet {fleet_id}: {rounds} rounds not done in "
-                                     f"{timeout_s} s: {fleet['rounds']}\n"
+                raise AssertionError(f"fleet {fleet_id}: {what} not done in {timeout_s} s: "
+                                     f"{fleet['rounds']} {fleet.get('references')}\n"
                                      f"{self.output.read_text()[-3000:]}")
             time.sleep(0.5)
+
+    def fleet_after_rounds(self, fleet_id: str, rounds: int, timeout_s: float = 400) -> dict:
+        """The fleet once ``rounds`` of its rounds have ended."""
+        return self.fleet_when(
+            fleet_id, lambda f: sum(r["status"] != "running" for r in f["rounds"]) >= rounds,
+            f"{rounds} rounds", timeout_s)
 
     def adapter_tensors(self, path: str) -> dict:
         """The tensors of the PEFT adapter archive served at ``path``."""

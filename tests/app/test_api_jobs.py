@@ -123,7 +123,7 @@ def check_predicted_beside_measured(service, job: dict, metrics: list[dict]) -> 
     later = sorted(m["data"]["step_time_s"] for m in metrics[1:])  # after the first step
     assert progress["step_time_s"] == pytest.approx(statistics.median(later))
 
-    events = service.request("GET", f"/v1/jobs/{job['id']}/events")[1]
+    events = service.job_events(job["id"])
     corrected = [e["data"] for e in events if "time_correction" in e["data"]]
     assert len(corrected) == 1, events
     assert corrected[0]["measured_step_time_s"] == pytest.approx(progress["step_time_s"])
@@ -214,7 +214,7 @@ def test_packing_a_model_for_a_job_is_reported_as_it_goes(service):
         "hyperparameters": {"steps": 1, "seq_len": 16, "group_size": 16}})
     assert status == 201, job
     assert service.finished(job["id"])["status"] == "succeeded"
-    events = service.request("GET", f"/v1/jobs/{job['id']}/events")[1]
+    events = service.job_events(job["id"])
     packing = [e["data"]["packing"] for e in events if "packing" in e["data"]]
     assert packing, events
     assert packing[-1]["tensors_done"] == packing[-1]["tensors_total"] > 1

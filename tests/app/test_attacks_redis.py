@@ -140,7 +140,7 @@ def test_a_job_interrupted_by_the_embedded_redis_dying_resumes_and_succeeds(priv
     assert done["status"] == "succeeded", done
     metrics = service.request("GET", f"/v1/jobs/{job['id']}/metrics")[1]["data"]
     assert [m["step"] for m in metrics] == list(range(1, steps + 1))  # each step once
-    events = service.request("GET", f"/v1/jobs/{job['id']}/events")[1]
+    events = service.job_events(job["id"])
     terminal = [e for e in events if e["data"].get("status") in ("succeeded", "failed",
                                                                  "cancelled")]
     assert len(terminal) == 1, terminal

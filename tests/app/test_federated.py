@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import io
 import json
-import time
 import zipfile
 from dataclasses import dataclass
 
@@ -28,18 +27,6 @@ FLEET = {"model": "preset:tiny", "simulated": {"device": "iphone-15-pro-max", "c
          "hyperparameters": {"steps": 2, "seq_len": 32, "learning_rate": 0.05},
          "aggregation": "fedavg", "rounds": ROUNDS, "local_steps": LOCAL_STEPS, "seed": 1,
          "data_split": {"kind": "by_field", "field": "user"}}
-
-
-def wait_for_references(service, fleet_id: str, timeout_s: float = 400) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        fleet = service.request("GET", f"/v1/fleets/{fleet_id}")[1]
-        references = fleet["references"]
-        if references["centralized"] is not None and references["local_only_mean"] is not None:
-            return fleet
-        time.sleep(0.5)
-    raise AssertionError(f"fleet {fleet_id}: references not done in {timeout_s} s: "
-                         f"{fleet['references']}\n{service.output.read_text()[-3000:]}")
 
 
 @dataclass
@@ -65,7 +52,9 @@ def finished_fleet(request) -> FinishedFleet:
     assert fleet["aggregation"] == aggregation and len(fleet["members"]) == DEVICES
     assert (fleet["planned_rounds"], fleet["local_steps"]) == (ROUNDS, LOCAL_STEPS)
     service.fleet_after_rounds(fleet["id"], ROUNDS)
-    return FinishedFleet(service, training, wait_for_references(service, fleet["id"]))
+    return FinishedFleet(service, training, service.fleet_when(
+        fleet["id"], lambda f: f["references"]["centralized"] is not None
+        and f["references"]["local_only_mean"] is not None, "the references"))
 
 
 def test_a_fleet_trains_in_rounds_from_each_global_adapter(finished_fleet):
@@ -93,7 +82,7 @@ def test_a_fleet_trains_in_rounds_from_each_global_adapter(finished_fleet):
             assert all(torch.equal(update[name], tensor) for update, _ in updates), name
     # round 1's jobs started from it
     for participant in second["participants"]:
-        events = service.request("GET", f"/v1/jobs/{participant['job_id']}/events")[1]
+        events = service.job_events(participant["job_id"])
         assert any(e["message"] == f"starting from fleet {fleet['id']}'s round-0 global "
                    "adapter" for e in events), events
     response = service.client.get(f"/v1/fleets/{fleet['id']}/rounds/1/adapter",

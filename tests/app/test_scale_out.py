@@ -42,7 +42,7 @@ def test_two_workers_on_a_shared_redis_and_database_run_jobs_side_by_side(tmp_pa
             states = [service.request("GET", f"/v1/jobs/{job}")[1]["status"] for job in jobs]
             assert states == ["running", "running"]
             started_on = {next(e["data"]["worker"] for e in
-                               service.request("GET", f"/v1/jobs/{job}/events")[1]
+                               service.job_events(job)
                                if e["data"].get("status") == "running") for job in jobs}
             assert len(started_on) == 2
             for job in jobs:
