@@ -74,7 +74,7 @@ def plan_job(body: JobCreate, settings: Settings, session: Session) -> PlannedJo
     # predicted with this host's calibration and threads; the worker that runs the job plans
     # it again on its own host (``worker.host_plan``) and sets its own threads
     here = config.model_copy(update={"knobs": knobs.model_copy(
-        update={"threads": settings.threads})})
+        update={"threads": settings.plan_threads})})
     runs, summary, plan = plan_job_run(
         arch, here, budget_bytes=budget_bytes, device=device,
         chosen_by="auto" if body.config == "auto" else "request", cache_dir=settings.cache_dir)

@@ -38,7 +38,8 @@ def serve(*, host: str | None, port: int | None, data_dir: Path | None,
         settings = settings.model_copy(update={"redis_url": embedded.url})
     # measure this host for the planner now, not on the first request
     threading.Thread(target=load_calibration, name="mebp-calibration", daemon=True,
-                     args=(settings.cache_dir or default_cache_dir(), settings.threads)).start()
+                     args=(settings.cache_dir or default_cache_dir(),
+                           settings.plan_threads)).start()
     workers = WorkerPool(settings)
     try:
         print(f"mebp: serving on http://{settings.host}:{settings.port} (OpenAPI at /docs) "

@@ -50,6 +50,7 @@ class Settings(BaseSettings):
     min_free_storage_bytes: int = Field(default=8 << 20, ge=0)
     # kept in reserve on the data dir's disk, freed so a job that filled it can be recorded
     storage_reserve_bytes: int = Field(default=8 << 20, ge=0)
+    # every job's engine threads; unset, each job takes the cores free as it starts
     threads: int | None = Field(default=None, ge=1)
     # event streams one key (its API clients and dashboard tabs together) holds open at once
     max_streams_per_key: int = Field(default=16, ge=1, le=10_000)
@@ -73,6 +74,12 @@ class Settings(BaseSettings):
     @property
     def model_root_paths(self) -> list[Path]:
         return [Path(part).resolve() for part in self.model_roots.split(os.pathsep) if part]
+
+    @property
+    def plan_threads(self) -> int:
+        """The threads the API plans at: the setting, else every core (a free host; the
+        worker that runs the job plans again at the threads it takes)."""
+        return self.threads or os.cpu_count() or 1
 
     @property
     def storage_root(self) -> Path:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
-from dataclasses import asdict
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
+from cpu_load import all_cores_but_one_busy
 
 from mebp_core.plan.calibration import HostCalibration, calibration_path
 
@@ -32,15 +33,32 @@ def host() -> HostCalibration:
 
 
 @pytest.fixture(scope="session")
-def seed_calibration(host) -> Callable[[Path], Path]:
+def seed_calibration(host) -> Callable[..., Path]:
     """Writes ``host`` as this machine's cached calibration in a cache dir (no test waits
-    for a real measurement), for runs at ``threads`` threads; returns the cache dir."""
-    def seed(cache_dir: Path, threads: int | None = None) -> Path:
+    for a real measurement), for runs at ``threads`` threads, its throughputs times
+    ``speed``; returns the cache dir."""
+    def seed(cache_dir: Path, threads: int | None = None, speed: float = 1.0) -> Path:
+        scaled = replace(
+            host, threads=threads or host.threads,
+            matmul_flops={d: {f: {w: {t: r * speed for t, r in by_tokens.items()}
+                                  for w, by_tokens in by_width.items()}
+                              for f, by_width in forms.items()}
+                          for d, forms in host.matmul_flops.items()},
+            decompress_params_per_s={q: {d: r * speed for d, r in rates.items()}
+                                     for q, rates in host.decompress_params_per_s.items()},
+            elementwise_bytes_per_s=host.elementwise_bytes_per_s * speed)
         path = calibration_path(cache_dir, threads)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(host)))
+        path.write_text(json.dumps(asdict(scaled)))
         return cache_dir
     return seed
+
+
+@pytest.fixture(name="all_cores_but_one_busy")
+def all_cores_but_one_busy_fixture() -> Iterator[None]:
+    """Every core of this host but one kept busy for the test."""
+    with all_cores_but_one_busy():
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -77,9 +77,11 @@ def work(settings: Settings, *, burst: bool = False) -> int:
     if build_kernel(settings.cache_dir) is None:  # here, not in a job's engine inside its cap
         print("mebp worker: no C compiler: jobs dequantize with torch", file=sys.stderr)
     # this host's calibration, which plans its jobs: measured now (after the kernel it keys
-    # on is built), outside any job's cap and not during the first job
+    # on is built), outside any job's cap and not during the first job, at the thread counts
+    # jobs take most (every core free, or one)
     try:
-        load_calibration(settings.cache_dir or default_cache_dir(), settings.threads)
+        for threads in sorted({settings.plan_threads, settings.threads or 1}):
+            load_calibration(settings.cache_dir or default_cache_dir(), threads)
     except CalibrationError as exc:  # each job's plan tries again, and fails it if it must
         print(f"mebp worker: {exc}", file=sys.stderr, flush=True)
     upgrade_database(database_url(settings.database_url, settings.data_dir))

@@ -351,8 +351,8 @@ class JobRun:
         session.commit()
 
     def _correct_host_time(self, session: Session, job: Job) -> None:
-        corrected = correct_host_time(job, cache_dir=self.settings.cache_dir or
-                                      default_cache_dir(), threads=self.settings.threads,
+        corrected = correct_host_time(job, cache_dir=self.settings.cache_dir or default_cache_dir(),
+                                      threads=job.train_config().knobs.threads,
                                       decompress_times=self.decompress_times)
         if corrected is None:
             return

@@ -3,6 +3,7 @@ PostgreSQL, one model cache for both, and a fresh PostgreSQL database."""
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,8 +25,16 @@ from mebp_core.store.presets import save_preset_as_hf
 
 @pytest.fixture(scope="session")
 def model_cache(tmp_path_factory, seed_calibration) -> Path:
-    """One cache (calibration, packed presets) shared by every service of the session."""
-    return seed_calibration(tmp_path_factory.mktemp("service-cache"))
+    """One cache (calibration, packed presets) shared by every service of the session; the
+    calibration seeded at every thread count a worker may take for a job, slower on fewer
+    threads (so a job a worker plans again at other threads than the API's predicts other
+    figures)."""
+    cache = tmp_path_factory.mktemp("service-cache")
+    cores = os.cpu_count() or 1
+    seed_calibration(cache, None)
+    for threads in range(1, cores + 1):
+        seed_calibration(cache, threads, speed=threads / cores)
+    return cache
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ import io
 import json
 import statistics
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,9 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from mebp_core.config import EngineKnobs, TrainConfig
+from mebp_core.plan.arch import load_architecture
+from mebp_core.plan.on_host import plan_on_host
 from mebp_core.store.presets import save_preset_as_hf
 
 ROWS = b"".join(json.dumps({"text": f"the quick brown fox {i} jumps over the lazy dog"})
@@ -49,7 +53,8 @@ def submit(service, body: dict, dataset_id: str) -> dict:
 
 
 def test_a_job_runs_under_its_device_budget_and_its_adapter_loads_in_peft(any_service,
-                                                                          tiny_hf_dir):
+                                                                          tiny_hf_dir,
+                                                                          model_cache):
     service = any_service
     job = submit(service, SMALL_JOB, upload_rows(service))
     assert job["status"] == "queued" and job["device"] == "iphone-15-pro-max"
@@ -78,7 +83,7 @@ def test_a_job_runs_under_its_device_budget_and_its_adapter_loads_in_peft(any_se
     assert all(m["data"]["peak_mb"] <= m["data"]["cgroup_usage_peak_mb"]
                <= progress["cgroup_peak_usage_mb"] + 0.1 for m in metrics["data"])
     assert abs(progress["peak_memory_mb"] - metrics["data"][-1]["data"]["peak_mb"]) <= 0.1
-    check_predicted_beside_measured(service, job, metrics["data"])
+    check_predicted_beside_measured(service, job, metrics["data"], model_cache)
 
     response = service.client.get(f"/v1/jobs/{job['id']}/adapter")
     assert response.status_code == 200 and response.headers["content-type"] == "application/zip"
@@ -110,10 +115,11 @@ def test_a_job_runs_under_its_device_budget_and_its_adapter_loads_in_peft(any_se
     assert len(digests) == 3  # one digest per format
 
 
-def check_predicted_beside_measured(service, job: dict, metrics: list[dict]) -> None:
+def check_predicted_beside_measured(service, job: dict, metrics: list[dict], cache: Path
+                                    ) -> None:
     """Every step carries the plan's prediction beside its measurement; the job reports the
     measured step time beside the predicted one; and the measurement corrects this host's
-    next plan for the same query."""
+    next plan for the same query (its calibrations are in ``cache``)."""
     plan, progress = job["plan"], job["progress"]
     for m in metrics:
         assert m["data"]["predicted_step_time_s"] == plan["predicted_step_time_s"] > 0
@@ -130,18 +136,19 @@ def check_predicted_beside_measured(service, job: dict, metrics: list[dict]) -> 
     correction = corrected[0]["time_correction"]
     dtype = plan["matmul_dtype"]
     assert correction["matmul_dtype"] == dtype and correction["runs"] >= 1
-    # the same query, planned again: the configuration the job ran is now predicted at its
-    # modelled time, each part times the host's factor for it
-    status, again = service.request("POST", "/v1/plans", {
-        "model": SMALL_JOB["model"], "device": SMALL_JOB["device"],
-        "seq_len": SMALL_JOB["hyperparameters"]["seq_len"]})
-    assert status == 200, again
-    assert again["calibration"]["time_correction"][dtype] == correction
-    rerun = next(c for c in again["configurations"] if c["id"] == plan["configuration"])
+    # the same query, planned again on this host at the threads the job ran (its worker's
+    # next plan): the configuration the job ran is now predicted at its modelled time, each
+    # part times the host's factor for it
+    ran = TrainConfig.model_validate(job["config"])
+    again = plan_on_host(load_architecture(SMALL_JOB["model"]), TrainConfig(
+        seq_len=SMALL_JOB["hyperparameters"]["seq_len"],
+        knobs=EngineKnobs(threads=ran.knobs.threads)), cache_dir=cache, measure=False)
+    assert again.calibration["time_correction"][dtype] == correction
+    rerun = next(e for e in again.entries if e.id == plan["configuration"])
     factors = correction["part_factors"]
     expected = sum(seconds * factors.get(part, correction["factor"])
                    for part, seconds in plan["modelled_time_s"].items())
-    assert rerun["step_time_s"] == pytest.approx(expected, rel=2e-3, abs=1e-4)  # 4 decimals
+    assert rerun.prediction.step_time_s == pytest.approx(expected, rel=2e-3, abs=1e-4)
     if correction["runs"] == 1:  # the first run on this calibration: its own ratio
         assert correction["factor"] == pytest.approx(
             progress["step_time_s"] / plan["modelled_step_time_s"], rel=1e-3)

@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import pytest
+from cpu_load import all_cores_but_one_busy
 from dashboard_harness import chart_traces, open_page, point_on_page, shoot, sign_in
 from playwright.sync_api import Page, expect
 
@@ -72,9 +73,13 @@ def test_explore_click_a_feasible_point_submit_and_watch_it_train(page, service,
     page.select_option("select[name=validation_file]", dataset_id)
     page.fill("input[name=eval_every]", "2")
     shoot(page, "job-form")
-    page.click("#job-form button[type=submit]")
-
-    expect(page).to_have_url(re.compile(r"/jobs/job-[0-9a-f]+$"))
+    # started beside busy cores, the job takes one thread and its worker plans it again with
+    # its one-thread calibration: the page then shows what that plan predicts
+    with all_cores_but_one_busy():
+        page.click("#job-form button[type=submit]")
+        expect(page).to_have_url(re.compile(r"/jobs/job-[0-9a-f]+$"))
+        expect(page.locator("#events li").filter(has_text="cores idle as it starts")
+               ).to_have_count(1, timeout=90_000)
     expect(page.locator("#job-status")).to_have_text("succeeded", timeout=90_000)
     expect(page.locator("#downloads > a")).to_have_count(3)  # the adapter's formats
     expect(page.locator("#base-downloads a")).to_have_text(["hf", "gguf"])  # and its base
@@ -107,6 +112,9 @@ def test_explore_click_a_feasible_point_submit_and_watch_it_train(page, service,
 
     job = service.request("GET", f"/v1/jobs/{job_id}")[1]
     assert job["plan"]["configuration"] == configuration
+    assert job["config"]["knobs"]["threads"] == 1 and job["plan"]["calibration"]["threads"] == 1
+    expect(page.locator("#job-predicted-step-time")).to_have_text(
+        f"{progress['predicted_step_time_s']:.3g} s")
     page.goto("/explorer?model=preset:tiny&device=pixel-8&seq_len=64")
     measured = next(t for t in chart_traces(page, "tradeoff-chart") if t["name"] == "measured")
     assert len(measured["x"]) >= 1

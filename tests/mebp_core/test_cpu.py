@@ -1,10 +1,20 @@
-"""CPU capabilities from /proc/cpuinfo, and the dtype bf16 matmuls run in."""
+"""CPU capabilities from /proc/cpuinfo, the dtype bf16 matmuls run in, and the cores free
+for a job's threads, from /proc/stat."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
-from mebp_core.cpu import cpu_flags, cpu_model, matmul_dtype, native_bf16_matmul
+from mebp_core.cpu import (
+    cpu_flags,
+    cpu_model,
+    idle_cores,
+    matmul_dtype,
+    native_bf16_matmul,
+    threads_for_idle_cores,
+)
 
 AVX2_HOST = """processor\t: 0
 vendor_id\t: AuthenticAMD
@@ -43,3 +53,16 @@ def test_only_bfloat16_is_ever_upcast():
     assert matmul_dtype("bfloat16", "float32") == "float32"
     auto = "bfloat16" if native_bf16_matmul() else "float32"
     assert matmul_dtype("bfloat16", "auto") == auto
+
+
+def test_cores_kept_busy_are_not_counted_idle_and_take_no_thread(all_cores_but_one_busy):
+    idle = idle_cores(0.5)
+    assert idle is not None and 0 <= idle <= 1.2  # at most the one core not kept busy
+    assert threads_for_idle_cores(idle, os.cpu_count()) == 1
+
+
+@pytest.mark.parametrize(("idle", "cores", "threads"), [
+    (1.95, 2, 2), (1.5, 2, 1), (0.97, 2, 1), (0.0, 2, 1), (7.9, 8, 8), (3.85, 8, 4),
+    (None, 4, 4), (2.6, 2, 2)])
+def test_one_thread_per_core_that_is_mostly_idle(idle, cores, threads):
+    assert threads_for_idle_cores(idle, cores) == threads

@@ -105,3 +105,20 @@ def test_a_job_planned_with_this_workers_own_calibration_is_not_planned_again(se
     job.plan = {**plan, "calibration": other}
     plan_on_this_worker(session, job, MODEL, settings, "w1")
     assert job.plan["planned_by"] == "w1" and job.plan["configuration"] != "kept"
+
+
+def test_without_a_thread_setting_a_job_takes_the_cores_free_as_it_starts(
+        session, tmp_path, seed_calibration, all_cores_but_one_busy):
+    """Every core but one kept busy: the job runs one thread, planned with this host's
+    one-thread calibration, and says so."""
+    cache = seed_calibration(tmp_path / "cache", threads=1)
+    settings = Settings(data_dir=tmp_path, cache_dir=cache)  # threads unset
+    job = job_with(session, TrainConfig(seq_len=256), {"planned": True, "chosen_by": "auto",
+                                                         "configuration": "planned-elsewhere"})
+    config = plan_on_this_worker(session, job, MODEL, settings, "w1")
+    session.commit()
+    assert config.knobs.threads == 1 and job.train_config().knobs.threads == 1
+    assert job.plan["calibration"]["threads"] == 1 and job.plan["planned_by"] == "w1"
+    told = [e.data for e in session.exec(select(Event).where(Event.job_id == job.id)).all()
+            if "idle_cores" in e.data]
+    assert [e["threads"] for e in told] == [1] and told[0]["idle_cores"] <= 1.2

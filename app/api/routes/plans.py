@@ -41,7 +41,7 @@ def plan_for(body: PlanCreate, settings: Settings, session: Session, where: str)
     device = device_or_422(session, body.device, where=where)
     arch = model_architecture_or_422(session, body.model, where=where)
     try:
-        config = TrainConfig(**body.workload(), knobs=EngineKnobs(threads=settings.threads))
+        config = TrainConfig(**body.workload(), knobs=EngineKnobs(threads=settings.plan_threads))
         budget = None if body.memory_budget_mb is None else int(body.memory_budget_mb * MB)
         plan = plan_on_host(arch, config, budget_bytes=budget, device=device,
                             margin=body.margin, cache_dir=settings.cache_dir)

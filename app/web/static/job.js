@@ -24,19 +24,32 @@
     const present = items.filter((item) => item);
     return {shapes: present.map((i) => i.shape), annotations: present.map((i) => i.annotation)};
   };
-  const progress = job.progress;
+  // the plan's predictions as levels; the worker that runs the job may plan it again on its
+  // own host, and its steps then carry the figures it predicted
+  const predictedLevels = (peakMb, stepS) => ({
+    memory: levels(level(capMb, "cap " + Math.round(capMb) + " MB", "#e45756", "dash"),
+                   level(peakMb, "predicted peak " + peakMb + " MB", "#7f7f7f", "dot")),
+    time: levels(level(stepS, "predicted " + stepS + " s on this host", "#7f7f7f", "dot")),
+  });
+  const predicted = {peakMb: job.progress.predicted_peak_mb,
+                     stepS: job.progress.predicted_step_time_s};
+  const drawn = predictedLevels(predicted.peakMb, predicted.stepS);
   Plotly.newPlot("memory-chart", [line("measured step peak: anonymous + shared memory (what the cgroup charges)", "#54a24b")],
-                 layout("Memory", "step", "MB", levels(
-                   level(capMb, "cap " + Math.round(capMb) + " MB", "#e45756", "dash"),
-                   level(progress.predicted_peak_mb,
-                         "predicted peak " + progress.predicted_peak_mb + " MB", "#7f7f7f", "dot"),
-                 )), config);
+                 layout("Memory", "step", "MB", drawn.memory), config);
   Plotly.newPlot("time-chart", [line("measured step time", "#b279a2")],
-                 layout("Step time", "step", "seconds", Object.assign(levels(
-                   level(progress.predicted_step_time_s,
-                         "predicted " + progress.predicted_step_time_s + " s on this host",
-                         "#7f7f7f", "dot"),
-                 ), {yaxis: {title: {text: "seconds"}, rangemode: "tozero"}})), config);
+                 layout("Step time", "step", "seconds", Object.assign(drawn.time, {
+                   yaxis: {title: {text: "seconds"}, rangemode: "tozero"}})), config);
+  function showPredicted(peakMb, stepS) {
+    if (peakMb == null || stepS == null ||
+        (peakMb === predicted.peakMb && stepS === predicted.stepS)) return;
+    Object.assign(predicted, {peakMb, stepS});
+    const redrawn = predictedLevels(peakMb, stepS);
+    Plotly.relayout("memory-chart", redrawn.memory);
+    Plotly.relayout("time-chart", redrawn.time);
+    document.getElementById("job-predicted-peak").textContent = peakMb + " MB";
+    document.getElementById("job-predicted-step-time").textContent =
+      Number(stepS.toPrecision(3)) + " s";  // as the page first printed it (%.3g)
+  }
 
   let pending = [], scheduled = false;
   function flush() {
@@ -52,7 +65,9 @@
                         [0]);
     Plotly.extendTraces("time-chart", {x: [rows.map((m) => m.step)],
                                        y: [rows.map((m) => m.step_time_s)]}, [0]);
-    document.getElementById("job-step").textContent = rows[rows.length - 1].step;
+    const last = rows[rows.length - 1];
+    document.getElementById("job-step").textContent = last.step;
+    showPredicted(last.predicted_peak_mb, last.predicted_step_time_s);
   }
   function addMetric(metric) {
     pending.push(metric);
