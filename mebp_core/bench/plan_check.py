@@ -144,6 +144,10 @@ def _row(model: str, seq_len: int, config: str, prediction, measured: dict) -> d
             "modelled_time_s": {k: round(v, 4) for k, v in prediction.modelled_time.items()},
             # the engine's own clock on its dequantization, beside the modelled part
             "measured_decompress_s": measured.get("decompress_s_median"),
+            # what it dequantized, beside the model's count (the same on any host)
+            "decompressed_params": measured.get("decompressed_params"),
+            "modelled_decompressed_params": prediction.device_work.tile_params
+            + prediction.device_work.whole_params,
             "time_error_one_factor": prediction.modelled_step_time_s * prior
             / measured["s_per_step"] - 1,
             "predicted_peak_mb": round(predicted_mb, 1),

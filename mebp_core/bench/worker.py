@@ -86,6 +86,8 @@ def decompression_summary(records: list[dict]) -> dict:
             "decompress_s_median": statistics.median(r["decompress_s"] for r in timed),
             "decompress_share": statistics.median(r["decompress_s"] / r["step_time_s"]
                                                   for r in timed),
+            # what the step dequantized, to hold beside the planner's count
+            "decompressed_params": statistics.median(r["decompressed_params"] for r in timed),
             "weights_live_peak_mb": max(r["weights_live_peak_mb"] for r in records)}
 
 
@@ -129,6 +131,7 @@ def run_engine(args: argparse.Namespace) -> dict:
                 result = step_function(next(counter), [batch], config.lr)
                 return {"loss": result.loss_sum / max(result.valid_tokens, 1),
                         "decompress_s": engine.working_set.decompress_s,
+                        "decompressed_params": engine.working_set.decompressed_params,
                         "weights_live_peak_mb": engine.working_set.peak_bytes / MB}
 
             records = run_timed_steps(step, args.steps, memory)
