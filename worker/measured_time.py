@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mebp_core.plan.calibration import calibration_path, load_calibration
-from mebp_core.plan.correction import TimeCorrection, measured_step_time, record_run
+from mebp_core.plan.correction import measured_step_time, record_run
 from service.models import Job
 
 
@@ -20,12 +20,13 @@ def predicted_figures(plan: dict | None) -> dict:
 
 def correct_host_time(job: Job, *, cache_dir: Path, threads: int | None,
                       decompress_times: list[float | None] = ()
-                      ) -> tuple[float, TimeCorrection] | None:
-    """Record the job's measured/modelled step-time ratio against this worker's calibration,
-    if the job was planned with that same calibration and measured over two steps or more,
-    with the engine's own time on decompression in those steps (``decompress_times``, one
-    per step, taken as the step time is; not recorded if a step lacks it). Returns the
-    measured step time and the host's new correction."""
+                      ) -> tuple[str, dict] | None:
+    """Record the job's measured/modelled step-time ratio against this worker's calibration
+    at ``threads``, if the job was planned with that same calibration and measured over two
+    steps or more, with the engine's own time on decompression in those steps
+    (``decompress_times``, one per step, taken as the step time is; not recorded if a step
+    lacks it). Returns the job's event saying what the measurement did to this host's
+    plans, or None when it had nothing to compare with."""
     decompress_s = None if None in decompress_times else measured_step_time(decompress_times)
     plan = job.plan or {}
     modelled = plan.get("modelled_step_time_s")
@@ -42,4 +43,16 @@ def correct_host_time(job: Job, *, cache_dir: Path, threads: int | None,
                             measured_parts=None if decompress_s is None
                             else {"decompress": decompress_s},
                             label=f"job {job.id}: {job.model} {plan.get('configuration')}")
-    return None if correction is None else (job.step_time_s, correction)
+    measured = f"measured {job.step_time_s:.3g} s/step against " \
+        f"{plan['predicted_step_time_s']:.3g} predicted"
+    data = {"measured_step_time_s": job.step_time_s,
+            "predicted_step_time_s": plan["predicted_step_time_s"]}
+    if correction is None:
+        return (f"{measured}, {job.step_time_s / modelled:.3g}x the model: not used to "
+                "correct this host's plans (a run this far off says more about the run, "
+                "such as the load beside it, than about the host)"), data
+    return (f"{measured}; this host's {correction.matmul_dtype} step times are now corrected "
+            f"by x{correction.factor:.2f} (median of {correction.runs} runs"
+            + (f"; decompression apart, timed in {correction.timed_runs}"
+               if correction.timed_runs else "") + ")",
+            {**data, "time_correction": correction.to_json()})

@@ -351,23 +351,11 @@ class JobRun:
         session.commit()
 
     def _correct_host_time(self, session: Session, job: Job) -> None:
-        corrected = correct_host_time(job, cache_dir=self.settings.cache_dir or default_cache_dir(),
-                                      threads=job.train_config().knobs.threads,
-                                      decompress_times=self.decompress_times)
-        if corrected is None:
-            return
-        measured, correction = corrected
-        plan = job.plan
-        add_event(session, job_id=job.id, kind="log",
-                  message=f"measured {measured:.3g} s/step against "
-                  f"{plan['predicted_step_time_s']:.3g} predicted; this host's "
-                  f"{correction.matmul_dtype} step times are now "
-                  f"corrected by x{correction.factor:.2f} (median of {correction.runs} runs"
-                  + (f"; decompression apart, timed in {correction.timed_runs}"
-                     if correction.timed_runs else "") + ")",
-                  data={"measured_step_time_s": measured,
-                        "predicted_step_time_s": plan["predicted_step_time_s"],
-                        "time_correction": correction.to_json()})
+        said = correct_host_time(job, cache_dir=self.settings.cache_dir or default_cache_dir(),
+                                 threads=job.train_config().knobs.threads,
+                                 decompress_times=self.decompress_times)
+        if said is not None:
+            add_event(session, job_id=job.id, kind="log", message=said[0], data=said[1])
 
     def _fail_over_budget(self, session: Session, job: Job, cap: MemoryCap) -> None:
         cap_mb = job.memory_budget_bytes / MB
