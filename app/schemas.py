@@ -131,9 +131,10 @@ class CalibrationPublic(BaseModel):
         description="per kind of figure, the upper quartile of its repeats over the lower")
     max_spread: float | None
     time_correction: dict[str, dict] = Field(default_factory=dict, description=(
-        "per matmul dtype, the factor this host's step-time predictions are multiplied by: "
+        "per matmul dtype, what measured runs on this host say of its step-time predictions: "
         "the median ratio of measured to modelled step time over its latest runs (factor, "
-        "runs); empty before any run"))
+        "runs), and how many of them timed their parts (timed_runs), which correct each "
+        "configuration's parts from the runs most like it; empty before any run"))
 
 
 class PlanPublic(BaseModel):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mebp_core.plan.calibration import calibration_path, load_calibration
-from mebp_core.plan.correction import measured_step_time, record_run
+from mebp_core.plan.correction import SIMILAR_RUNS, measured_step_time, record_run
 from service.models import Job
 
 
@@ -51,8 +51,14 @@ def correct_host_time(job: Job, *, cache_dir: Path, threads: int | None,
         return (f"{measured}, {job.step_time_s / modelled:.3g}x the model: not used to "
                 "correct this host's plans (a run this far off says more about the run, "
                 "such as the load beside it, than about the host)"), data
-    return (f"{measured}; this host's {correction.matmul_dtype} step times are now corrected "
-            f"by x{correction.factor:.2f} (median of {correction.runs} runs"
-            + (f"; decompression apart, timed in {correction.timed_runs}"
+    modelled_parts = plan.get("modelled_time_s") or {"step": modelled}
+    corrected = sum(correction.apply(modelled_parts).values())
+    return (f"{measured}; this host's {correction.matmul_dtype} plans are now corrected "
+            f"by its measured runs: this configuration to {corrected:.3g} s/step "
+            f"(x{corrected / modelled:.2f} its model; x{correction.factor:.2f} over the "
+            f"latest {correction.runs} runs"
+            + (f", its parts by the {min(SIMILAR_RUNS, correction.timed_runs)} of "
+               f"{correction.timed_runs} timed runs most like it"
                if correction.timed_runs else "") + ")",
-            {**data, "time_correction": correction.to_json()})
+            {**data, "time_correction": correction.to_json(),
+             "part_factors": correction.part_factors(modelled_parts)})

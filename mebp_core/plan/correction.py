@@ -7,12 +7,14 @@ per-op overhead). Plans on this host then correct their step times per matmul dt
 
 - the prior is one factor, the median measured/modelled ratio of the last few runs, so one
   run already moves every plan toward what was measured;
-- the parts the engine times itself (its dequantization) get their own factor, the median
-  of their measured/modelled ratios, and every other part the median ratio of what is left
-  of the step: configurations differ in their mix of parts (a lazy one decompresses, a
-  resident one does not), and a host may be slower than its calibration at one part only.
-  Measured, not inferred: a regression of the step totals on the parts (the previous
-  method) could not tell the parts apart on runs of similar mixes.
+- a configuration's parts are corrected by the runs whose mix of modelled parts is most like
+  its own: the parts the engine times itself (its dequantization) by the median of their
+  measured/modelled ratios in those runs, every other part by the median ratio of what is
+  left of their steps. Configurations differ in their mix of parts (a lazy one decompresses
+  in tiles, a resident one does not) and in the code paths behind them, and a host may be
+  slower than its calibration on one path only: measured on a Xeon with AMX, the rest of a
+  lazy bfloat16 step ran 1.3-1.9x its model, a resident one's 1.0-1.15x, so no one factor
+  for the rest held both (BENCHMARKS, issue 14 item 2).
 
 Runs are kept per calibration: a fresh calibration starts without a correction.
 """
@@ -20,14 +22,19 @@ Runs are kept per calibration: a fresh calibration starts without a correction.
 from __future__ import annotations
 
 import json
+import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
 from mebp_core.atomic import exclusive_lock, write_json_atomically
 
-RECENT_RUNS = 5  # the factors are medians over this many latest runs
+RECENT_RUNS = 5  # the prior is the median over this many latest runs
+# a configuration's part factors: from this many runs of the mix most like its own, among
+# this many latest runs with timed parts
+SIMILAR_RUNS = 2
+SIMILAR_WINDOW = 8
 # the parts the engine clocks itself in every step (``StepMetrics.decompress_s``)
 MEASURED_PARTS = ("decompress",)
 # a timed part this small a share of a run's modelled step says little of its rate
@@ -44,17 +51,55 @@ class TimeCorrection:
     factor: float  # the prior: the median ratio of the latest runs
     runs: int  # how many measured runs the prior is the median of
     matmul_dtype: str
-    part_factors: dict[str, float] = field(default_factory=dict)  # absent: the prior
-    timed_runs: int = 0  # how many runs with timed parts the part factors rest on
+    timed: tuple[dict, ...] = ()  # the latest runs with timed parts, oldest first
 
-    def apply(self, time_by_part: dict[str, float]) -> dict[str, float]:
-        return {part: seconds * self.part_factors.get(part, self.factor)
+    @property
+    def timed_runs(self) -> int:
+        return len(self.timed)
+
+    def part_factors(self, modelled: dict[str, float]) -> dict[str, float]:
+        """Per part of a configuration modelled as ``modelled`` (seconds by part): a part
+        the engine timed, the median of its measured/modelled ratios in the most similar
+        runs where it was a share worth timing; any other part, the median ratio of the
+        rest of the most similar runs' steps. Empty without timed runs (the prior alone)."""
+        def nearest(runs: list[dict]) -> list[dict]:
+            return sorted(runs, key=lambda r: _mix_distance(r["modelled_parts"], modelled)
+                          )[:SIMILAR_RUNS]
+
+        rest = [ratio for ratio in map(_rest_ratio, nearest(list(self.timed)))
+                if ratio is not None]
+        if not rest:
+            return {}
+        rest_factor = statistics.median(rest)
+        factors = dict.fromkeys(modelled, rest_factor)
+        for part in MEASURED_PARTS:
+            worth = [r for r in self.timed if part in r["measured_parts"] and
+                     r["modelled_parts"].get(part, 0.0) > MIN_PART_SHARE * r["modelled_s"]]
+            if worth and part in factors:
+                factors[part] = statistics.median(
+                    r["measured_parts"][part] / r["modelled_parts"][part]
+                    for r in nearest(worth))
+        return factors
+
+    def apply(self, time_by_part: dict[str, float],
+              like: dict[str, float] | None = None) -> dict[str, float]:
+        """``time_by_part`` corrected as the parts of a configuration modelled as ``like``
+        (by default, ``time_by_part`` itself)."""
+        factors = self.part_factors(like or time_by_part)
+        return {part: seconds * factors.get(part, self.factor)
                 for part, seconds in time_by_part.items()}
 
     def to_json(self) -> dict:
         return {"factor": round(self.factor, 4), "runs": self.runs,
-                "matmul_dtype": self.matmul_dtype, "timed_runs": self.timed_runs,
-                "part_factors": {p: round(f, 4) for p, f in self.part_factors.items()}}
+                "matmul_dtype": self.matmul_dtype, "timed_runs": self.timed_runs}
+
+
+def _mix_distance(a: dict[str, float], b: dict[str, float]) -> float:
+    """How far apart two configurations' mixes of modelled parts are: the distance of their
+    shares of the step."""
+    total_a, total_b = sum(a.values()) or 1.0, sum(b.values()) or 1.0
+    return math.dist([a.get(p, 0.0) / total_a for p in sorted(a.keys() | b.keys())],
+                     [b.get(p, 0.0) / total_b for p in sorted(a.keys() | b.keys())])
 
 
 def correction_path(calibration_file: Path) -> Path:
@@ -86,31 +131,12 @@ def load_corrections(calibration_file: Path, calibrated_at: str) -> dict[str, Ti
 
 
 def correction_from(runs: list[dict], matmul_dtype: str) -> TimeCorrection:
-    """The correction the latest of ``runs`` (oldest first) say: the prior, and the part
-    factors of the latest runs that recorded their parts."""
-    recent = runs[-RECENT_RUNS:]
-    prior = statistics.median(r["ratio"] for r in recent)
-    timed = [r for r in recent if r.get("modelled_parts") and r.get("measured_parts")]
-    return TimeCorrection(prior, len(recent), matmul_dtype, part_factors(timed), len(timed))
-
-
-def part_factors(runs: list[dict]) -> dict[str, float]:
-    """Per modelled part: a part the engine timed, the median of its measured/modelled
-    ratios (over the runs where it was a share of the step worth timing); any other part,
-    the median ratio of the rest of the step. Empty without runs."""
-    rest = [ratio for ratio in map(_rest_ratio, runs) if ratio is not None]
-    if not rest:
-        return {}
-    factors = {}
-    for part in MEASURED_PARTS:
-        ratios = [r["measured_parts"][part] / r["modelled_parts"][part] for r in runs
-                  if part in r["measured_parts"] and
-                  r["modelled_parts"].get(part, 0.0) > MIN_PART_SHARE * r["modelled_s"]]
-        if ratios:
-            factors[part] = statistics.median(ratios)
-    rest_factor = statistics.median(rest)
-    modelled = {part for r in runs for part, seconds in r["modelled_parts"].items() if seconds}
-    return {part: factors.get(part, rest_factor) for part in sorted(modelled)}
+    """The correction the latest of ``runs`` (oldest first) say: the prior, and the latest
+    runs that recorded their parts, which the part factors come from."""
+    prior = statistics.median(r["ratio"] for r in runs[-RECENT_RUNS:])
+    timed = [r for r in runs[-SIMILAR_WINDOW:]
+             if r.get("modelled_parts") and r.get("measured_parts")]
+    return TimeCorrection(prior, len(runs[-RECENT_RUNS:]), matmul_dtype, tuple(timed))
 
 
 def _rest_ratio(run: dict) -> float | None:

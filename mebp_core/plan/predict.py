@@ -242,6 +242,7 @@ def under_budget(prediction: Prediction, budget_bytes: int, host: HostCalibratio
     missing_checkpoints = max(0, checkpoints - room)
     missing_store = max(0, prediction.store_bytes - max(0, room - checkpoints))
     disk = {"disk": (missing_store + 2 * missing_checkpoints) / host.disk_read_bytes_per_s}
-    corrected = disk if prediction.correction is None else prediction.correction.apply(disk)
+    corrected = disk if prediction.correction is None else \
+        prediction.correction.apply(disk, like={**prediction.modelled_time, **disk})
     return dataclasses.replace(prediction, time={**prediction.time, **corrected},
                                modelled_time={**prediction.modelled_time, **disk})

@@ -31,7 +31,7 @@ def test_a_run_near_the_model_corrects_the_next_plans(cache):
     job = finished_job(0.5, 0.75, calibration.provenance())
     message, data = correct_host_time(job, cache_dir=cache, threads=1)
     assert data["time_correction"]["factor"] == pytest.approx(1.5)
-    assert "corrected by x1.50" in message
+    assert "this configuration to 0.75 s/step (x1.50 its model" in message
     after = load_calibration(cache, 1, measure=False).time_corrections["float32"]
     assert after.factor == pytest.approx(1.5) and after.runs == 1
 
