@@ -71,9 +71,9 @@ def matmul_dtype(compute_dtype: str, bf16_matmul: str = "auto") -> str:
 
 
 # a core counts as free when at least this share of it sat idle: threads on a core another
-# process keeps busy wait at every parallel region's barrier for their turn (measured: a
-# smollm2-135m step at seq 256 took 6.5 s on 2 threads with the other core busy, 2.3 s on
-# one, 1.4 s on two idle)
+# process keeps busy wait at every parallel region's barrier for their turn (BENCHMARKS: a
+# smollm2-135m step at seq 256 on 2 threads beside a busy core ran 6.1x its idle time, on
+# one thread 1.6x)
 FREE_CORE_SHARE = 0.8
 
 
