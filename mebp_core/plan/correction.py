@@ -13,8 +13,8 @@ per-op overhead). Plans on this host then correct their step times per matmul dt
   left of their steps. Configurations differ in their mix of parts (a lazy one decompresses
   in tiles, a resident one does not) and in the code paths behind them, and a host may be
   slower than its calibration on one path only: measured on a Xeon with AMX, the rest of a
-  lazy bfloat16 step ran 1.3-1.9x its model, a resident one's 1.0-1.15x, so no one factor
-  for the rest held both (BENCHMARKS, issue 14 item 2).
+  lazy bfloat16 step ran 1.3-1.9x its model, a resident one's 1.0-1.15x (a 135M model's
+  1.4-1.5x), so no one factor for the rest held both (BENCHMARKS, issue 14 item 2).
 
 Runs are kept per calibration: a fresh calibration starts without a correction.
 """
