@@ -43,10 +43,14 @@ class _OnlineSoftmax:
         self.best_index = torch.zeros(n, dtype=torch.long)
         self.acc = torch.zeros(n, dim) if with_grad else None
 
-    def add_tile(self, raw: torch.Tensor, weight: torch.Tensor, start: int) -> None:
-        """raw (n, V_t) float32 logits of vocabulary rows start..start+V_t; weight those rows."""
+    def add_tile(self, logits: torch.Tensor, weight: torch.Tensor, start: int,
+                 cast: torch.Tensor | None) -> None:
+        """logits (n, V_t) float32 raw logits of vocabulary rows start..start+V_t, overwritten
+        here (softcapped, then turned into probabilities); weight those rows; cast an (n, V_t)
+        buffer in the weight's dtype when that is not float32."""
         cap = self.softcap
-        logits = apply_softcap(raw, cap)
+        if cap:  # apply_softcap, in place
+            logits.div_(cap).tanh_().mul_(cap)
         stop = start + logits.shape[1]
         tile_max, tile_arg = logits.max(dim=1)
         better = tile_max > self.best_logit
@@ -58,12 +62,17 @@ class _OnlineSoftmax:
 
         new_max = torch.maximum(self.run_max, tile_max)
         rescale = torch.exp(self.run_max - new_max)
-        probs = torch.exp(logits - new_max[:, None])  # unnormalized, (n, V_t)
+        slope = None
+        if cap and self.acc is not None:
+            slope = (logits / cap).pow_(2).neg_().add_(1)  # d softcap(z) / dz
+        probs = logits.sub_(new_max[:, None]).exp_()  # unnormalized, (n, V_t)
         self.run_sum = self.run_sum * rescale + probs.sum(dim=1)
         if self.acc is not None:
-            if cap:
-                probs *= 1 - (logits / cap) ** 2  # d softcap(z) / dz
-            self.acc.mul_(rescale[:, None]).add_((probs.to(weight.dtype) @ weight).float())
+            if slope is not None:
+                probs *= slope
+            if cast is not None:
+                probs = cast.copy_(probs)
+            self.acc.mul_(rescale[:, None]).add_((probs @ weight).float())
         self.run_max = new_max
 
     def losses(self) -> torch.Tensor:
@@ -74,6 +83,28 @@ class _OnlineSoftmax:
         if self.softcap:
             target_rows = target_rows * (1 - (self.target_logit / self.softcap) ** 2)[:, None]
         return self.acc / self.run_sum[:, None] - target_rows
+
+
+class _TileBuffers:
+    """One vocabulary tile's float32 logits and, when the matmuls run in 16 bits, their 16-bit
+    twin, allocated once for the whole loss and reused by every tile: the loss holds these
+    few bytes per token and vocabulary row, and the heap never sees a tile's temporaries
+    come and go."""
+
+    def __init__(self, n_tokens: int, rows: int, dtype: torch.dtype) -> None:
+        self.n_tokens = n_tokens
+        self.float32 = torch.empty(n_tokens * rows)
+        self.low = None if dtype == torch.float32 else torch.empty(n_tokens * rows, dtype=dtype)
+
+    def logits(self, h: torch.Tensor, weight: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``h @ weight.T`` in float32 (computed in ``h``'s dtype), and the 16-bit buffer."""
+        shape = (self.n_tokens, weight.shape[0])
+        logits = self.float32[: shape[0] * shape[1]].view(shape)
+        if self.low is None:
+            return torch.mm(h, weight.T, out=logits), None
+        low = self.low[: shape[0] * shape[1]].view(shape)
+        return logits.copy_(torch.mm(h, weight.T, out=low)), low
 
 
 def compute_head_loss(hidden: torch.Tensor, targets: torch.Tensor, *, store, head_name: str,
@@ -93,8 +124,11 @@ def compute_head_loss(hidden: torch.Tensor, targets: torch.Tensor, *, store, hea
     h = hidden[valid].to(dtype)  # (n, D)
     tgt = targets[valid]
     state = _OnlineSoftmax(tgt, dim, softcap, with_grad)
+    buffers = _TileBuffers(h.shape[0], vocab_tile_rows(store, head_name, dtype, tile_bytes),
+                           dtype)
     for start, weight in iter_vocab_tiles(store, head_name, dtype, tile_bytes, working_set):
-        state.add_tile((h @ weight.T).float(), weight, start)
+        logits, cast = buffers.logits(h, weight)
+        state.add_tile(logits, weight, start, cast)
     grad = None
     if with_grad:
         grad = torch.zeros(n_tokens, dim)
@@ -108,8 +142,8 @@ def iter_vocab_tiles(store, head_name: str, dtype: torch.dtype, tile_bytes: int,
     """(first row, rows) of the output projection in ``dtype``, one bounded tile at a time;
     each tile is released when the next is asked for (a resident head is sliced, not copied,
     unless it must be cast)."""
-    vocab, dim = store.info(head_name).shape
-    tile_rows = max(1, min(vocab, tile_bytes // (dim * dtype.itemsize)))
+    vocab = store.info(head_name).shape[0]
+    tile_rows = vocab_tile_rows(store, head_name, dtype, tile_bytes)
     resident = working_set.resident.get(head_name)
     for start in range(0, vocab, tile_rows):
         rows = slice(start, min(start + tile_rows, vocab))
@@ -124,6 +158,12 @@ def iter_vocab_tiles(store, head_name: str, dtype: torch.dtype, tile_bytes: int,
             yield start, weight
         finally:
             working_set.drop(weight)
+
+
+def vocab_tile_rows(store, head_name: str, dtype: torch.dtype, tile_bytes: int) -> int:
+    """Rows of the output projection per tile: as many as ``tile_bytes`` hold in ``dtype``."""
+    vocab, dim = store.info(head_name).shape
+    return max(1, min(vocab, tile_bytes // (dim * dtype.itemsize)))
 
 
 def compute_full_logits_loss(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor,

@@ -36,6 +36,7 @@ class Architecture:
     vocab_size: int
     tied_embeddings: bool
     max_positions: int
+    logit_softcap: float | None = None  # logits = c * tanh(logits / c) (Gemma's final cap)
 
     def projections(self) -> dict[str, tuple[int, int]]:
         """(out, in) of each frozen projection of one block, by module suffix."""
@@ -94,7 +95,9 @@ def architecture_from_config(config: dict[str, Any]) -> Architecture:
             vocab_size=int(config["vocab_size"]),
             tied_embeddings=bool(config.get("tie_word_embeddings", _DEFAULT_TIED[model_type])),
             max_positions=int(config.get("max_position_embeddings",
-                                         _DEFAULT_MAX_POSITIONS[model_type])))
+                                         _DEFAULT_MAX_POSITIONS[model_type])),
+            logit_softcap=config.get("final_logit_softcapping") if
+            model_type == "gemma3_text" else None)
     except KeyError as exc:
         raise PlanInputError(f"config.json: missing field {exc.args[0]!r}") from None
 

@@ -122,7 +122,7 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     if chunk < n_tokens:
         block_grads += hidden_bytes  # the MLP part's input gradient, gathered whole
     lora = _lora_bytes(workload, keep_all_grads=every == "none" or not workload.fused_update)
-    loss_chunk = _loss_chunk_bytes(workload, knobs, em)
+    loss_chunk = loss_chunk_bytes(workload, knobs, em)
 
     if every == "none":
         saved = 0
@@ -216,13 +216,15 @@ def _lora_bytes(workload: Workload, *, keep_all_grads: bool) -> int:
     return params + grads + optimizer
 
 
-def _loss_chunk_bytes(workload: Workload, knobs: EngineKnobs, em: int) -> int:
-    """One vocabulary tile's float32 logits, probabilities and their cast to the matmul
-    dtype, plus the per-token running state and the (N, D) float32 gradient accumulator."""
+def loss_chunk_bytes(workload: Workload, knobs: EngineKnobs, em: int) -> int:
+    """The loss's reused tile buffers (float32 logits, turned into probabilities in place,
+    and their twin in a 16-bit matmul dtype), a softcap's slope beside them, and the
+    per-token running state and (N, D) float32 gradient accumulator."""
     arch = workload.arch
     rows = tile_rows(arch.vocab_size, arch.hidden_size, knobs.loss_vocab_tile_bytes, em)
+    per_element = 4 + (em if em != 4 else 0) + (4 if arch.logit_softcap else 0)
     n = workload.tokens
-    return n * rows * (4 + 4 + em) + 3 * n * arch.hidden_size * 4
+    return n * rows * per_element + 3 * n * arch.hidden_size * 4
 
 
 def _lazy_store_bytes(workload: Workload, resident: set[str]) -> int:

@@ -21,10 +21,11 @@ def test_architecture_matches_the_engine_model_and_checkpoint_shapes(preset):
     arch = architecture_from_config(config)
     args = build_model_args(config)
     assert (arch.hidden_size, arch.intermediate_size, arch.num_layers, arch.num_heads,
-            arch.num_kv_heads, arch.head_dim, arch.vocab_size, arch.tied_embeddings) == (
+            arch.num_kv_heads, arch.head_dim, arch.vocab_size, arch.tied_embeddings,
+            arch.logit_softcap) == (
         args.hidden_size, args.intermediate_size, args.num_hidden_layers,
         args.num_attention_heads, args.num_key_value_heads, args.head_dim, args.vocab_size,
-        args.tie_word_embeddings)
+        args.tie_word_embeddings, getattr(args, "final_logit_softcapping", None))
     shapes = expected_shapes(config)
     for name, params in arch.frozen_weights():
         assert math.prod(shapes[name]) == params, name
@@ -46,6 +47,12 @@ def test_multimodal_gemma3_reads_its_text_config():
     arch = architecture_from_config(config)
     assert (arch.model_type, arch.hidden_size, arch.head_dim, arch.tied_embeddings,
             arch.max_positions) == ("gemma3_text", 640, 256, True, 131072)
+
+
+def test_a_softcapped_gemma3_is_read_as_the_engine_reads_it():
+    config = {**PRESET_CONFIGS["gemma3-1b"], "final_logit_softcapping": 30.0}
+    assert architecture_from_config(config).logit_softcap == \
+        build_model_args(config).final_logit_softcapping == 30.0
 
 
 def test_bad_configs_name_the_problem(tmp_path):
