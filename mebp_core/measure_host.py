@@ -19,10 +19,12 @@ from datetime import UTC, datetime
 
 from mebp_core.cache import default_cache_dir
 from mebp_core.kernel_memory import read_memory
+from mebp_core.plan.calibration import DECOMPRESS_BLOCK_PARAMS, DECOMPRESS_TILE_PARAMS
 
 MATMUL_TOKENS = (64, 256, 1024)  # tokens per matmul: short batches to long ones (flat beyond)
 MATMUL_OUTS = (256, 1024, 4096)  # output widths: small tiles to whole MLP projections
-_D, _F = 1024, 2816  # a small model's hidden and MLP sizes
+_D = 1024  # a small model's hidden size
+_F = DECOMPRESS_TILE_PARAMS // _D  # and its MLP's
 
 
 SLOW_S = 0.2  # a measurement this slow is not repeated, and larger sizes are not tried
@@ -80,23 +82,8 @@ def measure(threads: int | None) -> dict:
                                                   ("bfloat16", torch.bfloat16))}
 
     weight = torch.randn(_F, _D, generator=gen) * 0.02
-    decompress: dict[str, dict[str, float]] = {}
-    for quant in ("int4", "int8", "none"):
-        rates = {}
-        for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-            out = torch.empty(_F, _D, dtype=dtype)
-            if quant == "none":
-                src = weight.to(torch.bfloat16)
-                seconds = spreads.time("decompress", lambda src=src, out=out: out.copy_(src))
-            else:
-                bits = 4 if quant == "int4" else 8
-                q = quantize(weight, bits=bits, group_size=64)
-                seconds = spreads.time(
-                    "decompress", lambda q=q, out=out, dtype=dtype, bits=bits: dequantize(
-                        q.data, q.scales, q.biases, bits, 64, dtype, out=out))
-            rates[name] = _F * _D / seconds
-        decompress[quant] = rates
-    result["decompress_params_per_s"] = decompress
+    result["decompress_params_per_s"], result["decompress_block_params_per_s"] = \
+        _decompress_rates(weight, spreads)
     q = quantize(weight[:8], bits=4, group_size=64)
     out = torch.empty(8, _D)
     result["decompress_call_s"] = spreads.time("decompress_call", lambda: dequantize(
@@ -117,6 +104,42 @@ def measure(threads: int | None) -> dict:
     result["spread"] = spreads.by_kind
     result["load_after"] = os.getloadavg()[0]
     return result
+
+
+def _decompress_rates(weight, spreads: _Spreads) -> tuple[dict, dict]:
+    """quant -> dtype -> params/s: one projection into one reused buffer (a tile), and a
+    block's worth written one after another into one buffer beyond the caches (a shared
+    block), from sources that differ projection to projection as a block's do."""
+    import torch
+
+    from mebp_core.store.quant import dequantize, quantize
+
+    per_block = DECOMPRESS_BLOCK_PARAMS // weight.numel()
+    tile: dict[str, dict[str, float]] = {}
+    block: dict[str, dict[str, float]] = {}
+    for quant, bits in (("int4", 4), ("int8", 8), ("none", None)):
+        weights = [weight.roll(shift, 0) for shift in range(4)]
+        sources = [quantize(w, bits=bits, group_size=64) if bits else w.to(torch.bfloat16)
+                   for w in weights]
+        tile[quant], block[quant] = {}, {}
+        for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+            buffer = torch.zeros(per_block, *weight.shape, dtype=dtype)  # faulted in already
+
+            def fill(index: int, dtype=dtype, buffer=buffer, bits=bits,
+                     sources=sources) -> None:
+                source = sources[index % len(sources)]
+                if bits is None:
+                    buffer[index].copy_(source)
+                else:
+                    dequantize(source.data, source.scales, source.biases, bits, 64, dtype,
+                               out=buffer[index])
+
+            seconds = spreads.time("decompress", lambda fill=fill: fill(0))
+            tile[quant][name] = weight.numel() / seconds
+            seconds = spreads.time("decompress", lambda fill=fill: [
+                fill(index) for index in range(per_block)])
+            block[quant][name] = DECOMPRESS_BLOCK_PARAMS / seconds
+    return tile, block
 
 
 def _matmul_rates(dtype, gen, spreads: _Spreads) -> dict[str, dict[str, dict[str, float]]]:

@@ -68,6 +68,7 @@ class StepWork:
     matmul_dtype: str
     tile_params: float  # decompressed in tiles, to the matmul dtype
     whole_params: float  # decompressed whole (a shared block), to the storage dtype
+    block_params: float  # one block's weights, written one after another when shared
     decompress_calls: float
     traffic_bytes: float  # elementwise, as counted (TRAFFIC_MULTIPLIER prices the rest)
     ops: float  # torch ops dispatched
@@ -82,7 +83,8 @@ def step_work(workload: Workload, knobs: EngineKnobs, resident: set[str],
     tile_params, whole_params, calls = _decompress_work(workload, knobs, resident, method)
     return StepWork(matmuls=tuple(_matmul_work(workload, knobs, resident, method)),
                     matmul_dtype=matmul_dtype_of(workload, knobs), tile_params=tile_params,
-                    whole_params=whole_params, decompress_calls=calls,
+                    whole_params=whole_params, block_params=workload.arch.block_params(),
+                    decompress_calls=calls,
                     traffic_bytes=_traffic_bytes(workload, knobs, resident, method),
                     ops=_op_count(workload, knobs, method))
 
@@ -94,7 +96,8 @@ def host_step_time(work: StepWork, workload: Workload, host: HostCalibration
                  for flops, rows, width, form in work.matmuls)
     decompress = (
         work.tile_params / host.decompress_rate(workload.quant, work.matmul_dtype) +
-        work.whole_params / host.decompress_rate(workload.quant, workload.compute_dtype) +
+        work.whole_params / host.decompress_rate(workload.quant, workload.compute_dtype,
+                                                 params_out=work.block_params) +
         work.decompress_calls * (host.decompress_call_s + 3 * host.op_overhead_s))
     return {"matmul": matmul, "decompress": decompress,
             "elementwise": TRAFFIC_MULTIPLIER * work.traffic_bytes /

@@ -83,7 +83,10 @@ def test_the_host_measurement_runs_and_gives_positive_rates():
             table = host.matmul_flops[dtype][form]
             assert table and all(rate > 0 for rates in table.values() for rate in rates.values())
             assert host.matmul_rate(dtype, 4096, 8192, form) > 0
-    assert host.decompress_rate("int4", "float32") > 0
+    for quant in ("int4", "int8", "none"):
+        for dtype in ("float32", "bfloat16"):
+            assert host.decompress_params_per_s[quant][dtype] > 0
+            assert host.decompress_block_params_per_s[quant][dtype] > 0
     assert host.matmul_rate("float32", 128) > 0
     assert host.elementwise_bytes_per_s > 0 and host.disk_read_bytes_per_s > 0
     # provenance: the kernel timed, when, under what load, how steady

@@ -9,6 +9,7 @@ import pytest
 
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.plan.arch import load_architecture
+from mebp_core.plan.calibration import DECOMPRESS_BLOCK_PARAMS, DECOMPRESS_TILE_PARAMS
 from mebp_core.plan.devices import get_device, load_devices, paper_knobs, paper_workload
 from mebp_core.plan.on_host import fastest_fitting, plan_on_host
 from mebp_core.plan.planner import candidate_knobs, make_plan
@@ -241,6 +242,28 @@ def test_matmul_rates_interpolate_between_measured_shapes(host):
     assert host.matmul_rate("float32", 32, 4096) == pytest.approx(5e10 / 2)  # overhead-bound
     assert host.matmul_rate("float32", 1 << 20, 1 << 20) == pytest.approx(1.2e11)  # flat
     assert host.matmul_rate("bfloat16", 2048, 4096, "nn") == pytest.approx(2.4e11)
+
+
+def test_a_shared_blocks_decompression_is_priced_at_the_rate_for_its_size(workload, host):
+    """A shared block is written whole into one buffer, beyond the caches on most hosts:
+    its decompression takes the block rate (interpolated by size from the tile rate), while
+    tiles keep the tile rate."""
+    slow_blocks = replace(host, decompress_block_params_per_s={
+        q: {d: r / 2 for d, r in rates.items()}
+        for q, rates in host.decompress_params_per_s.items()})
+    assert slow_blocks.decompress_rate("int4", "float32", DECOMPRESS_TILE_PARAMS) == 3e9
+    assert slow_blocks.decompress_rate("int4", "float32", 4 * DECOMPRESS_BLOCK_PARAMS) == 1.5e9
+    between = slow_blocks.decompress_rate("int4", "float32", 2 * DECOMPRESS_TILE_PARAMS)
+    assert 1.5e9 < between < 3e9
+    for share, more in ((True, True), (False, False)):
+        knobs = EngineKnobs(share_decompression=share, checkpoint_blocks=1)
+        work = step_work(workload, knobs, set())
+        assert (work.whole_params > 0) == share
+        before = predict(workload, knobs, host).modelled_time["decompress"]
+        after = predict(workload, knobs, slow_blocks).modelled_time["decompress"]
+        rate = slow_blocks.decompress_rate("int4", "float32", work.block_params)
+        assert after - before == pytest.approx(work.whole_params * (1 / rate - 1 / 3e9))
+        assert (after > before) == more
 
 
 def test_a_tight_budget_adds_the_store_reads_that_no_longer_stay_cached(workload, host):
