@@ -19,16 +19,17 @@ from datetime import UTC, datetime
 
 from mebp_core.cache import default_cache_dir
 from mebp_core.kernel_memory import read_memory
-from mebp_core.plan.calibration import DECOMPRESS_BLOCK_PARAMS, DECOMPRESS_TILE_PARAMS
+from mebp_core.plan.calibration import DECOMPRESS_PROJECTION_PARAMS, DECOMPRESS_SIZES
 
 MATMUL_TOKENS = (64, 256, 1024)  # tokens per matmul: short batches to long ones (flat beyond)
 MATMUL_OUTS = (256, 1024, 4096)  # output widths: small tiles to whole MLP projections
 _D = 1024  # a small model's hidden size
-_F = DECOMPRESS_TILE_PARAMS // _D  # and its MLP's
+_F = DECOMPRESS_PROJECTION_PARAMS // _D  # and its MLP's
 
 
 SLOW_S = 0.2  # a measurement this slow is not repeated, and larger sizes are not tried
 REPEATS = 5
+FAST_TOTAL_S, MAX_REPEATS = 0.01, 50  # a fast measurement repeats for about this long
 
 
 class _Spreads:
@@ -41,11 +42,13 @@ class _Spreads:
         self.by_kind: dict[str, float] = {}
 
     def time(self, kind: str, fn, repeats: int = REPEATS) -> float:
-        """The median of ``repeats`` timed runs of ``fn`` after a warm-up run."""
+        """The median of ``repeats`` timed runs of ``fn`` after a warm-up run (more for
+        a sub-millisecond ``fn``, whose quartiles a few repeats leave to chance)."""
         start = time.perf_counter()
         fn()  # warm up (first touch, kernel selection)
         seconds = [time.perf_counter() - start]
         if seconds[0] <= SLOW_S:
+            repeats = max(repeats, min(MAX_REPEATS, int(FAST_TOTAL_S / seconds[0])))
             seconds = []
             for _ in range(repeats):
                 start = time.perf_counter()
@@ -82,12 +85,12 @@ def measure(threads: int | None) -> dict:
                                                   ("bfloat16", torch.bfloat16))}
 
     weight = torch.randn(_F, _D, generator=gen) * 0.02
-    result["decompress_params_per_s"], result["decompress_block_params_per_s"] = \
-        _decompress_rates(weight, spreads)
     q = quantize(weight[:8], bits=4, group_size=64)
     out = torch.empty(8, _D)
-    result["decompress_call_s"] = spreads.time("decompress_call", lambda: dequantize(
+    call_s = spreads.time("decompress_call", lambda: dequantize(
         q.data, q.scales, q.biases, 4, 64, torch.float32, out=out), repeats=50)
+    result["decompress_call_s"] = call_s
+    result["decompress_params_per_s"] = _decompress_rates(weight, call_s, spreads)
 
     # activation-sized operands (64 MB each): main-memory bandwidth, not cache
     a = torch.randn(16 << 20, generator=gen)
@@ -106,40 +109,51 @@ def measure(threads: int | None) -> dict:
     return result
 
 
-def _decompress_rates(weight, spreads: _Spreads) -> tuple[dict, dict]:
-    """quant -> dtype -> params/s: one projection into one reused buffer (a tile), and a
-    block's worth written one after another into one buffer beyond the caches (a shared
-    block), from sources that differ projection to projection as a block's do."""
+def _decompress_rates(weight, call_s: float, spreads: _Spreads) -> dict:
+    """quant -> dtype -> output params -> params/s, net of each call's fixed cost: sizes up
+    to a projection's in one call into a reused buffer (a tile), larger ones as projections
+    written one after another into one buffer (a shared block), from sources that differ
+    projection to projection as a block's do."""
     import torch
 
-    from mebp_core.store.quant import dequantize, quantize
+    from mebp_core.store.quant import quantize
 
-    per_block = DECOMPRESS_BLOCK_PARAMS // weight.numel()
-    tile: dict[str, dict[str, float]] = {}
-    block: dict[str, dict[str, float]] = {}
+    rates: dict[str, dict[str, dict[str, float]]] = {}
     for quant, bits in (("int4", 4), ("int8", 8), ("none", None)):
         weights = [weight.roll(shift, 0) for shift in range(4)]
         sources = [quantize(w, bits=bits, group_size=64) if bits else w.to(torch.bfloat16)
                    for w in weights]
-        tile[quant], block[quant] = {}, {}
+        rates[quant] = {}
         for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-            buffer = torch.zeros(per_block, *weight.shape, dtype=dtype)  # faulted in already
+            rates[quant][name] = {}
+            buffer = torch.zeros(max(DECOMPRESS_SIZES), dtype=dtype)  # faulted in already
+            for size in DECOMPRESS_SIZES:
+                calls = _decompress_calls(size, weight.shape, bits, sources, dtype, buffer)
+                seconds = spreads.time("decompress", lambda calls=calls: [
+                    call() for call in calls])
+                rates[quant][name][str(size)] = size / max(seconds - len(calls) * call_s,
+                                                           seconds / 2)
+    return rates
 
-            def fill(index: int, dtype=dtype, buffer=buffer, bits=bits,
-                     sources=sources) -> None:
-                source = sources[index % len(sources)]
-                if bits is None:
-                    buffer[index].copy_(source)
-                else:
-                    dequantize(source.data, source.scales, source.biases, bits, 64, dtype,
-                               out=buffer[index])
 
-            seconds = spreads.time("decompress", lambda fill=fill: fill(0))
-            tile[quant][name] = weight.numel() / seconds
-            seconds = spreads.time("decompress", lambda fill=fill: [
-                fill(index) for index in range(per_block)])
-            block[quant][name] = DECOMPRESS_BLOCK_PARAMS / seconds
-    return tile, block
+def _decompress_calls(size: int, shape, bits: int | None, sources, dtype, buffer) -> list:
+    """Calls that dequantize ``size`` parameters into ``buffer``: one projection's rows,
+    or projections one after another."""
+    from mebp_core.store.quant import dequantize
+
+    rows, cols = shape
+    calls = []
+    for index, start in enumerate(range(0, size, rows * cols)):
+        n_rows = min(rows, (size - start) // cols)
+        out = buffer[start : start + n_rows * cols].view(n_rows, cols)
+        source = sources[index % len(sources)]
+        if bits is None:
+            calls.append(lambda out=out, source=source, n=n_rows: out.copy_(source[:n]))
+        else:
+            calls.append(lambda out=out, source=source, n=n_rows: dequantize(
+                source.data[:n], source.scales[:n], source.biases[:n], bits, 64, dtype,
+                out=out))
+    return calls
 
 
 def _matmul_rates(dtype, gen, spreads: _Spreads) -> dict[str, dict[str, dict[str, float]]]:

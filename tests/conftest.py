@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from cpu_load import all_cores_but_one_busy
 
-from mebp_core.plan.calibration import HostCalibration, calibration_path
+from mebp_core.plan.calibration import DECOMPRESS_SIZES, HostCalibration, calibration_path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -26,7 +26,8 @@ def host() -> HostCalibration:
                                      "4096": {"64": 5e10 * f, "2048": 1.2e11 * f}}
                               for form in ("nt", "nn")}
                       for dtype, f in (("float32", 1.0), ("bfloat16", 2.0))},
-        decompress_params_per_s={q: {"float32": 3e9, "bfloat16": 3e9}
+        decompress_params_per_s={q: {d: {str(size): 3e9 for size in DECOMPRESS_SIZES}
+                                     for d in ("float32", "bfloat16")}
                                  for q in ("int4", "int8", "none")},
         elementwise_bytes_per_s=5e10, op_overhead_s=2e-6, decompress_call_s=5e-5,
         disk_read_bytes_per_s=1e9)
@@ -44,7 +45,8 @@ def seed_calibration(host) -> Callable[..., Path]:
                                   for w, by_tokens in by_width.items()}
                               for f, by_width in forms.items()}
                           for d, forms in host.matmul_flops.items()},
-            decompress_params_per_s={q: {d: r * speed for d, r in rates.items()}
+            decompress_params_per_s={q: {d: {size: r * speed for size, r in by_size.items()}
+                                         for d, by_size in rates.items()}
                                      for q, rates in host.decompress_params_per_s.items()},
             elementwise_bytes_per_s=host.elementwise_bytes_per_s * speed)
         path = calibration_path(cache_dir, threads)

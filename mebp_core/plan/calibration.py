@@ -30,11 +30,14 @@ from mebp_core.store.kernel_build import kernel_digest
 
 CALIBRATION_VERSION = 6
 
-# the dequantizations timed: one projection-sized output (a small model's MLP projection) into
-# one reused buffer, as tiles are; and a block's worth of them written one after another into
-# one buffer far beyond the caches, as a shared block's backward decompresses its weights
-DECOMPRESS_TILE_PARAMS = 2816 * 1024
-DECOMPRESS_BLOCK_PARAMS = 8 * DECOMPRESS_TILE_PARAMS
+# Dequantization is timed at these output sizes (parameters): a small tile and a small model's
+# MLP projection, each one call into a reused buffer as tiles are, and a block's worth of such
+# projections written one after another into one buffer beyond the caches, as a shared
+# block's backward decompresses its weights. The rate falls at both ends: small calls pay
+# their threads' start, outputs beyond the caches pay the memory (on a Xeon 4.4 -> 1.5 G
+# params/s from a projection to a block).
+DECOMPRESS_PROJECTION_PARAMS = 2816 * 1024
+DECOMPRESS_SIZES = (1 << 18, DECOMPRESS_PROJECTION_PARAMS, 8 * DECOMPRESS_PROJECTION_PARAMS)
 
 
 class CalibrationError(MebpError, RuntimeError):
@@ -47,7 +50,8 @@ class HostCalibration:
     runtime_bytes: int  # charged memory (anonymous + shared) after a training run's imports
     # dtype -> form ("nt" forward, "nn" input gradient) -> output width -> tokens -> FLOP/s
     matmul_flops: dict[str, dict[str, dict[str, dict[str, float]]]]
-    decompress_params_per_s: dict[str, dict[str, float]]  # quant -> dtype -> params/s
+    # quant -> dtype -> output params (DECOMPRESS_SIZES) -> params/s, net of the call's cost
+    decompress_params_per_s: dict[str, dict[str, dict[str, float]]]
     elementwise_bytes_per_s: float
     op_overhead_s: float
     decompress_call_s: float  # fixed cost of one dequantization call (tiny tile)
@@ -65,9 +69,6 @@ class HostCalibration:
     # per matmul dtype, what measured runs on this host say of the modelled step times
     # (never cached with the calibration: read from the runs' record on every load)
     time_corrections: dict[str, TimeCorrection] = field(default_factory=dict)
-    # quant -> dtype -> params/s, DECOMPRESS_BLOCK_PARAMS written into one buffer (where the
-    # output outgrows the caches, the rate falls: on a Xeon 4.4 -> 1.5 G params/s)
-    decompress_block_params_per_s: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @property
     def max_spread(self) -> float | None:
@@ -93,15 +94,11 @@ class HostCalibration:
             _interpolate_tokens(table[str(high)], tokens) * frac
         return rate
 
-    def decompress_rate(self, quant: str, dtype: str, params_out: float = 0) -> float:
-        """Params/s dequantizing into ``params_out`` parameters of output written one after
-        another: the tile rate up to a projection's size, the block rate from a block's,
-        interpolated in log size between them."""
-        tile = self.decompress_params_per_s[quant][dtype]
-        block = self.decompress_block_params_per_s.get(quant, {}).get(dtype)
-        if block is None:
-            return tile
-        rates = {DECOMPRESS_TILE_PARAMS: tile, DECOMPRESS_BLOCK_PARAMS: block}
+    def decompress_rate(self, quant: str, dtype: str, params_out: float) -> float:
+        """Params/s of dequantizations whose output spans ``params_out`` parameters,
+        interpolated in log size between the measured sizes and flat beyond them."""
+        rates = {int(size): rate
+                 for size, rate in self.decompress_params_per_s[quant][dtype].items()}
         low, high, frac = _bracket(sorted(rates), params_out)
         return rates[low] * (1 - frac) + rates[high] * frac
 

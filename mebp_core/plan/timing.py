@@ -67,9 +67,10 @@ class StepWork:
     matmuls: tuple[tuple[float, int, int, str], ...]  # (FLOPs, rows, width, form) groups
     matmul_dtype: str
     tile_params: float  # decompressed in tiles, to the matmul dtype
+    tile_calls: float
     whole_params: float  # decompressed whole (a shared block), to the storage dtype
     block_params: float  # one block's weights, written one after another when shared
-    decompress_calls: float
+    decompress_calls: float  # tiles' and whole projections'
     traffic_bytes: float  # elementwise, as counted (TRAFFIC_MULTIPLIER prices the rest)
     ops: float  # torch ops dispatched
 
@@ -80,11 +81,13 @@ class StepWork:
 
 def step_work(workload: Workload, knobs: EngineKnobs, resident: set[str],
               method: str = "mebp") -> StepWork:
-    tile_params, whole_params, calls = _decompress_work(workload, knobs, resident, method)
+    tile_params, tile_calls, whole_params, whole_calls = _decompress_work(
+        workload, knobs, resident, method)
     return StepWork(matmuls=tuple(_matmul_work(workload, knobs, resident, method)),
                     matmul_dtype=matmul_dtype_of(workload, knobs), tile_params=tile_params,
-                    whole_params=whole_params, block_params=workload.arch.block_params(),
-                    decompress_calls=calls,
+                    tile_calls=tile_calls, whole_params=whole_params,
+                    block_params=workload.arch.block_params(),
+                    decompress_calls=tile_calls + whole_calls,
                     traffic_bytes=_traffic_bytes(workload, knobs, resident, method),
                     ops=_op_count(workload, knobs, method))
 
@@ -95,9 +98,10 @@ def host_step_time(work: StepWork, workload: Workload, host: HostCalibration
     matmul = sum(flops / host.matmul_rate(work.matmul_dtype, rows, width, form)
                  for flops, rows, width, form in work.matmuls)
     decompress = (
-        work.tile_params / host.decompress_rate(workload.quant, work.matmul_dtype) +
-        work.whole_params / host.decompress_rate(workload.quant, workload.compute_dtype,
-                                                 params_out=work.block_params) +
+        work.tile_params / host.decompress_rate(
+            workload.quant, work.matmul_dtype, work.tile_params / max(work.tile_calls, 1)) +
+        work.whole_params / host.decompress_rate(
+            workload.quant, workload.compute_dtype, work.block_params) +
         work.decompress_calls * (host.decompress_call_s + 3 * host.op_overhead_s))
     return {"matmul": matmul, "decompress": decompress,
             "elementwise": TRAFFIC_MULTIPLIER * work.traffic_bytes /
@@ -160,10 +164,10 @@ def _matmul_work(workload: Workload, knobs: EngineKnobs, resident: set[str],
 
 
 def _decompress_work(workload: Workload, knobs: EngineKnobs, resident: set[str],
-                     method: str) -> tuple[float, float, float]:
-    """Parameters decompressed per step in tiles (to the matmul dtype) and whole (shared
-    blocks, to the storage dtype), and the dequantization calls: one per tile, or one per
-    projection when a block is decompressed whole."""
+                     method: str) -> tuple[float, float, float, float]:
+    """Parameters decompressed per step in tiles (to the matmul dtype) and their calls (one
+    per tile), and whole (shared blocks, to the storage dtype) and theirs (one per
+    projection)."""
     arch = workload.arch
     e = matmul_bytes(workload, knobs)
     passes = pass_counts(workload, knobs, method)
@@ -174,14 +178,14 @@ def _decompress_work(workload: Workload, knobs: EngineKnobs, resident: set[str],
     whole_uses = passes["whole_backward"] / layers
     head_uses = 2 if method == "mezo" else 1  # MeBP's one pass makes loss and gradient
     chunks = mlp_chunks(workload, knobs)  # each decompresses the MLP's tiles again
-    tiled_params = whole_params = calls = 0.0
+    tiled_params = tile_calls = whole_params = whole_calls = 0.0
     for name, count in arch.frozen_weights():
         if name in resident:
             continue
         if "layers" not in name:  # the head, in vocabulary tiles
             rows, cols = arch.vocab_size, arch.hidden_size
             tiled_params += count * head_uses
-            calls += head_uses * math.ceil(
+            tile_calls += head_uses * math.ceil(
                 rows / tile_rows(rows, cols, knobs.loss_vocab_tile_bytes, e))
             continue
         suffix = name.split(".")[-2]
@@ -190,8 +194,9 @@ def _decompress_work(workload: Workload, knobs: EngineKnobs, resident: set[str],
         uses = tiled_uses * (chunks if suffix in MLP_PROJECTIONS else 1)
         tiled_params += count * uses
         whole_params += count * whole_uses
-        calls += tiles * uses + whole_uses
-    return tiled_params, whole_params, calls
+        tile_calls += tiles * uses
+        whole_calls += whole_uses
+    return tiled_params, tile_calls, whole_params, whole_calls
 
 
 def _traffic_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str],

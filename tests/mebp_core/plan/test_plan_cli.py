@@ -10,6 +10,7 @@ import pytest
 
 from mebp_core.cli import main
 from mebp_core.plan.calibration import (
+    DECOMPRESS_SIZES,
     CalibrationError,
     calibration_path,
     load_calibration,
@@ -85,8 +86,9 @@ def test_the_host_measurement_runs_and_gives_positive_rates():
             assert host.matmul_rate(dtype, 4096, 8192, form) > 0
     for quant in ("int4", "int8", "none"):
         for dtype in ("float32", "bfloat16"):
-            assert host.decompress_params_per_s[quant][dtype] > 0
-            assert host.decompress_block_params_per_s[quant][dtype] > 0
+            rates = host.decompress_params_per_s[quant][dtype]
+            assert set(rates) == {str(size) for size in DECOMPRESS_SIZES}
+            assert all(rate > 0 for rate in rates.values())
     assert host.matmul_rate("float32", 128) > 0
     assert host.elementwise_bytes_per_s > 0 and host.disk_read_bytes_per_s > 0
     # provenance: the kernel timed, when, under what load, how steady

@@ -9,7 +9,7 @@ import pytest
 
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.plan.arch import load_architecture
-from mebp_core.plan.calibration import DECOMPRESS_BLOCK_PARAMS, DECOMPRESS_TILE_PARAMS
+from mebp_core.plan.calibration import DECOMPRESS_SIZES
 from mebp_core.plan.devices import get_device, load_devices, paper_knobs, paper_workload
 from mebp_core.plan.on_host import fastest_fitting, plan_on_host
 from mebp_core.plan.planner import candidate_knobs, make_plan
@@ -244,26 +244,30 @@ def test_matmul_rates_interpolate_between_measured_shapes(host):
     assert host.matmul_rate("bfloat16", 2048, 4096, "nn") == pytest.approx(2.4e11)
 
 
-def test_a_shared_blocks_decompression_is_priced_at_the_rate_for_its_size(workload, host):
-    """A shared block is written whole into one buffer, beyond the caches on most hosts:
-    its decompression takes the block rate (interpolated by size from the tile rate), while
-    tiles keep the tile rate."""
-    slow_blocks = replace(host, decompress_block_params_per_s={
-        q: {d: r / 2 for d, r in rates.items()}
-        for q, rates in host.decompress_params_per_s.items()})
-    assert slow_blocks.decompress_rate("int4", "float32", DECOMPRESS_TILE_PARAMS) == 3e9
-    assert slow_blocks.decompress_rate("int4", "float32", 4 * DECOMPRESS_BLOCK_PARAMS) == 1.5e9
-    between = slow_blocks.decompress_rate("int4", "float32", 2 * DECOMPRESS_TILE_PARAMS)
-    assert 1.5e9 < between < 3e9
-    for share, more in ((True, True), (False, False)):
-        knobs = EngineKnobs(share_decompression=share, checkpoint_blocks=1)
+def test_decompression_is_priced_at_the_rate_for_its_output_size(workload, host):
+    """Small tiles and whole shared blocks decompress slower than a projection-sized tile on
+    most hosts: each kind of decompression takes the rate measured nearest its size."""
+    small, projection, block = DECOMPRESS_SIZES
+    rates = {str(small): 1e9, str(projection): 3e9, str(block): 1.5e9}
+    sized = replace(host, decompress_params_per_s={
+        q: {d: rates for d in by_dtype} for q, by_dtype in host.decompress_params_per_s.items()})
+    assert sized.decompress_rate("int4", "float32", projection) == 3e9
+    assert sized.decompress_rate("int4", "float32", small / 4) == 1e9  # flat beyond
+    assert sized.decompress_rate("int4", "float32", 4 * block) == 1.5e9
+    assert 1.5e9 < sized.decompress_rate("int4", "float32", 2 * projection) < 3e9
+    for knobs in (EngineKnobs(share_decompression=True, checkpoint_blocks=1),
+                  EngineKnobs(share_decompression=False, checkpoint_blocks=1,
+                              decompress_tile_bytes=1 << 20)):
         work = step_work(workload, knobs, set())
-        assert (work.whole_params > 0) == share
+        tile_size = work.tile_params / work.tile_calls
+        expected = (work.tile_params / sized.decompress_rate("int4", "float32", tile_size) +
+                    work.whole_params / sized.decompress_rate("int4", "float32",
+                                                              work.block_params))
+        flat = (work.tile_params + work.whole_params) / 3e9
         before = predict(workload, knobs, host).modelled_time["decompress"]
-        after = predict(workload, knobs, slow_blocks).modelled_time["decompress"]
-        rate = slow_blocks.decompress_rate("int4", "float32", work.block_params)
-        assert after - before == pytest.approx(work.whole_params * (1 / rate - 1 / 3e9))
-        assert (after > before) == more
+        after = predict(workload, knobs, sized).modelled_time["decompress"]
+        assert after - before == pytest.approx(expected - flat)
+        assert after > before
 
 
 def test_a_tight_budget_adds_the_store_reads_that_no_longer_stay_cached(workload, host):
