@@ -14,7 +14,10 @@ per-op overhead). Plans on this host then correct their step times per matmul dt
   in tiles, a resident one does not) and in the code paths behind them, and a host may be
   slower than its calibration on one path only: measured on a Xeon with AMX, the rest of a
   lazy bfloat16 step ran 1.3-1.9x its model, a resident one's 1.0-1.15x (a 135M model's
-  1.4-1.5x), so no one factor for the rest held both (BENCHMARKS, issue 14 item 2).
+  1.4-1.5x), so no one factor for the rest held both (BENCHMARKS, issue 14 item 2);
+- runs are alike by their mix and by their size (a 135M model's overhead-bound step says
+  little of a 1B model's), and what the nearest runs say is trusted less the further they
+  are: their factors shrink toward the model's own prediction.
 
 Runs are kept per calibration: a fresh calibration starts without a correction.
 """
@@ -35,6 +38,10 @@ RECENT_RUNS = 5  # the prior is the median over this many latest runs
 # this many latest runs with timed parts
 SIMILAR_RUNS = 2
 SIMILAR_WINDOW = 8
+# how much a run's size (its modelled step time) counts in its distance, per factor of e
+SIZE_WEIGHT = 1.0
+# part factors f become f ** exp(-d / TRUST_DISTANCE), d the nearest run's distance
+TRUST_DISTANCE = 0.6
 # the parts the engine clocks itself in every step (``StepMetrics.decompress_s``)
 MEASURED_PARTS = ("decompress",)
 # a timed part this small a share of a run's modelled step says little of its rate
@@ -70,6 +77,8 @@ class TimeCorrection:
                 if ratio is not None]
         if not rest:
             return {}
+        trust = math.exp(-min(_mix_distance(r["modelled_parts"], modelled)
+                              for r in self.timed) / TRUST_DISTANCE)
         rest_factor = statistics.median(rest)
         factors = dict.fromkeys(modelled, rest_factor)
         for part in MEASURED_PARTS:
@@ -79,7 +88,7 @@ class TimeCorrection:
                 factors[part] = statistics.median(
                     r["measured_parts"][part] / r["modelled_parts"][part]
                     for r in nearest(worth))
-        return factors
+        return {part: factor ** trust for part, factor in factors.items()}
 
     def apply(self, time_by_part: dict[str, float],
               like: dict[str, float] | None = None) -> dict[str, float]:
@@ -95,11 +104,12 @@ class TimeCorrection:
 
 
 def _mix_distance(a: dict[str, float], b: dict[str, float]) -> float:
-    """How far apart two configurations' mixes of modelled parts are: the distance of their
-    shares of the step."""
+    """How far apart two configurations' modelled steps are: the distance of their shares of
+    the step, beside the log of their sizes' ratio (SIZE_WEIGHT per factor of e)."""
     total_a, total_b = sum(a.values()) or 1.0, sum(b.values()) or 1.0
-    return math.dist([a.get(p, 0.0) / total_a for p in sorted(a.keys() | b.keys())],
-                     [b.get(p, 0.0) / total_b for p in sorted(a.keys() | b.keys())])
+    mix = math.dist([a.get(p, 0.0) / total_a for p in sorted(a.keys() | b.keys())],
+                    [b.get(p, 0.0) / total_b for p in sorted(a.keys() | b.keys())])
+    return math.hypot(mix, SIZE_WEIGHT * math.log(total_a / total_b))
 
 
 def correction_path(calibration_file: Path) -> Path:

@@ -87,7 +87,7 @@ def test_part_factors_find_the_part_the_host_is_slow_at():
     mixes = [(1.0, 2.0), (3.0, 0.1), (1.0, 1.0), (2.0, 0.2), (1.0, 3.0), (4.0, 0.0)]
     runs = [run(m, d, slow_decompress=3.0) for m, d in mixes]
     correction = correction_from(runs, "float32")
-    truth = run(1.5, 1.5, slow_decompress=3.0)  # a configuration not among the runs
+    truth = run(1.0, 1.0, slow_decompress=3.0)  # planned again, as measured
     parts = correction.part_factors(truth["modelled_parts"])
     assert parts["decompress"] == pytest.approx(3.0) and parts["matmul"] == pytest.approx(1.2)
     assert correction.timed_runs == len(runs)
@@ -110,14 +110,31 @@ def test_a_configuration_is_corrected_by_the_runs_most_like_it():
                 "modelled_s": matmul_s + decompress_s,
                 "modelled_parts": {"matmul": matmul_s, "decompress": decompress_s},
                 "measured_parts": {"decompress": 1.2 * decompress_s}}
-    runs = [family_run(2.0, 1.0), family_run(1.0, 0.0), family_run(3.0, 1.4),
-            family_run(2.5, 0.0)]
+    runs = [family_run(2.0, 1.0), family_run(1.0, 0.0), family_run(2.0, 1.0),
+            family_run(1.0, 0.0)]
     correction = correction_from(runs, "float32")
-    for matmul_s, decompress_s in ((2.5, 1.2), (1.5, 0.0)):
+    for matmul_s, decompress_s in ((2.0, 1.0), (1.0, 0.0)):
         truth = family_run(matmul_s, decompress_s)
         predicted = sum(correction.apply(truth["modelled_parts"]).values())
         assert predicted == pytest.approx(truth["measured_s"])
     assert 1.0 < correction.factor < 1.5  # the prior alone fits neither
+
+
+def test_runs_far_from_a_configuration_correct_it_less():
+    """A run of a model ten times smaller (its step overhead-bound, 2x its model) says
+    little of a large model's step of the same mix: the large one's plan moves toward 2x
+    only part of the way; a run of its own size moves it all the way."""
+    def sized_run(scale: float, ratio: float) -> dict:
+        parts = {"matmul": 3.0 * scale, "decompress": 1.0 * scale}
+        return {"ratio": ratio, "measured_s": ratio * 4.0 * scale, "modelled_s": 4.0 * scale,
+                "modelled_parts": parts, "measured_parts": {"decompress": ratio * scale}}
+    large = sized_run(10.0, 2.0)["modelled_parts"]
+    far = correction_from([sized_run(1.0, 2.0)], "float32").part_factors(large)
+    near = correction_from([sized_run(10.0, 2.0)], "float32").part_factors(large)
+    assert near == pytest.approx({"matmul": 2.0, "decompress": 2.0})
+    assert all(1.0 < factor < 1.2 for factor in far.values())
+    closer = correction_from([sized_run(5.0, 2.0)], "float32").part_factors(large)
+    assert all(far[p] < closer[p] < near[p] for p in large)
 
 
 def test_a_part_too_small_to_time_takes_the_rest_of_the_steps_factor():
