@@ -33,9 +33,9 @@ CALIBRATION_VERSION = 7
 # Dequantization is timed at these output sizes (parameters): a small tile and a small model's
 # MLP projection, each one call into a reused buffer as tiles are, and a block's worth of such
 # projections written one after another into one buffer beyond the caches, as a shared
-# block's backward decompresses its weights. The rate falls at both ends: small calls pay
-# their threads' start, outputs beyond the caches pay the memory (on a Xeon 4.4 -> 1.5 G
-# params/s from a projection to a block).
+# block's backward decompresses its weights. Each rate is net of the calls' fixed cost
+# (``decompress_call_s``, priced per call); it falls where the output outgrows the caches
+# (from a projection to a block: 4.4 -> 1.5 G params/s on a Xeon, 4.6 -> 3.4 on a Zen 4).
 DECOMPRESS_PROJECTION_PARAMS = 2816 * 1024
 DECOMPRESS_SIZES = (1 << 18, DECOMPRESS_PROJECTION_PARAMS, 8 * DECOMPRESS_PROJECTION_PARAMS)
 

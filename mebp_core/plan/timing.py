@@ -67,12 +67,16 @@ class StepWork:
     matmuls: tuple[tuple[float, int, int, str], ...]  # (FLOPs, rows, width, form) groups
     matmul_dtype: str
     tile_params: float  # decompressed in tiles, to the matmul dtype
-    tile_calls: float
+    tile_calls: float  # one per tile
     whole_params: float  # decompressed whole (a shared block), to the storage dtype
+    whole_calls: float  # one per projection
     block_params: float  # one block's weights, written one after another when shared
-    decompress_calls: float  # tiles' and whole projections'
     traffic_bytes: float  # elementwise, as counted (TRAFFIC_MULTIPLIER prices the rest)
     ops: float  # torch ops dispatched
+
+    @property
+    def decompress_calls(self) -> float:
+        return self.tile_calls + self.whole_calls
 
     @property
     def matmul_flops(self) -> float:
@@ -86,8 +90,7 @@ def step_work(workload: Workload, knobs: EngineKnobs, resident: set[str],
     return StepWork(matmuls=tuple(_matmul_work(workload, knobs, resident, method)),
                     matmul_dtype=matmul_dtype_of(workload, knobs), tile_params=tile_params,
                     tile_calls=tile_calls, whole_params=whole_params,
-                    block_params=workload.arch.block_params(),
-                    decompress_calls=tile_calls + whole_calls,
+                    whole_calls=whole_calls, block_params=workload.arch.block_params(),
                     traffic_bytes=_traffic_bytes(workload, knobs, resident, method),
                     ops=_op_count(workload, knobs, method))
 
