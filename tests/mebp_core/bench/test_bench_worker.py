@@ -58,7 +58,7 @@ def test_plan_check_learns_each_run_into_the_next_prediction(tmp_path, monkeypat
                                                              seed_calibration):
     from mebp_core.bench.plan_check import PlanCheckSpec, run_plan_check
     from mebp_core.plan.calibration import calibration_path
-    from mebp_core.plan.correction import MIN_PART_SHARE, correction_path
+    from mebp_core.plan.correction import correction_from, correction_path
 
     cache = seed_calibration(tmp_path / "cache")
     monkeypatch.setenv("MEBP_CACHE_DIR", str(cache))
@@ -67,14 +67,14 @@ def test_plan_check_learns_each_run_into_the_next_prediction(tmp_path, monkeypat
     first, second = report["rows"]
     assert first["time_correction"] == 1.0  # nothing measured before it
     # the second is predicted with what the first measured, a real measurement: its timed
-    # decompression against the modelled part, and the rest of its step against the rest
+    # decompression and the rest of its step, each against its modelled part
     parts, timed = first["modelled_time_s"], first["measured_decompress_s"]
     modelled = sum(parts.values())
-    rest = (first["measured_s"] - timed) / (modelled - parts["decompress"])
-    decompress = timed / parts["decompress"] \
-        if parts["decompress"] > MIN_PART_SHARE * modelled else rest
-    expected = sum(seconds * (decompress if part == "decompress" else rest)
-                   for part, seconds in second["modelled_time_s"].items())
+    measured = {"ratio": first["measured_s"] / modelled, "modelled_s": modelled,
+                "measured_s": first["measured_s"], "modelled_parts": parts,
+                "measured_parts": {"decompress": timed}, "matmul_dtype": "float32"}
+    expected = sum(correction_from([measured], "float32").apply(
+        second["modelled_time_s"]).values())
     assert second["predicted_s"] == pytest.approx(expected, rel=0.05)
     assert second["time_correction"] != 1.0
     assert report["time_within_corrected"].endswith("/1")
