@@ -44,11 +44,13 @@ class _Spreads:
     def time(self, kind: str, fn, repeats: int = REPEATS) -> float:
         """The median of ``repeats`` timed runs of ``fn`` after a warm-up run (more for
         a sub-millisecond ``fn``, whose quartiles a few repeats leave to chance)."""
+        fn()  # warm up: first touch, kernel selection, a library's one-time start (oneDNN's
+        # first bf16 matmul at one thread took over SLOW_S, and was once taken as its rate)
         start = time.perf_counter()
-        fn()  # warm up (first touch, kernel selection)
+        fn()
         seconds = [time.perf_counter() - start]
         if seconds[0] <= SLOW_S:
-            repeats = max(repeats, min(MAX_REPEATS, int(FAST_TOTAL_S / seconds[0])))
+            repeats = max(repeats, min(MAX_REPEATS, int(FAST_TOTAL_S / max(seconds[0], 1e-9))))
             seconds = []
             for _ in range(repeats):
                 start = time.perf_counter()

@@ -28,7 +28,7 @@ from mebp_core.errors import MebpError
 from mebp_core.plan.correction import TimeCorrection, load_corrections
 from mebp_core.store.kernel_build import kernel_digest
 
-CALIBRATION_VERSION = 7
+CALIBRATION_VERSION = 8
 
 # Dequantization is timed at these output sizes (parameters): a small tile and a small model's
 # MLP projection, each one call into a reused buffer as tiles are, and a block's worth of such
