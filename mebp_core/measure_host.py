@@ -121,8 +121,8 @@ def _decompress_rates(weight, call_s: float, spreads: _Spreads) -> dict:
     from mebp_core.store.quant import quantize
 
     rates: dict[str, dict[str, dict[str, float]]] = {}
+    weights = [weight.roll(shift, 0) for shift in range(4)]
     for quant, bits in (("int4", 4), ("int8", 8), ("none", None)):
-        weights = [weight.roll(shift, 0) for shift in range(4)]
         sources = [quantize(w, bits=bits, group_size=64) if bits else w.to(torch.bfloat16)
                    for w in weights]
         rates[quant] = {}

@@ -87,23 +87,28 @@ class _OnlineSoftmax:
 
 class _TileBuffers:
     """One vocabulary tile's float32 logits and, when the matmuls run in 16 bits, their 16-bit
-    twin, allocated once for the whole loss and reused by every tile: the loss holds these
-    few bytes per token and vocabulary row, and the heap never sees a tile's temporaries
-    come and go."""
+    twin, allocated for the first (largest) tile and reused by every later one: the loss
+    holds these few bytes per token and vocabulary row, and the heap never sees a tile's
+    temporaries come and go."""
 
-    def __init__(self, n_tokens: int, rows: int, dtype: torch.dtype) -> None:
-        self.n_tokens = n_tokens
-        self.float32 = torch.empty(n_tokens * rows)
-        self.low = None if dtype == torch.float32 else torch.empty(n_tokens * rows, dtype=dtype)
+    def __init__(self, n_tokens: int, dtype: torch.dtype) -> None:
+        self.n_tokens, self.dtype = n_tokens, dtype
+        self.float32: torch.Tensor | None = None
+        self.low: torch.Tensor | None = None
 
     def logits(self, h: torch.Tensor, weight: torch.Tensor
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``h @ weight.T`` in float32 (computed in ``h``'s dtype), and the 16-bit buffer."""
         shape = (self.n_tokens, weight.shape[0])
-        logits = self.float32[: shape[0] * shape[1]].view(shape)
+        numel = shape[0] * shape[1]
+        if self.float32 is None:
+            self.float32 = torch.empty(numel)
+            if self.dtype != torch.float32:
+                self.low = torch.empty(numel, dtype=self.dtype)
+        logits = self.float32[:numel].view(shape)
         if self.low is None:
             return torch.mm(h, weight.T, out=logits), None
-        low = self.low[: shape[0] * shape[1]].view(shape)
+        low = self.low[:numel].view(shape)
         return logits.copy_(torch.mm(h, weight.T, out=low)), low
 
 
@@ -124,8 +129,7 @@ def compute_head_loss(hidden: torch.Tensor, targets: torch.Tensor, *, store, hea
     h = hidden[valid].to(dtype)  # (n, D)
     tgt = targets[valid]
     state = _OnlineSoftmax(tgt, dim, softcap, with_grad)
-    buffers = _TileBuffers(h.shape[0], vocab_tile_rows(store, head_name, dtype, tile_bytes),
-                           dtype)
+    buffers = _TileBuffers(h.shape[0], dtype)
     for start, weight in iter_vocab_tiles(store, head_name, dtype, tile_bytes, working_set):
         logits, cast = buffers.logits(h, weight)
         state.add_tile(logits, weight, start, cast)
@@ -142,8 +146,8 @@ def iter_vocab_tiles(store, head_name: str, dtype: torch.dtype, tile_bytes: int,
     """(first row, rows) of the output projection in ``dtype``, one bounded tile at a time;
     each tile is released when the next is asked for (a resident head is sliced, not copied,
     unless it must be cast)."""
-    vocab = store.info(head_name).shape[0]
-    tile_rows = vocab_tile_rows(store, head_name, dtype, tile_bytes)
+    vocab, dim = store.info(head_name).shape
+    tile_rows = max(1, min(vocab, tile_bytes // (dim * dtype.itemsize)))
     resident = working_set.resident.get(head_name)
     for start in range(0, vocab, tile_rows):
         rows = slice(start, min(start + tile_rows, vocab))
@@ -158,12 +162,6 @@ def iter_vocab_tiles(store, head_name: str, dtype: torch.dtype, tile_bytes: int,
             yield start, weight
         finally:
             working_set.drop(weight)
-
-
-def vocab_tile_rows(store, head_name: str, dtype: torch.dtype, tile_bytes: int) -> int:
-    """Rows of the output projection per tile: as many as ``tile_bytes`` hold in ``dtype``."""
-    vocab, dim = store.info(head_name).shape
-    return max(1, min(vocab, tile_bytes // (dim * dtype.itemsize)))
 
 
 def compute_full_logits_loss(hidden: torch.Tensor, targets: torch.Tensor, weight: torch.Tensor,

@@ -70,7 +70,6 @@ class StepWork:
     tile_calls: float  # one per tile
     whole_params: float  # decompressed whole (a shared block), to the storage dtype
     whole_calls: float  # one per projection
-    block_params: float  # one block's weights, written one after another when shared
     traffic_bytes: float  # elementwise, as counted (TRAFFIC_MULTIPLIER prices the rest)
     ops: float  # torch ops dispatched
 
@@ -90,7 +89,7 @@ def step_work(workload: Workload, knobs: EngineKnobs, resident: set[str],
     return StepWork(matmuls=tuple(_matmul_work(workload, knobs, resident, method)),
                     matmul_dtype=matmul_dtype_of(workload, knobs), tile_params=tile_params,
                     tile_calls=tile_calls, whole_params=whole_params,
-                    whole_calls=whole_calls, block_params=workload.arch.block_params(),
+                    whole_calls=whole_calls,
                     traffic_bytes=_traffic_bytes(workload, knobs, resident, method),
                     ops=_op_count(workload, knobs, method))
 
@@ -103,8 +102,9 @@ def host_step_time(work: StepWork, workload: Workload, host: HostCalibration
     decompress = (
         work.tile_params / host.decompress_rate(
             workload.quant, work.matmul_dtype, work.tile_params / max(work.tile_calls, 1)) +
+        # a shared block's weights are written one after another into one buffer
         work.whole_params / host.decompress_rate(
-            workload.quant, workload.compute_dtype, work.block_params) +
+            workload.quant, workload.compute_dtype, workload.arch.block_params()) +
         work.decompress_calls * (host.decompress_call_s + 3 * host.op_overhead_s))
     return {"matmul": matmul, "decompress": decompress,
             "elementwise": TRAFFIC_MULTIPLIER * work.traffic_bytes /

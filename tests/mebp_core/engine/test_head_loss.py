@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 
+from mebp_core.bench.worker import peak_rss_mb
 from mebp_core.config import EngineKnobs
 from mebp_core.engine.frozen import WeightWorkingSet
 from mebp_core.engine.loss import IGNORE_INDEX, compute_head_loss
@@ -48,12 +49,6 @@ def test_loss_and_gradient_equal_autograd_on_full_logits(packed_models, softcap,
     torch.testing.assert_close(ours.grad_hidden, reference_hidden.grad, rtol=1e-4, atol=1e-6)
 
 
-def peak_rss_bytes() -> int:
-    with open("/proc/self/status") as status:
-        line = next(line for line in status if line.startswith("VmHWM"))
-    return int(line.split()[1]) * 1024
-
-
 def reset_peak_rss() -> None:
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")
@@ -84,7 +79,7 @@ def test_the_losss_peak_is_what_the_planner_counts(tmp_path, dtype):
     before = psutil.Process().memory_info().rss
     reset_peak_rss()
     result = loss()
-    grew = peak_rss_bytes() - before
+    grew = peak_rss_mb() * MB - before
 
     arch = architecture_from_config(config.to_dict())
     workload = Workload(arch=arch, seq_len=tokens, compute_dtype=dtype)

@@ -260,9 +260,9 @@ def test_decompression_is_priced_at_the_rate_for_its_output_size(workload, host)
                               decompress_tile_bytes=1 << 20)):
         work = step_work(workload, knobs, set())
         tile_size = work.tile_params / work.tile_calls
+        block = workload.arch.block_params()
         expected = (work.tile_params / sized.decompress_rate("int4", "float32", tile_size) +
-                    work.whole_params / sized.decompress_rate("int4", "float32",
-                                                              work.block_params))
+                    work.whole_params / sized.decompress_rate("int4", "float32", block))
         flat = (work.tile_params + work.whole_params) / 3e9
         before = predict(workload, knobs, host).modelled_time["decompress"]
         after = predict(workload, knobs, sized).modelled_time["decompress"]
