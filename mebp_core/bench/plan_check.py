@@ -80,13 +80,14 @@ def _run_plan_check(spec: PlanCheckSpec, cache: Path) -> dict:
                     options += ["--threads", str(spec.threads)]
                 print(f"{model} seq {seq_len}: {entry.id}", file=sys.stderr, flush=True)
                 measured = run_worker(worker_argv("mebp", packed, *options))
-                rows.append(_row(model, seq_len, entry.id, prediction, measured))
+                matmul_dtype = matmul_dtype_of(plan.workload, entry.knobs)
+                rows.append(_row(model, seq_len, entry.id, matmul_dtype, prediction, measured))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
                 if spec.learn:
                     # the time-corrections file records against the calibration's own stamp
                     record_run(calibration_path(cache, spec.threads),
                                load_calibration(cache, spec.threads).measured_at,
-                               matmul_dtype=matmul_dtype_of(plan.workload, entry.knobs),
+                               matmul_dtype=matmul_dtype,
                                modelled_s=prediction.modelled_step_time_s,
                                measured_s=measured["s_per_step"], label=entry.id,
                                modelled_parts=prediction.modelled_time,
@@ -134,12 +135,13 @@ def _spread(front: list, limit: int | None) -> list:
     return [front[i] for i in sorted(picks)]
 
 
-def _row(model: str, seq_len: int, config: str, prediction, measured: dict) -> dict:
+def _row(model: str, seq_len: int, config: str, matmul_dtype: str, prediction,
+         measured: dict) -> dict:
     predicted_mb = prediction.peak_bytes / MB
     predicted_s = prediction.step_time_s
     # what the prior alone (one factor for every part) would have predicted
     prior = 1.0 if prediction.correction is None else prediction.correction.factor
-    return {"model": model, "seq_len": seq_len, "config": config,
+    return {"model": model, "seq_len": seq_len, "config": config, "matmul_dtype": matmul_dtype,
             "time_correction": round(prediction.time_factor, 4),
             "modelled_time_s": {k: round(v, 4) for k, v in prediction.modelled_time.items()},
             # the engine's own clock on its dequantization, beside the modelled part

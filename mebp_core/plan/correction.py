@@ -17,7 +17,10 @@ per-op overhead). Plans on this host then correct their step times per matmul dt
   1.4-1.5x), so no one factor for the rest held both (BENCHMARKS, issue 14 item 2);
 - runs are alike by their mix and by their size (a 135M model's overhead-bound step says
   little of a 1B model's), and what the nearest runs say is trusted less the further they
-  are: their factors shrink toward the model's own prediction.
+  are: their factors shrink toward the model's own prediction. A timed part's factor is the
+  host's rate on that path against its calibration, which a model's size does not change:
+  it is trusted by the mix alone (on a Xeon with AMX, the lazy configurations'
+  dequantization ran 1.1-1.5x its model at every size from 135M to 1.2B parameters).
 
 Runs are kept per calibration: a fresh calibration starts without a correction.
 """
@@ -73,22 +76,25 @@ class TimeCorrection:
             return sorted(runs, key=lambda r: _mix_distance(r["modelled_parts"], modelled)
                           )[:SIMILAR_RUNS]
 
+        def trust(runs: list[dict], size_weight: float = SIZE_WEIGHT) -> float:
+            return math.exp(-min(_mix_distance(r["modelled_parts"], modelled, size_weight)
+                                 for r in runs) / TRUST_DISTANCE)
+
         rest = [ratio for ratio in map(_rest_ratio, nearest(list(self.timed)))
                 if ratio is not None]
         if not rest:
             return {}
-        trust = math.exp(-min(_mix_distance(r["modelled_parts"], modelled)
-                              for r in self.timed) / TRUST_DISTANCE)
-        rest_factor = statistics.median(rest)
-        factors = dict.fromkeys(modelled, rest_factor)
+        factors = dict.fromkeys(modelled, statistics.median(rest) ** trust(list(self.timed)))
         for part in MEASURED_PARTS:
             worth = [r for r in self.timed if part in r["measured_parts"] and
                      r["modelled_parts"].get(part, 0.0) > MIN_PART_SHARE * r["modelled_s"]]
             if worth and part in factors:
+                # a timed part's ratio is the host's rate on that path against its
+                # calibration, whatever the model's size: trusted by mix alone
                 factors[part] = statistics.median(
                     r["measured_parts"][part] / r["modelled_parts"][part]
-                    for r in nearest(worth))
-        return {part: factor ** trust for part, factor in factors.items()}
+                    for r in nearest(worth)) ** trust(worth, size_weight=0.0)
+        return factors
 
     def apply(self, time_by_part: dict[str, float],
               like: dict[str, float] | None = None) -> dict[str, float]:
@@ -103,13 +109,14 @@ class TimeCorrection:
                 "matmul_dtype": self.matmul_dtype, "timed_runs": self.timed_runs}
 
 
-def _mix_distance(a: dict[str, float], b: dict[str, float]) -> float:
+def _mix_distance(a: dict[str, float], b: dict[str, float],
+                  size_weight: float = SIZE_WEIGHT) -> float:
     """How far apart two configurations' modelled steps are: the distance of their shares of
-    the step, beside the log of their sizes' ratio (SIZE_WEIGHT per factor of e)."""
+    the step, beside the log of their sizes' ratio (``size_weight`` per factor of e)."""
     total_a, total_b = sum(a.values()) or 1.0, sum(b.values()) or 1.0
     mix = math.dist([a.get(p, 0.0) / total_a for p in sorted(a.keys() | b.keys())],
                     [b.get(p, 0.0) / total_b for p in sorted(a.keys() | b.keys())])
-    return math.hypot(mix, SIZE_WEIGHT * math.log(total_a / total_b))
+    return math.hypot(mix, size_weight * math.log(total_a / total_b))
 
 
 def correction_path(calibration_file: Path) -> Path:

@@ -56,6 +56,7 @@ def test_cosine_result(tiny_dirs):
 
 def test_plan_check_learns_each_run_into_the_next_prediction(tmp_path, monkeypatch,
                                                              seed_calibration):
+    from benchmarks.correction_replay import corrected, replay, run_record
     from mebp_core.bench.plan_check import PlanCheckSpec, run_plan_check
     from mebp_core.plan.calibration import calibration_path
     from mebp_core.plan.correction import correction_from, correction_path
@@ -68,15 +69,16 @@ def test_plan_check_learns_each_run_into_the_next_prediction(tmp_path, monkeypat
     assert first["time_correction"] == 1.0  # nothing measured before it
     # the second is predicted with what the first measured, a real measurement: its timed
     # decompression and the rest of its step, each against its modelled part
-    parts, timed = first["modelled_time_s"], first["measured_decompress_s"]
-    modelled = sum(parts.values())
-    measured = {"ratio": first["measured_s"] / modelled, "modelled_s": modelled,
-                "measured_s": first["measured_s"], "modelled_parts": parts,
-                "measured_parts": {"decompress": timed}, "matmul_dtype": "float32"}
+    measured = run_record(first)
+    assert measured["measured_parts"] == {"decompress": first["measured_decompress_s"]}
+    assert first["matmul_dtype"] == measured["matmul_dtype"] == "float32"
     expected = sum(correction_from([measured], "float32").apply(
         second["modelled_time_s"]).values())
     assert second["predicted_s"] == pytest.approx(expected, rel=0.05)
     assert second["time_correction"] != 1.0
     assert report["time_within_corrected"].endswith("/1")
+    # the replay tool scores a correction on kept reports as this run predicted live
+    [replayed] = replay(report["rows"], corrected)
+    assert replayed == pytest.approx(second["time_error"], abs=0.05)
     # the host's own record is left alone
     assert not correction_path(calibration_path(cache, None)).exists()
