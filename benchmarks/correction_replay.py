@@ -30,11 +30,10 @@ TOLERANCE = 0.25
 
 def run_record(row: dict) -> dict:
     """A plan-check row as the correction file records a finished run."""
-    modelled = row["modelled_time_s"]
-    modelled_s = sum(modelled.values())
-    record = {"matmul_dtype": row.get("matmul_dtype", "?"), "label": row["config"],
-              "modelled_s": modelled_s, "measured_s": row["measured_s"],
-              "ratio": row["measured_s"] / modelled_s, "modelled_parts": modelled}
+    record = {"matmul_dtype": _dtype(row), "label": row["config"],
+              "modelled_s": uncorrected([], row), "measured_s": row["measured_s"],
+              "ratio": row["measured_s"] / uncorrected([], row),
+              "modelled_parts": row["modelled_time_s"]}
     if row.get("measured_decompress_s") is not None:
         record["measured_parts"] = {"decompress": row["measured_decompress_s"]}
     return record
@@ -42,22 +41,31 @@ def run_record(row: dict) -> dict:
 
 def corrected(runs: list[dict], row: dict) -> float:
     """The step time the current correction predicts for ``row`` after ``runs``."""
-    same = [r for r in runs if r["matmul_dtype"] == row.get("matmul_dtype", "?")]
+    same = _same_dtype(runs, row)
     if not same:
-        return sum(row["modelled_time_s"].values())
-    correction = correction_from(same, same[0]["matmul_dtype"])
-    return sum(correction.apply(row["modelled_time_s"]).values())
+        return uncorrected(runs, row)
+    return sum(correction_from(same, _dtype(row)).apply(row["modelled_time_s"]).values())
 
 
 def one_factor(runs: list[dict], row: dict) -> float:
     """The prior alone: one factor for every part."""
-    same = [r for r in runs if r["matmul_dtype"] == row.get("matmul_dtype", "?")]
-    factor = correction_from(same, "?").factor if same else 1.0
-    return factor * sum(row["modelled_time_s"].values())
+    same = _same_dtype(runs, row)
+    factor = correction_from(same, _dtype(row)).factor if same else 1.0
+    return factor * uncorrected(runs, row)
 
 
 def uncorrected(runs: list[dict], row: dict) -> float:
+    """The model alone."""
     return sum(row["modelled_time_s"].values())
+
+
+def _dtype(row: dict) -> str:
+    return row.get("matmul_dtype", "?")  # reports before it was kept: one dtype a table
+
+
+def _same_dtype(runs: list[dict], row: dict) -> list[dict]:
+    """The runs a plan of ``row`` is corrected by: corrections are kept per matmul dtype."""
+    return [r for r in runs if r["matmul_dtype"] == _dtype(row)]
 
 
 PREDICTORS: dict[str, Callable[[list[dict], dict], float]] = {
@@ -85,11 +93,11 @@ def print_table(report: dict) -> None:
           "| uncorrected |")
     print("|---|---|---|---|---|---|---|---|---|")
     for row in report["rows"]:
-        modelled = sum(row["modelled_time_s"].values())
         print(f"| {row['model'].removeprefix('preset:')} | {row['config']} | "
               f"{row['predicted_peak_mb']:.0f} | {row['measured_peak_mb']:.0f} | "
               f"{row['predicted_s']:.2f} | {row['measured_s']:.2f} | {row['time_error']:+.0%} | "
-              f"{row['time_error_one_factor']:+.0%} | {modelled / row['measured_s'] - 1:+.0%} |")
+              f"{row['time_error_one_factor']:+.0%} | "
+              f"{uncorrected([], row) / row['measured_s'] - 1:+.0%} |")
     print(f"\nmemory within 15%: {report['memory_within']}; time within 25% after the first "
           f"run: {report.get('time_within_corrected')} (one factor "
           f"{report.get('time_within_corrected_one_factor')}); uncorrected: "

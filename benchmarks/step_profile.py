@@ -1,6 +1,7 @@
 """Where one configuration's step time goes, against what the planner prices: every matmul
 shape the step ran (calls, measured self time) beside its FLOPs at this host's calibrated
-rate, and the torch ops dispatched beside the planner's count.
+rate for that shape (the forward form's, whichever pass ran it), and the torch ops dispatched
+beside the planner's count.
 
     .venv/bin/python benchmarks/step_profile.py --model preset:smollm2-135m \
         --knobs '{"frozen_weights": "lazy", "mlp_chunk_tokens": 64, ...}' --dtype bfloat16
@@ -86,11 +87,11 @@ def main() -> int:
         entry[1] += event.self_cpu_time_total / 1e6
         entry[2] += priced
     calls = sum(e.count for e in prof.key_averages() if e.key.startswith("aten::"))
-    arch = load_architecture(args.model)
-    work = step_work(Workload(arch=arch, seq_len=args.seq_len, compute_dtype=args.dtype),
-                     knobs, set())
+    # the op count does not depend on which weights are resident (the empty set here)
+    work = step_work(Workload(arch=load_architecture(args.model), seq_len=args.seq_len,
+                              compute_dtype=args.dtype), knobs, set())
     print(f"profiled step: {wall:.2f} s; aten ops dispatched: {calls} (planner's op count "
-          f"{work.ops:.0f}, dequantization calls {work.decompress_calls:.0f})\n")
+          f"{work.ops:.0f})\n")
     print("| rows x inner x width | calls | measured s | priced s | ratio | us per call |")
     print("|---|---|---|---|---|---|")
     for (rows, inner, width), (count, measured, priced) in sorted(

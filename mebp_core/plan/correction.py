@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import math
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -72,19 +73,19 @@ class TimeCorrection:
         the engine timed, the median of its measured/modelled ratios in the most similar
         runs where it was a share worth timing; any other part, the median ratio of the
         rest of the most similar runs' steps. Empty without timed runs (the prior alone)."""
-        def nearest(runs: list[dict]) -> list[dict]:
+        def nearest(runs: Sequence[dict]) -> list[dict]:
             return sorted(runs, key=lambda r: _mix_distance(r["modelled_parts"], modelled)
                           )[:SIMILAR_RUNS]
 
-        def trust(runs: list[dict], size_weight: float = SIZE_WEIGHT) -> float:
+        def trust(runs: Sequence[dict], size_weight: float = SIZE_WEIGHT) -> float:
             return math.exp(-min(_mix_distance(r["modelled_parts"], modelled, size_weight)
                                  for r in runs) / TRUST_DISTANCE)
 
-        rest = [ratio for ratio in map(_rest_ratio, nearest(list(self.timed)))
+        rest = [ratio for ratio in map(_rest_ratio, nearest(self.timed))
                 if ratio is not None]
         if not rest:
             return {}
-        factors = dict.fromkeys(modelled, statistics.median(rest) ** trust(list(self.timed)))
+        factors = dict.fromkeys(modelled, statistics.median(rest) ** trust(self.timed))
         for part in MEASURED_PARTS:
             worth = [r for r in self.timed if part in r["measured_parts"] and
                      r["modelled_parts"].get(part, 0.0) > MIN_PART_SHARE * r["modelled_s"]]
