@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import time
 import uuid
 import zipfile
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,9 +159,18 @@ class GuestClient(TestClient):
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port free now, below the kernel's ephemeral range: a port from bind(0) is in that
+    range, where any outgoing connection (Redis, httpx) may take it before the server binds."""
+    ephemeral_low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for _ in range(100):
+        port = random.randrange(10_000, ephemeral_low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port in 10000-{ephemeral_low}")
 
 
 def service_env(cache: Path, extra_env: dict[str, str]) -> dict[str, str]:
@@ -176,7 +186,20 @@ def service_env(cache: Path, extra_env: dict[str, str]) -> dict[str, str]:
 
 def start_service(root: Path, cache: Path, extra_env: dict[str, str], *,
                   workers: int = 1) -> Service:
-    port = free_port()
+    """``mebp serve`` on a free port, once more on another if another process took that
+    port between its pick and the server's bind."""
+    for _ in range(2):
+        with suppress(PortTakenError):
+            return start_service_on(free_port(), root, cache, extra_env, workers=workers)
+    return start_service_on(free_port(), root, cache, extra_env, workers=workers)
+
+
+class PortTakenError(RuntimeError):
+    pass
+
+
+def start_service_on(port: int, root: Path, cache: Path, extra_env: dict[str, str], *,
+                     workers: int) -> Service:
     env = service_env(cache, extra_env)
     root.mkdir(parents=True, exist_ok=True)
     output = root / "serve.log"
@@ -195,7 +218,10 @@ def start_service(root: Path, cache: Path, extra_env: dict[str, str], *,
             pass
         if process.poll() is not None or time.monotonic() > deadline:
             process.kill()
-            raise RuntimeError(f"mebp serve did not start:\n{output.read_text()}")
+            process.wait()
+            log_text = output.read_text()
+            failure = PortTakenError if "address already in use" in log_text else RuntimeError
+            raise failure(f"mebp serve did not start:\n{log_text}")
         time.sleep(0.2)
 
 
