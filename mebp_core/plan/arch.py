@@ -45,6 +45,19 @@ class Architecture:
         return {"q_proj": (q, d), "k_proj": (kv, d), "v_proj": (kv, d), "o_proj": (d, q),
                 "gate_proj": (i, d), "up_proj": (i, d), "down_proj": (d, i)}
 
+    @property
+    def qk_norm(self) -> bool:
+        """Whether q and k pass a per-head RMSNorm before RoPE (Qwen3, Gemma 3)."""
+        return self.model_type in ("qwen3", "gemma3_text")
+
+    def attention_norm_width(self) -> int:
+        """Elements per token that a block's attention part normalizes (each RMSNorm in
+        float32): its input, Gemma 3's attention output, and q and k with a q/k norm."""
+        width = self.hidden_size * (2 if self.model_type == "gemma3_text" else 1)
+        if self.qk_norm:
+            width += (self.num_heads + self.num_kv_heads) * self.head_dim
+        return width
+
     def block_params(self) -> int:
         return sum(o * i for o, i in self.projections().values())
 

@@ -197,13 +197,15 @@ def _backward_transient_bytes(workload: Workload, em: int, n_tokens: int,
                               mlp_tokens: int) -> float:
     """Gradients and temporaries alive at once inside a block's backward: MLP-sized gradients
     and a dozen hidden-sized ones in the storage dtype (the single-block backward peaks ~2x
-    above its saved tensors: smollm2-135m and qwen2.5-0.5b, seq 128-512), hidden-sized ones
-    in float32 whatever the dtype (12 bytes per token and hidden unit), and MLP-sized ones in
+    above its saved tensors: smollm2-135m and qwen2.5-0.5b, seq 128-512), the attention
+    part's norm gradients in float32 whatever the dtype (12 bytes per token and normalized
+    element: one hidden size for Llama and Qwen2, 2.1x it for Gemma 3, 3x for Qwen3's q/k
+    norms), and MLP-sized ones in
     the matmul dtype (1.15 per token: the MLP's input gradients from the frozen and LoRA paths
     and their sum); the last two fitted with RUNTIME_OVERHEAD_BYTES. The MLP-sized ones exist
     for the ``mlp_tokens`` of one MLP pass."""
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
-    return n_tokens * (e * 12 + 12) * arch.hidden_size + \
+    return n_tokens * (e * 12 * arch.hidden_size + 12 * arch.attention_norm_width()) + \
         mlp_tokens * (e * 4 + em * 1.15) * arch.intermediate_size
 
 

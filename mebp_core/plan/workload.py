@@ -111,8 +111,9 @@ def saved_bytes_per_token(workload: Workload, knobs: EngineKnobs) -> float:
     """Bytes one block's autograd graph keeps per token, as counted with
     ``torch.autograd.graph.saved_tensors_hooks`` on the engine's blocks (qwen2.5, qwen3,
     gemma3, llama/smollm2; within 2-10%): gate, up, activation and product; q, k, v in the
-    attention layout, their rotated copies and the attention output; the block's residual
-    inputs; each RMSNorm's float32 statistics-sized copies."""
+    attention layout, their rotated copies (and normed ones, with a q/k norm) and the
+    attention output; the block's residual inputs; each RMSNorm's float32 statistics-sized
+    copies."""
     return sum(saved_bytes_per_token_by_part(workload, knobs).values())
 
 
@@ -124,7 +125,8 @@ def saved_bytes_per_token_by_part(workload: Workload, knobs: EngineKnobs) -> dic
     gemma = arch.model_type == "gemma3_text"
     norms = 2 if gemma else 1  # per part: Gemma 3 normalizes before and after each
     kv_copies = 5 if gemma else 3
-    parts = {"attention": e * (3 * q + kv_copies * kv + d) + 4 * 1.2 * d * norms,
+    qk_normed = q + kv if arch.qk_norm else 0  # q and k kept before and after their norm
+    parts = {"attention": e * (3 * q + kv_copies * kv + d + qk_normed) + 4 * 1.2 * d * norms,
              "mlp": e * (4 * i + d) + 4 * 1.2 * d * norms}
     if knobs.lora_hidden == "store":
         for suffix in adapted_projections(workload):
