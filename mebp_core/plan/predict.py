@@ -199,11 +199,11 @@ def _backward_transient_bytes(workload: Workload, em: int, n_tokens: int,
     and a dozen hidden-sized ones in the storage dtype (the single-block backward peaks ~2x
     above its saved tensors: smollm2-135m and qwen2.5-0.5b, seq 128-512), the attention
     part's norm gradients in float32 whatever the dtype (12 bytes per token and normalized
-    element: one hidden size for Llama and Qwen2, 2.1x it for Gemma 3, 3x for Qwen3's q/k
-    norms), and MLP-sized ones in
-    the matmul dtype (1.15 per token: the MLP's input gradients from the frozen and LoRA paths
-    and their sum); the last two fitted with RUNTIME_OVERHEAD_BYTES. The MLP-sized ones exist
-    for the ``mlp_tokens`` of one MLP pass."""
+    element: the hidden size for Llama and Qwen2, 3.1x it for gemma3-1b, 4x for qwen3-0.6b),
+    and MLP-sized ones in the matmul dtype (1.15 per token: the MLP's input gradients from
+    the frozen and LoRA paths and their sum); the last two fitted with
+    RUNTIME_OVERHEAD_BYTES. The MLP-sized ones exist for the ``mlp_tokens`` of one MLP
+    pass."""
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
     return n_tokens * (e * 12 * arch.hidden_size + 12 * arch.attention_norm_width()) + \
         mlp_tokens * (e * 4 + em * 1.15) * arch.intermediate_size
