@@ -26,11 +26,15 @@ from benchmarks.device_estimates import MEBP_PAPER, SEQ_LEN  # noqa: E402
 from mebp_core.plan.devices import (  # noqa: E402
     DeviceRates,
     device_step_time,
+    paper_knobs,
     paper_step_work,
     reference_rates,
 )
+from mebp_core.plan.timing import step_work  # noqa: E402
 
 TOLERANCE = 0.15
+# LCSB (MISSION section 3): weight decompression is 32-42% of MeBP's backward time
+LCSB_DECOMPRESSION_SHARES = (0.32, 0.37, 0.42)
 FIT_ON = "qwen2.5-0.5b"
 Count = Callable[[object, object, str], float]  # (work, workload, method) -> a count
 
@@ -43,6 +47,18 @@ def flops_backward_twice(work, workload, method) -> float:
     """FLOPs with every backward matmul counted twice: what a backward that also forms the
     frozen weights' gradients (or recomputes each block's forward once more) does."""
     return sum(f * (2 if form == "nn" else 1) for f, _, _, form in work.matmuls)
+
+
+def flops_backward_decompressing(share: float) -> Count:
+    """FLOPs with MeBP's backward (its recompute, its vector-Jacobian products and the head's
+    gradient: the step less one forward) costing 1 / (1 - share) of its matmuls, so that
+    decompressing its weights takes ``share`` of its time, as LCSB measured on phones."""
+    def count(work, workload, method) -> float:
+        if method != "mebp":
+            return work.matmul_flops
+        forward = step_work(workload, paper_knobs(), set(), "mezo").matmul_flops / 2
+        return work.matmul_flops + share / (1 - share) * (work.matmul_flops - forward)
+    return count
 
 
 def ops(work, workload, method) -> float:
@@ -78,6 +94,10 @@ STRUCTURES: dict[str, tuple[Count, Count, bool]] = {
     "FLOPs, backward x2 + ops": (flops_backward_twice, ops, True),
     "FLOPs, backward x2 + a cost per layer": (flops_backward_twice, layers, True),
     "FLOPs, backward x2 + a cost per logit": (flops_backward_twice, logits, True),
+    **{f"FLOPs, backward decompressing {share:.0%} of its time (LCSB) + a cost per {unit}":
+       (flops_backward_decompressing(share), count, True)
+       for share in LCSB_DECOMPRESSION_SHARES
+       for unit, count in (("layer", layers), ("logit", logits))},
 }
 
 
