@@ -10,6 +10,7 @@ from pathlib import Path
 
 import uvicorn
 
+from app.connection_guard import connection_limits, guarded_protocol, raise_descriptor_limit
 from app.main import create_app
 from mebp_core.cache import default_cache_dir
 from mebp_core.plan.calibration import load_calibration
@@ -48,8 +49,10 @@ def serve(*, host: str | None, port: int | None, data_dir: Path | None,
         # uvicorn re-raises the SIGTERM it handled once it has shut down: exit through the
         # finally below, which stops the workers and the embedded Redis
         signal.signal(signal.SIGTERM, _exit_on_signal)
+        limits = raise_descriptor_limit(connection_limits(settings))
         uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                    log_level="info")
+                    log_level="info", http=guarded_protocol(limits),
+                    h11_max_incomplete_event_size=limits.max_header_bytes)
     finally:
         workers.stop()
         if embedded is not None:

@@ -46,6 +46,14 @@ class Settings(BaseSettings):
     max_line_bytes: int = Field(default=1 << 20, ge=16)
     # any other request body (JSON, forms), refused before it is read or its key checked
     max_request_bytes: int = Field(default=1 << 20, ge=1024)
+    # a slow or idle client (app/connection_guard.py): its request's head whole within
+    # header_timeout_s and at most max_header_bytes; its body at body_min_bytes_per_s or more
+    # after body_timeout_s; at most max_connections open at once per API process
+    max_connections: int = Field(default=4096, ge=16, le=1 << 20)
+    max_header_bytes: int = Field(default=32 << 10, ge=1024, le=1 << 20)
+    header_timeout_s: float = Field(default=10.0, gt=0, le=3600)
+    body_timeout_s: float = Field(default=20.0, gt=0, le=3600)
+    body_min_bytes_per_s: float = Field(default=500.0, gt=0)
     # health is degraded (503) when the storage root or data dir has less free than this
     min_free_storage_bytes: int = Field(default=8 << 20, ge=0)
     # kept in reserve on the data dir's disk, freed so a job that filled it can be recorded

@@ -7,7 +7,7 @@ from fastapi import APIRouter, HTTPException, Request, UploadFile, status
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, RedirectResponse
 from pydantic import ValidationError
-from sqlmodel import col, select
+from sqlmodel import Session, col, select
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import SessionDep, SettingsDep
@@ -108,11 +108,21 @@ def job_form(request: Request, session: SessionDep, principal: PagePrincipal,
 async def submit_form(request: Request, session: SessionDep, settings: SettingsDep,
                       principal: PagePrincipal):
     """No form parameters: FastAPI would read (and spool) the body before the origin and the
-    session were checked. The form is parsed here, after both, then its token checked."""
+    session were checked. The form is parsed here, after both, then its token checked; while
+    it arrives the request holds no database slot (a few slow posts held them all)."""
+    await run_in_threadpool(session.close)
     fields = await request.form(max_files=1, max_fields=64)
     await require_form_token(request)  # reads the same parsed form
-    return await run_in_threadpool(_submit_form, request, session, settings, principal,
-                                   fields)
+    state = request.app.state
+    async with state.session_slots.hold():
+        return await run_in_threadpool(_submit_form_in_a_session, request, state.engine,
+                                       settings, principal, fields)
+
+
+def _submit_form_in_a_session(request: Request, engine, settings, principal,
+                              fields) -> HTMLResponse:
+    with Session(engine) as session:
+        return _submit_form(request, session, settings, principal, fields)
 
 
 def _submit_form(request: Request, session, settings, principal, fields) -> HTMLResponse:
