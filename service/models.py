@@ -137,9 +137,11 @@ class Job(SQLModel, table=True):
 
 class Event(SQLModel, table=True):
     __tablename__ = "events"
+    # a page of a job's events in id order reads only that page
+    __table_args__ = (Index("ix_events_job_id_id", "job_id", "id"),)
 
     id: int | None = Field(default=None, primary_key=True)
-    job_id: str = Field(foreign_key="jobs.id", index=True, max_length=40)
+    job_id: str = Field(foreign_key="jobs.id", max_length=40)
     at: datetime = Field(default_factory=utc_now)
     kind: str = Field(max_length=32)
     message: str
@@ -148,10 +150,11 @@ class Event(SQLModel, table=True):
 
 class Metric(SQLModel, table=True):
     __tablename__ = "metrics"
-    __table_args__ = (Index("ix_metrics_job_id_step", "job_id", "step", unique=True),)
+    __table_args__ = (Index("ix_metrics_job_id_step", "job_id", "step", unique=True),
+                      Index("ix_metrics_job_id_id", "job_id", "id"))
 
     id: int | None = Field(default=None, primary_key=True)
-    job_id: str = Field(foreign_key="jobs.id", index=True, max_length=40)
+    job_id: str = Field(foreign_key="jobs.id", max_length=40)
     step: int
     loss: float | None = None
     data: dict = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
