@@ -269,7 +269,8 @@ def _run_export(args: argparse.Namespace) -> int:
 
 
 def _run_export_base(args: argparse.Namespace) -> int:
-    from mebp_core.store.export_base import base_model_name, check_base_format, export_base
+    from mebp_core.store.export_base import check_base_format, export_base
+    from mebp_core.store.export_base_common import base_model_name
     from mebp_core.store.resolve import resolve_model, source_config
 
     check_base_format(source_config(args.model), args.format, args.dtype)  # before packing

@@ -24,7 +24,7 @@ from pathlib import Path
 from mebp_core.atomic import staged_file
 from mebp_core.errors import MebpError
 from mebp_core.proc import die_with_parent
-from mebp_core.store.export_base import base_model_name
+from mebp_core.store.export_base_common import base_model_name
 from mebp_core.store.resolve import packed_dir, resolve_model
 from service.storage import bases_dir, sha256_file, zip_directory
 

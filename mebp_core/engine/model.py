@@ -29,7 +29,7 @@ from mebp_core.lora.peft_io import (
 from mebp_core.lora.spec import LoraSpec
 from mebp_core.models import build_model
 from mebp_core.resident import select_resident
-from mebp_core.store.export_base import base_model_name
+from mebp_core.store.export_base_common import base_model_name
 from mebp_core.store.reader import open_store
 
 

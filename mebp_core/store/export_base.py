@@ -10,7 +10,7 @@ encodes to the ids it was trained on in every runtime.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal, get_args
 
@@ -18,8 +18,8 @@ import torch
 
 from mebp_core.atomic import staged_directory
 from mebp_core.data.tokenizer import ByteTokenizer, has_tokenizer_files, read_vocab_size
-from mebp_core.errors import MebpError
 from mebp_core.store.checkpoint import TOKENIZER_FILES
+from mebp_core.store.export_base_common import BaseExportError, Progress
 from mebp_core.store.format import DTYPES
 from mebp_core.store.hf_checkpoint import write_hf_checkpoint
 from mebp_core.store.reader import PackedStore, open_store
@@ -27,20 +27,6 @@ from mebp_core.store.reader import PackedStore, open_store
 BaseFormat = Literal["hf", "gguf"]
 BASE_FORMATS: tuple[str, ...] = get_args(BaseFormat)
 BASE_DTYPES = ("float32", "float16", "bfloat16")
-BASE_NAME_PREFIX = "mebp-base-"
-
-Progress = Callable[[int, int, str], None]
-
-
-class BaseExportError(MebpError, ValueError):
-    """The base model cannot be exported as asked."""
-
-
-def base_model_name(model_dir: str | Path) -> str:
-    """The name adapters trained on the packed model ``model_dir`` give their base, and the
-    directory its export is written to by default: ``from_pretrained`` takes it as a local
-    path, so an adapter loads as downloaded next to its exported base."""
-    return BASE_NAME_PREFIX + Path(model_dir).resolve().name
 
 
 def base_tensors(store: PackedStore, dtype: torch.dtype,

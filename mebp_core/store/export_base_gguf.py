@@ -26,7 +26,7 @@ from mebp_core.gguf_layout import (
     gguf_tensor_name,
     to_llama_cpp_rows,
 )
-from mebp_core.store.export_base import BaseExportError, Progress, base_model_name
+from mebp_core.store.export_base_common import BaseExportError, Progress, base_model_name
 from mebp_core.store.reader import PackedStore
 from mebp_core.store.shapes import full_text_config
 

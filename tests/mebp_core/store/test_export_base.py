@@ -15,7 +15,8 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from mebp_core.cli import main
 from mebp_core.data.tokenizer import ByteTokenizer
 from mebp_core.engine.mebp import compute_logits
-from mebp_core.store.export_base import BaseExportError, base_model_name, export_base
+from mebp_core.store.export_base import export_base
+from mebp_core.store.export_base_common import BaseExportError, base_model_name
 from mebp_core.store.pack import pack_model
 
 MESSAGES = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "héllo ✓"},
