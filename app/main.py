@@ -54,6 +54,8 @@ FAVICON_URL = "/static/favicon.svg"
 UNAVAILABLE = {RedisError: "the job queue (Redis) is unavailable; retry shortly",
                OperationalError: "the database is unavailable; retry shortly",
                InterfaceError: "the database is unavailable; retry shortly"}
+DATABASE_DISK_FULL = "the service's storage is full: the database has no room to write; " \
+    "try again later"
 
 
 def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
@@ -167,6 +169,10 @@ def _storage_full(request, exc: OSError) -> JSONResponse:
 
 def _unavailable(message: str):
     def handle(request, exc) -> JSONResponse:
+        if out_of_space(exc):  # the database's disk is full (SQLite's "database or disk is
+            # full", PostgreSQL's 53100): it answers, and a retry in 5 s will not help
+            return JSONResponse({"detail": DATABASE_DISK_FULL},
+                                status_code=status.HTTP_507_INSUFFICIENT_STORAGE)
         return JSONResponse({"detail": message}, status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
                             headers={"Retry-After": "5"})
     return handle

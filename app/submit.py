@@ -3,6 +3,8 @@ only then enqueueing its id (the worker must find the row it is sent)."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Callable
 
 from fastapi import HTTPException, status
@@ -65,6 +67,14 @@ def lock_queue(session: Session, tenant: str) -> None:
                                      {"key": f"mebp-queue:{tenant}"})
 
 
+def body_sha256(body: JobCreate) -> str:
+    """The fingerprint an ``Idempotency-Key`` is bound to: the sha256 of the validated body as
+    canonical JSON, so key order, spacing and defaults written out or left out do not make two
+    requests differ (the raw bytes would), while any value that changes the job does."""
+    canonical = json.dumps(body.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *, tenant: str,
                fleet_id: str | None = None, idempotency_key: str | None = None) -> Job:
     return create_queued_job(
@@ -72,7 +82,8 @@ def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *, tenant
         device_id=None if planned.device is None else planned.device.id,
         memory_budget_bytes=planned.budget_bytes, config=planned.config.model_dump(mode="json"),
         training_file=body.training_file, validation_file=body.validation_file,
-        fleet_id=fleet_id, metadata_=body.metadata, idempotency_key=idempotency_key)
+        fleet_id=fleet_id, metadata_=body.metadata, idempotency_key=idempotency_key,
+        request_sha256=None if idempotency_key is None else body_sha256(body))
 
 
 def submit_job(session: Session, body: JobCreate, settings: Settings,

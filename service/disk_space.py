@@ -2,7 +2,7 @@
 workers keep some room in reserve on the data dir's disk (where the embedded database and
 Redis live), given back when a job finds that disk full, so even its failure can be written.
 A reserve given back and not yet remade counts as used: the disk reads full until there is
-room again."""
+room again, and while it reads full no job starts (its end could not be recorded)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 from mebp_core.errors import out_of_space as files_out_of_space
+from mebp_core.units import MB
 from service.settings import Settings
 
 RESERVE_NAME = ".mebp-disk-reserve"
@@ -31,20 +32,39 @@ def out_of_space(exc: BaseException) -> bool:
 def storage_state(settings: Settings) -> str:
     """``"full"`` when the storage root or the data dir has less than
     ``min_free_storage_bytes`` usable; else ``"ok"``."""
+    if free_bytes(settings.storage_root) < settings.min_free_storage_bytes:
+        return "full"
+    return "ok" if data_dir_short_of_room(settings) is None else "full"
+
+
+def data_dir_short_of_room(settings: Settings) -> str | None:
+    """Why the data dir's disk reads full (less than ``min_free_storage_bytes`` usable, a
+    reserve not held counting as used), or None. A worker starts no job then: with no
+    reserve held, a job that filled the disk could not record its end."""
     missing = reserve_shortfall_bytes(settings.data_dir, settings.storage_reserve_bytes)
-    for path, held in ((settings.storage_root, 0), (settings.data_dir, missing)):
-        while not path.exists() and path != path.parent:  # made on first use
-            path = path.parent
-        if shutil.disk_usage(path).free - held < settings.min_free_storage_bytes:
-            return "full"
-    return "ok"
+    free = free_bytes(settings.data_dir)
+    if free - missing >= settings.min_free_storage_bytes:
+        return None
+    return (f"the data dir's disk has {free / MB:.2f} MB free, less than "
+            f"{settings.min_free_storage_bytes / MB:.0f} MB (MEBP_MIN_FREE_STORAGE_BYTES)"
+            + (f" beside the {missing / MB:.0f} MB kept in reserve to record a job's end on a "
+               f"full disk (MEBP_STORAGE_RESERVE_BYTES)" if missing else ""))
 
 
-def keep_reserve(data_dir: Path, size_bytes: int) -> None:
-    """Make the reserve if it is missing and the disk has room to spare for it."""
+def free_bytes(path: Path) -> int:
+    """Free bytes on ``path``'s disk (its nearest existing parent's: it is made on first use)."""
+    path = Path(path)
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return shutil.disk_usage(path).free
+
+
+def keep_reserve(data_dir: Path, size_bytes: int, min_free_bytes: int) -> None:
+    """Make the reserve if it is missing and the disk keeps ``min_free_bytes`` beside it: so
+    the reserve is held whenever the data dir does not read full (``data_dir_short_of_room``)."""
     path = Path(data_dir) / RESERVE_NAME
     if size_bytes <= 0 or path.exists() or not Path(data_dir).is_dir() or \
-            shutil.disk_usage(data_dir).free < 4 * size_bytes:
+            shutil.disk_usage(data_dir).free < size_bytes + min_free_bytes:
         return
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)

@@ -105,6 +105,9 @@ class Job(SQLModel, table=True):
     # the adapter training starts from (a federated round's global adapter), if any
     init_adapter: str | None = Field(default=None, max_length=1024)
     idempotency_key: str | None = Field(default=None, index=True, max_length=128)
+    # the sha256 of the request that made it (``body_sha256``): a key reused with another
+    # request is refused; None for a job made without a key, or before it was recorded
+    request_sha256: str | None = Field(default=None, max_length=64)
     enforcement: str | None = Field(default=None, max_length=32)  # cgroup-v2, cgroup-v1, rlimit
     error_code: str | None = Field(default=None, max_length=64)
     error_message: str | None = None

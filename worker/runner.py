@@ -8,7 +8,6 @@ the kernel's peak and OOM count before removing the cap.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -32,9 +31,15 @@ from mebp_core.plan.correction import measured_step_time
 from mebp_core.proc import die_with_parent
 from mebp_core.store.resolve import resolve_model
 from mebp_core.units import MB
+from service.adapter_downloads import adapter_file
 from service.crud import TERMINAL, add_event, fail_job, set_status
 from service.db import database_url, make_engine
-from service.disk_space import keep_reserve, out_of_space, release_reserve
+from service.disk_space import (
+    data_dir_short_of_room,
+    keep_reserve,
+    out_of_space,
+    release_reserve,
+)
 from service.models import Adapter, Dataset, Job, Metric
 from service.queue import enqueue_advance
 from service.registry import (
@@ -45,7 +50,7 @@ from service.registry import (
     model_source,
 )
 from service.settings import Settings
-from service.storage import base_config_path, job_dir, new_id, zip_bytes
+from service.storage import adapter_downloads_dir, base_config_path, job_dir, new_id
 from worker.child import (
     ADAPTER,
     CHECKPOINT,
@@ -103,6 +108,12 @@ def wake_coordinator(engine: Engine, job_id: str) -> None:
               file=sys.stderr)
 
 
+def ran_out_of_space(exc: Exception) -> str:
+    reason = "the database's disk is full" if isinstance(exc, OperationalError) else \
+        "no space left on the device"
+    return f"the storage ran out of space ({reason}); nothing partial is kept"
+
+
 class JobRun:
     def __init__(self, settings: Settings, engine: Engine, job_id: str) -> None:
         self.settings, self.engine, self.job_id = settings, engine, job_id
@@ -123,8 +134,15 @@ class JobRun:
             self.job_id, self.dir = job.id, job_dir(self.settings.storage_root, job.id)
             beat = max(1.0, self.settings.heartbeat_timeout_s / 5)
             with Heartbeat(self.engine, self.job_id, worker, beat) as self.heartbeat:
+                keep_reserve(self.settings.data_dir, self.settings.storage_reserve_bytes,
+                             self.settings.min_free_storage_bytes)
+                short = data_dir_short_of_room(self.settings)
+                if short is not None:  # no reserve held: if it filled the disk, its end
+                    # could not be recorded and it would read running for good
+                    self._fail_storage_full(session, worker, f"{short}; the job was not "
+                                            "started")
+                    return "failed"
                 try:
-                    keep_reserve(self.settings.data_dir, self.settings.storage_reserve_bytes)
                     request = self._prepare(session, job)
                     self._run_capped(session, job, request)
                 except LeaseLost:
@@ -142,7 +160,7 @@ class JobRun:
                 except Exception as exc:  # the job ends failed; the worker keeps serving
                     session.rollback()
                     if out_of_space(exc):  # wherever it filled: a known end, not a bug
-                        self._fail_storage_full(session, worker, exc)
+                        self._fail_storage_full(session, worker, ran_out_of_space(exc))
                         return "failed"
                     self._fail_if_still_ours(session, worker, "worker_error",
                                              f"{type(exc).__name__}: {exc}")
@@ -156,15 +174,13 @@ class JobRun:
             fail_job(session, job, code, message)
             session.commit()
 
-    def _fail_storage_full(self, session: Session, worker: str, exc: Exception) -> None:
+    def _fail_storage_full(self, session: Session, worker: str, message: str) -> None:
         """Drop this job's partial files (nothing partial is kept, and a database on the
         same full disk may need the room), then record the failure, retrying briefly."""
         for partial in (self.dir / CHECKPOINT, self.dir / ADAPTER,
+                        adapter_downloads_dir(self.dir / ADAPTER),
                         *self.dir.glob(f".{ADAPTER}.tmp-*")):
             shutil.rmtree(partial, ignore_errors=True)
-        reason = "the database's disk is full" if isinstance(exc, OperationalError) else \
-            "no space left on the device"
-        message = f"the storage ran out of space ({reason}); nothing partial is kept"
         for attempt in range(STORAGE_FULL_TRIES):
             try:
                 self._fail_if_still_ours(session, worker, "storage_full", message)
@@ -379,7 +395,8 @@ class JobRun:
         adapter = self.dir / ADAPTER
         files = [adapter / name for name in sorted(ADAPTER_FILES)]
         session.add(Adapter(id=new_id("ad"), job_id=job.id, path=str(adapter),
-                            sha256=hashlib.sha256(zip_bytes(adapter)).hexdigest(),
+                            # its PEFT zip, made once here and served from disk
+                            sha256=adapter_file(adapter, "peft", None, remake=True).sha256,
                             bytes=sum(f.stat().st_size for f in files)))
 
     def _log_tail(self, lines: int = 5) -> str:

@@ -23,7 +23,7 @@ from app.schemas import (
     MetricPublic,
     MetricsPublic,
 )
-from app.submit import submit_job
+from app.submit import body_sha256, submit_job
 from service.crud import (
     TERMINAL,
     events_after,
@@ -38,15 +38,18 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 @router.post("", response_model=JobPublic, status_code=status.HTTP_201_CREATED,
              responses={200: {"description": "a repeat of an Idempotency-Key: the same job"},
+                        409: {"model": ErrorMessage, "description": "the Idempotency-Key was "
+                              "used for a different request body"},
                         422: {"description": "invalid field, or a budget too small "
                                              "(the error carries smallest_budget_mb)"}})
 def create_job(body: JobCreate, request: Request, response: Response, session: SessionDep,
                settings: SettingsDep, principal: PrincipalDep,
                idempotency_key: Annotated[str | None, Header(min_length=1, max_length=128)]
                = None) -> JobPublic:
-    """``Idempotency-Key``: a repeat with the same key answers the job the first one made."""
+    """``Idempotency-Key``: a repeat with the same key and body answers the job the first one
+    made; the same key with another body is a 409."""
     if idempotency_key is not None:
-        existing = find_by_idempotency_key(session, principal.tenant, idempotency_key)
+        existing = find_by_idempotency_key(session, principal.tenant, idempotency_key, body)
         if existing is not None:
             response.status_code = status.HTTP_200_OK
             return job_public(existing, latest_adapter(session, existing.id))
@@ -58,16 +61,22 @@ def create_job(body: JobCreate, request: Request, response: Response, session: S
         session.rollback()
         if idempotency_key is None:
             raise
-        job = find_by_idempotency_key(session, principal.tenant, idempotency_key)
+        job = find_by_idempotency_key(session, principal.tenant, idempotency_key, body)
         if job is None:
             raise
         response.status_code = status.HTTP_200_OK
     return job_public(job, latest_adapter(session, job.id))
 
 
-def find_by_idempotency_key(session, tenant: str, key: str) -> Job | None:
-    return session.exec(select(Job).where(Job.tenant == tenant,
-                                          Job.idempotency_key == key)).first()
+def find_by_idempotency_key(session, tenant: str, key: str, body: JobCreate) -> Job | None:
+    """The job a request with ``key`` made, if any; a 409 if that request's body was not
+    ``body`` (a job made before bodies were fingerprinted is taken as the same)."""
+    job = session.exec(select(Job).where(Job.tenant == tenant,
+                                         Job.idempotency_key == key)).first()
+    if job is not None and job.request_sha256 not in (None, body_sha256(body)):
+        raise HTTPException(status.HTTP_409_CONFLICT, f"Idempotency-Key {key!r} was used for "
+                            "a different request body; use a new key")
+    return job
 
 
 @router.get("", response_model=JobsPublic)
