@@ -4,7 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from mebp_core.lora.spec import TARGET_SUFFIXES, LoraSpec
 
@@ -21,6 +29,17 @@ FrozenWeights = Literal["lazy", "resident"]
 LoraHidden = Literal["recompute", "store"]
 Bf16Matmul = Literal["auto", "native", "float32"]
 Schedule = Literal["constant", "cosine"]
+
+
+def _power_of_two(group_size: int) -> int:
+    if group_size & (group_size - 1):
+        raise ValueError(f"group_size must be a power of two (8 to 4096), got {group_size}")
+    return group_size
+
+
+# weights per quantization group: a power of two, as every deployment format's groups are
+# (MLX 32/64/128, GGUF 32), which also bounds the distinct packings of a model to ten
+GroupSize = Annotated[int, Field(ge=8, le=4096), AfterValidator(_power_of_two)]
 
 
 class EngineKnobs(BaseModel):
@@ -123,8 +142,8 @@ class TrainConfig(BaseModel):
         "clip the global gradient norm to this"))
     mezo_eps: float = Field(default=1e-3, gt=0, le=1.0, description=(
         "MeZO's perturbation scale"))
-    group_size: int = Field(default=64, ge=8, le=4096, description=(
-        "weights per quantization group"))
+    group_size: GroupSize = Field(default=64, description=(
+        "weights per quantization group (a power of two)"))
     compute_dtype: ComputeDtype = Field(default="float32", description=(
         "activations, checkpoints and decompressed weights in float32 or bfloat16"))
     eval_every: int | None = Field(default=None, ge=1, description=(
