@@ -122,7 +122,7 @@ class FleetMember(BaseModel):
     budget_mb: float
     smallest_budget_mb: int | None
     configuration: str | None = Field(description="the configuration planned for the device "
-                                      "(the worker's own plan once its job has started)")
+                                      "(another only if its worker re-planned it: plan.replanned)")
     predicted_peak_mb: float | None
     measured_peak_mb: float | None = Field(description="the kernel's count: anonymous + "
                                            "shared memory at the job's peak")

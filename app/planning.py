@@ -71,8 +71,8 @@ def plan_job(body: JobCreate, settings: Settings, session: Session) -> PlannedJo
                           {"planned": False, "budget_mb": budget_bytes / MB,
                            "reason": f"the planner models method mebp, not {config.method}",
                            "device_step_time_s_estimate": estimate})
-    # predicted with this host's calibration and threads; the worker that runs the job plans
-    # it again on its own host (``worker.host_plan``) and sets its own threads
+    # predicted with this host's calibration and threads: the configuration chosen here is
+    # the one every attempt runs (``worker.host_plan``), each at its own worker's threads
     here = config.model_copy(update={"knobs": knobs.model_copy(
         update={"threads": settings.plan_threads})})
     runs, summary, plan = plan_job_run(

@@ -1,9 +1,19 @@
-"""The job's plan made again on the host that runs it: its calibration, its thread count and
-its CPU's bf16 path decide the configuration (the API planned on its own host to answer the
-request). The thread count is the worker's setting, else the cores free as the attempt
-starts: threads on cores other processes keep busy slow every step several times over.
-Each attempt plans for its own worker; knobs never change the math, so a resumed attempt
-may take other knobs than the one that wrote the checkpoint."""
+"""The configuration an attempt of a job runs: the one the job was planned with, kept.
+
+The API plans a job once, as it accepts it, and records the configuration on the job; every
+attempt runs that configuration, so a job resumed from its checkpoint computes what an
+uninterrupted run computes, bit for bit (the knobs are part of the arithmetic: a loss tile of
+1M against 8M sums the logits in another order). Each attempt predicts that configuration
+again with its own host's calibration at its own threads (the figures the job reports and
+the time correction compare with), and plans afresh only where it is predicted not to fit
+the job's budget on this host; it then says so (an event, and ``plan.replanned``), and the
+new configuration is the one later attempts keep.
+
+An attempt's own: its thread count (the worker's setting, else the cores free as it starts),
+since on this engine the thread count does not change the results (1 and 2 threads gave
+equal losses and adapters bit for bit on a 2-core host); and, fixed by the first attempt, the
+bf16 matmul path its CPU takes for ``auto``.
+"""
 
 from __future__ import annotations
 
@@ -11,12 +21,12 @@ import os
 
 from sqlmodel import Session
 
-from mebp_core.cache import default_cache_dir
-from mebp_core.config import TrainConfig
-from mebp_core.cpu import idle_cores, threads_for_idle_cores
-from mebp_core.plan.arch import load_architecture
-from mebp_core.plan.calibration import load_calibration
-from mebp_core.plan.on_host import plan_job_run
+from mebp_core.config import EngineKnobs, TrainConfig
+from mebp_core.cpu import idle_cores, matmul_dtype, threads_for_idle_cores
+from mebp_core.plan.arch import Architecture, load_architecture
+from mebp_core.plan.on_host import chosen_entry, plan_on_host, plan_summary
+from mebp_core.plan.planner import Plan, PlanEntry
+from mebp_core.units import MB
 from service.crud import add_event
 from service.devices import find_device
 from service.models import Job
@@ -25,38 +35,78 @@ from service.settings import Settings
 
 def plan_on_this_worker(session: Session, job: Job, source: str, settings: Settings,
                         worker: str) -> TrainConfig:
-    """The config this attempt runs (its threads, and for a planned job the configuration
-    this host predicts fastest within the budget at those threads); the job's config and
-    plan are updated to match, with an event when the configuration differs from the API's.
-    A job planned with this very calibration (the API on the same host) is not planned
-    again."""
+    """The config this attempt runs: the job's recorded configuration at this attempt's
+    threads, planned afresh only if predicted not to fit here. The job's config and plan are
+    updated to match (the plan with this host's predictions)."""
     config = job.train_config()
     threads = attempt_threads(session, job, settings)
-    here = config.model_copy(update={"knobs": config.knobs.model_copy(
+    here = config.model_copy(update={"knobs": fixed_bf16_path(config).model_copy(
         update={"threads": threads})})
+    if (job.plan or {}).get("planned"):  # another method: its knobs are as requested
+        here = _predict_here(session, job, here, load_architecture(source), settings, worker)
     job.config = here.model_dump(mode="json")
     session.add(job)
-    planned = job.plan or {}
-    if not planned.get("planned"):  # another method: its knobs are as requested
-        return here
-    if _same_host(planned.get("calibration"), settings, threads):  # this host's own plan
-        return here
+    return here
+
+
+def _predict_here(session: Session, job: Job, here: TrainConfig, arch: Architecture,
+                  settings: Settings, worker: str) -> TrainConfig:
+    """``here`` predicted on this host and recorded as the job's plan; replaced by the
+    fastest configuration that fits here only if the job's plan fitted its budget where it
+    was made, was the planner's choice (not the request's) and is predicted not to fit
+    here."""
+    planned = job.plan
+    chosen_by = planned.get("chosen_by", "auto")
     device = None if job.device_id is None else find_device(session, job.device_id)
-    here, summary, _ = plan_job_run(
-        load_architecture(source), here, budget_bytes=job.memory_budget_bytes, device=device,
-        chosen_by=planned.get("chosen_by", "auto"), cache_dir=settings.cache_dir)
-    summary["planned_by"] = worker
-    chosen_id = summary["configuration"]
-    if chosen_id != planned.get("configuration"):
-        add_event(session, job_id=job.id, kind="log",
-                  message=f"planned on {worker}: {chosen_id} (predicted "
-                  f"{summary['predicted_peak_mb']:.0f} MB, {summary['predicted_step_time_s']:.2f}"
-                  f" s/step) instead of {planned.get('configuration')}",
-                  data={"configuration": chosen_id,
-                        "previous_configuration": planned.get("configuration")})
-    job.config = here.model_dump(mode="json")
+
+    def plan_of(candidates: list[EngineKnobs] | None) -> Plan:
+        return plan_on_host(arch, here, budget_bytes=job.memory_budget_bytes, device=device,
+                            candidates=candidates, cache_dir=settings.cache_dir)
+
+    plan = plan_of(None if chosen_by == "auto" else [here.knobs])
+    recorded = _entry_of(plan, here.knobs) or plan_of([here.knobs]).entries[0]
+    replan = chosen_by == "auto" and planned.get("feasible") and recorded.feasible is False
+    chosen = chosen_entry(plan) if replan else recorded
+    summary = {**plan_summary(plan, chosen, chosen_by=chosen_by), "predicted_by": worker}
+    if "replanned" in planned:  # by an earlier attempt: its configuration is the one kept
+        summary["replanned"] = planned["replanned"]
+    if replan:
+        summary["replanned"] = _say_replanned(session, job, recorded, chosen, worker)
+        here = here.model_copy(update={"knobs": chosen.knobs.model_copy(
+            update={"threads": here.knobs.threads})})
     job.plan = summary
     return here
+
+
+def _entry_of(plan: Plan, knobs: EngineKnobs) -> PlanEntry | None:
+    """The plan's prediction of ``knobs`` (at whatever threads), if it is a candidate."""
+    unthreaded = knobs.model_copy(update={"threads": None})
+    return next((entry for entry in plan.entries
+                 if entry.knobs.model_copy(update={"threads": None}) == unthreaded), None)
+
+
+def _say_replanned(session: Session, job: Job, recorded: PlanEntry, chosen: PlanEntry,
+                   worker: str) -> dict:
+    """The event and the plan's record of a configuration replaced on this host."""
+    reason = f"{recorded.id} is predicted not to fit here: {recorded.reason}"
+    record = {"reason": reason, "previous_configuration": recorded.id, "worker": worker,
+              "attempt": job.attempts}
+    add_event(session, job_id=job.id, kind="log",
+              message=f"planned again on {worker}: {reason}; running {chosen.id} (predicted "
+              f"{chosen.prediction.peak_bytes / MB:.0f} MB, "
+              f"{chosen.prediction.step_time_s:.2f} s/step)",
+              data={"configuration": chosen.id, **record})
+    return record
+
+
+def fixed_bf16_path(config: TrainConfig) -> EngineKnobs:
+    """``config``'s knobs with a bf16 matmul path of "auto" made the one this host's CPU
+    takes, so every later attempt, on any host, runs the same matmuls."""
+    knobs = config.knobs
+    if knobs.bf16_matmul != "auto" or config.compute_dtype != "bfloat16":
+        return knobs
+    native = matmul_dtype(config.compute_dtype, "auto") == "bfloat16"
+    return knobs.model_copy(update={"bf16_matmul": "native" if native else "float32"})
 
 
 def attempt_threads(session: Session, job: Job, settings: Settings) -> int:
@@ -72,16 +122,3 @@ def attempt_threads(session: Session, job: Job, settings: Settings) -> int:
                   f"{os.cpu_count()} cores idle as it starts",
                   data={"threads": threads, "idle_cores": round(idle, 2)})
     return threads
-
-
-
-CALIBRATION_IDENTITY = ("host", "threads", "torch", "kernel", "measured_at")
-
-
-def _same_host(calibration: dict | None, settings: Settings, threads: int) -> bool:
-    """Whether ``calibration`` (a plan's) is this worker's own, at ``threads``."""
-    if not calibration:
-        return False
-    here = load_calibration(settings.cache_dir or default_cache_dir(), threads)
-    mine = here.provenance()
-    return all(calibration.get(key) == mine[key] for key in CALIBRATION_IDENTITY)

@@ -1,6 +1,8 @@
-"""The worker plans each job again on its own host: its threads, its calibration and the
-configuration that calibration predicts fastest within the job's budget; a configuration
-the request named is kept, and a job of another method keeps its knobs."""
+"""Every attempt of a job runs the configuration it was planned with, at the attempt's own
+threads, predicted again with this host's calibration; it is planned afresh only where it is
+predicted not to fit the budget here, and the job says so. A configuration the request named
+is kept, a job of another method keeps its knobs, and a bf16 path of "auto" is fixed by the
+first attempt."""
 
 from __future__ import annotations
 
@@ -8,8 +10,10 @@ import pytest
 from sqlmodel import Session, select
 
 from mebp_core.config import EngineKnobs, TrainConfig
+from mebp_core.cpu import native_bf16_matmul
 from mebp_core.plan.arch import load_architecture
-from mebp_core.plan.on_host import fastest_fitting, plan_on_host
+from mebp_core.plan.on_host import plan_on_host
+from mebp_core.plan.planner import knobs_id
 from mebp_core.units import MB
 from service.db import database_url, make_engine, upgrade_database
 from service.models import Dataset, Event, Job
@@ -48,25 +52,65 @@ def job_with(session: Session, config: TrainConfig, plan: dict) -> Job:
     return job
 
 
-def test_a_planned_job_takes_this_hosts_fastest_fitting_configuration(session, settings):
-    as_submitted = TrainConfig(seq_len=256, knobs=EngineKnobs(frozen_weights="resident"))
-    job = job_with(session, as_submitted, {"planned": True, "chosen_by": "auto",
-                                           "configuration": "planned-elsewhere"})
+def this_hosts_plan(settings: Settings, config: TrainConfig):
+    here = config.model_copy(update={"knobs": config.knobs.model_copy(update={"threads": 1})})
+    return plan_on_host(load_architecture(MODEL), here, budget_bytes=BUDGET,
+                        cache_dir=settings.cache_dir, measure=False)
+
+
+def planned(entry, **extra) -> dict:
+    """The plan record of a job planned (elsewhere) to run ``entry``."""
+    return {"planned": True, "chosen_by": "auto", "configuration": entry.id,
+            "feasible": True, **extra}
+
+
+def test_a_planned_job_keeps_its_configuration_where_it_fits(session, settings):
+    """Planned with a configuration this host would not pick (the smallest), the job runs it
+    still, at this worker's threads, with this host's predictions of it."""
+    as_submitted = TrainConfig(seq_len=256)
+    plan = this_hosts_plan(settings, as_submitted)
+    kept = plan.smallest
+    assert kept.id != plan.auto.id  # this host alone would have run another one
+    job = job_with(session, as_submitted.model_copy(update={"knobs": kept.knobs.model_copy(
+        update={"threads": None})}), planned(kept))
     config = plan_on_this_worker(session, job, MODEL, settings, "w1")
     session.commit()
 
-    here = as_submitted.model_copy(update={"knobs": EngineKnobs(threads=1)})
-    expected = fastest_fitting(plan_on_host(load_architecture(MODEL), here,
-                                            budget_bytes=BUDGET, cache_dir=settings.cache_dir,
-                                            measure=False), here)
-    assert config == expected and config.knobs.threads == 1
-    assert config.knobs.frozen_weights != "resident"  # the whole model does not fit 400 MB
+    assert config.knobs == kept.knobs.model_copy(update={"threads": 1})
     session.refresh(job)
     assert job.train_config() == config
-    assert job.plan["planned_by"] == "w1" and job.plan["chosen_by"] == "auto"
-    assert job.plan["predicted_peak_mb"] * 1.1 <= 400
+    assert job.plan["configuration"] == kept.id and job.plan["predicted_by"] == "w1"
+    assert job.plan["predicted_peak_mb"] == round(kept.prediction.peak_bytes / MB, 1)
+    assert job.plan["calibration"]["threads"] == 1 and "replanned" not in job.plan
+    assert session.exec(select(Event).where(Event.job_id == job.id)).all() == []
+
+
+def test_a_configuration_that_does_not_fit_here_is_planned_again_and_kept_after(session,
+                                                                             settings):
+    """Every weight resident fitted where the job was planned, not in 400 MB here: this
+    attempt runs this host's fastest that fits, says why, and the next attempt keeps it."""
+    everything = EngineKnobs(frozen_weights="resident")
+    job = job_with(session, TrainConfig(seq_len=256, knobs=everything),
+                   {"planned": True, "chosen_by": "auto", "feasible": True,
+                    "configuration": knobs_id(everything)})
+    config = plan_on_this_worker(session, job, MODEL, settings, "w1")
+    session.commit()
+
+    fastest = this_hosts_plan(settings, TrainConfig(seq_len=256)).auto
+    assert config.knobs == fastest.knobs.model_copy(update={"threads": 1})
+    replanned = job.plan["replanned"]
+    assert replanned["previous_configuration"] == knobs_id(everything)
+    assert replanned["worker"] == "w1" and replanned["attempt"] == job.attempts
+    assert "predicted not to fit here: needs" in replanned["reason"]
+    assert job.plan["configuration"] == fastest.id and job.plan["predicted_peak_mb"] * 1.1 <= 400
     events = session.exec(select(Event).where(Event.job_id == job.id)).all()
-    assert [e.data["previous_configuration"] for e in events] == ["planned-elsewhere"]
+    assert [e.data["previous_configuration"] for e in events] == [knobs_id(everything)]
+    assert events[0].data["configuration"] == fastest.id
+
+    job.attempts += 1  # resumed by another worker of this host: nothing changes
+    again = plan_on_this_worker(session, job, MODEL, settings, "w2")
+    assert again == config and job.plan["replanned"] == replanned
+    assert len(session.exec(select(Event).where(Event.job_id == job.id)).all()) == 1
 
 
 def test_a_configuration_the_request_named_is_kept_with_this_workers_threads(session,
@@ -76,7 +120,8 @@ def test_a_configuration_the_request_named_is_kept_with_this_workers_threads(ses
                    {"planned": True, "chosen_by": "request", "configuration": "x"})
     config = plan_on_this_worker(session, job, MODEL, settings, "w1")
     assert config.knobs == requested.model_copy(update={"threads": 1})
-    assert job.plan["chosen_by"] == "request" and job.plan["planned_by"] == "w1"
+    assert job.plan["chosen_by"] == "request" and job.plan["predicted_by"] == "w1"
+    assert job.plan["configuration"] == knobs_id(requested)
 
 
 def test_another_methods_knobs_are_kept(session, settings):
@@ -87,24 +132,14 @@ def test_another_methods_knobs_are_kept(session, settings):
     assert job.plan == {"planned": False, "reason": "the planner models method mebp"}
 
 
-def test_a_job_planned_with_this_workers_own_calibration_is_not_planned_again(session,
-                                                                              settings):
-    """The API on the same host (one `mebp serve`) planned with the same calibration and
-    threads: its plan stands, only the threads are the worker's."""
-    from mebp_core.plan.calibration import load_calibration
-
-    mine = load_calibration(settings.cache_dir, settings.threads).provenance()
-    as_planned = TrainConfig(seq_len=256, knobs=EngineKnobs(checkpoint_blocks=2))
-    plan = {"planned": True, "chosen_by": "auto", "configuration": "kept",
-            "calibration": mine}
-    job = job_with(session, as_planned, plan)
+def test_a_bf16_path_of_auto_is_fixed_by_the_first_attempt(session, settings):
+    """The path this host's CPU takes for "auto" is written into the job's config, so a
+    later attempt on a CPU that would take the other runs the same matmuls."""
+    job = job_with(session, TrainConfig(method="backprop", compute_dtype="bfloat16"),
+                   {"planned": False, "reason": "the planner models method mebp"})
     config = plan_on_this_worker(session, job, MODEL, settings, "w1")
-    assert config.knobs == as_planned.knobs.model_copy(update={"threads": 1})
-    assert job.plan == plan
-    other = {**mine, "measured_at": "2020-01-01T00:00:00+00:00"}  # another calibration
-    job.plan = {**plan, "calibration": other}
-    plan_on_this_worker(session, job, MODEL, settings, "w1")
-    assert job.plan["planned_by"] == "w1" and job.plan["configuration"] != "kept"
+    assert config.knobs.bf16_matmul == ("native" if native_bf16_matmul() else "float32")
+    assert job.train_config().knobs.bf16_matmul == config.knobs.bf16_matmul
 
 
 def test_without_a_thread_setting_a_job_takes_the_cores_free_as_it_starts(
@@ -113,12 +148,12 @@ def test_without_a_thread_setting_a_job_takes_the_cores_free_as_it_starts(
     one-thread calibration, and says so."""
     cache = seed_calibration(tmp_path / "cache", threads=1)
     settings = Settings(data_dir=tmp_path, cache_dir=cache)  # threads unset
-    job = job_with(session, TrainConfig(seq_len=256), {"planned": True, "chosen_by": "auto",
-                                                         "configuration": "planned-elsewhere"})
+    job = job_with(session, TrainConfig(seq_len=256), {"planned": True, "chosen_by": "request",
+                                                         "configuration": "default"})
     config = plan_on_this_worker(session, job, MODEL, settings, "w1")
     session.commit()
     assert config.knobs.threads == 1 and job.train_config().knobs.threads == 1
-    assert job.plan["calibration"]["threads"] == 1 and job.plan["planned_by"] == "w1"
+    assert job.plan["calibration"]["threads"] == 1 and job.plan["predicted_by"] == "w1"
     told = [e.data for e in session.exec(select(Event).where(Event.job_id == job.id)).all()
             if "idle_cores" in e.data]
     assert [e["threads"] for e in told] == [1] and told[0]["idle_cores"] <= 1.2
