@@ -30,7 +30,7 @@ from app.keys import ensure_bootstrap_key
 from app.reconciler import Reconciler
 from app.schemas import ErrorMessage
 from app.uploads import storage_full_error
-from app.web import auth, explorer, monitor
+from app.web import auth, base_page, explorer, monitor
 from app.web.auth import SignInRequired
 from app.web.templating import PLOTLY_JS, STATIC_DIR
 from mebp_core.cache import default_cache_dir
@@ -38,6 +38,7 @@ from service.bases import BaseExports
 from service.db import database_url, make_engine
 from service.devices import sync_builtin_devices
 from service.disk_space import out_of_space, storage_state
+from service.export_quota import ExportQuota
 from service.queue import connect, count_live_workers, enqueue_job, job_queue
 from service.settings import Settings
 
@@ -91,7 +92,10 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
     app.state.enqueue = lambda job_id: _enqueue_or_defer(queue, job_id)
     app.state.session_slots = SessionSlots(engine)
     app.state.base_exports = BaseExports(settings.storage_root,
-                                         settings.cache_dir or default_cache_dir())
+                                         settings.cache_dir or default_cache_dir(),
+                                         settings.max_base_cache_bytes)
+    app.state.base_export_quota = ExportQuota(redis, settings.queue_name,
+                                              settings.max_base_exports_per_tenant_per_hour)
     app.state.event_hub = event_hub = EventHub(engine)
     app.state.stream_slots = StreamSlots(settings.max_streams_per_key)
 
@@ -104,7 +108,7 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
         return FileResponse(PLOTLY_JS, media_type="text/javascript")
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-    for module in (auth, explorer, monitor):
+    for module in (auth, explorer, monitor, base_page):
         app.include_router(module.router)
     app.add_exception_handler(SignInRequired, lambda request, exc: RedirectResponse(
         "/signin", status_code=status.HTTP_303_SEE_OTHER))

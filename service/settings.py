@@ -62,6 +62,11 @@ class Settings(BaseSettings):
     threads: int | None = Field(default=None, ge=1)
     # event streams one key (its API clients and dashboard tabs together) holds open at once
     max_streams_per_key: int = Field(default=16, ge=1, le=10_000)
+    # base exports (service/bases.py): a tenant starts at most this many in any hour (the
+    # count kept in Redis, so every API process sees it), and the kept ones are evicted,
+    # least recently served first, beyond max_base_cache_bytes
+    max_base_exports_per_tenant_per_hour: int = Field(default=8, ge=0, le=10_000)
+    max_base_cache_bytes: int = Field(default=4 << 30, ge=0)
     # fairness: a tenant's jobs waiting (more are a 429; the default admits the largest
     # simulated fleet) and running at once (more wait while other tenants' jobs go first);
     # the API and every worker must share these

@@ -60,6 +60,9 @@ def require_api_key(
 
 
 PrincipalDep = Annotated[Principal, Depends(require_api_key)]
+# set only when the request carried a key (valid, or require_api_key answered 401): what a
+# route that must not act on a signed-in browser's cookie alone checks
+BearerCredentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 
 
 def require_admin(principal: PrincipalDep) -> Principal:

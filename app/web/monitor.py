@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from urllib.parse import quote, urlencode
-
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse
 from sqlmodel import Session, col, select
@@ -13,9 +11,9 @@ from app.api.routes.fleets import list_fleets, read_fleet
 from app.api.routes.jobs import cancel_job, read_job
 from app.job_view import job_public
 from app.web.auth import PagePrincipal, SessionRequired
+from app.web.base_page import PAGE_DTYPE, base_page_url
 from app.web.csrf import FormToken
 from app.web.templating import script_json, templates
-from mebp_core.config import TrainConfig
 from mebp_core.errors import MebpError
 from mebp_core.store.export_base import BASE_FORMATS, check_base_format
 from mebp_core.store.resolve import source_config
@@ -49,9 +47,8 @@ def job_page(job_id: str, request: Request, session: SessionDep,
 
 
 def base_links(session: Session, job: dict) -> dict[str, str]:
-    """{format: URL} of the base model downloads the job's adapter applies to, for the
-    formats its model can be exported in."""
-    config = TrainConfig.model_validate(job["config"])
+    """{format: URL of the job's base page} for the formats its model can be exported in;
+    that page downloads a made base, or starts its export with a form (app/web/base_page.py)."""
     try:
         model_config = source_config(model_source(session, job["model"]))
     except (UnknownModelError, MebpError):
@@ -59,12 +56,10 @@ def base_links(session: Session, job: dict) -> dict[str, str]:
     links = {}
     for fmt in BASE_FORMATS:
         try:
-            check_base_format(model_config, fmt, "float32")
+            check_base_format(model_config, fmt, PAGE_DTYPE)
         except MebpError:
             continue
-        query = urlencode({"format": fmt, "quant": config.quant,
-                           "group_size": config.group_size})
-        links[fmt] = f"/v1/models/{quote(job['model'])}/base?{query}"
+        links[fmt] = base_page_url(job["id"], fmt)
     return links
 
 

@@ -5,28 +5,25 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
-from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.responses import FileResponse, Response
 from sqlmodel import select
 
-from app.api.deps import AdminDep, PrincipalDep, SessionDep, SettingsDep
+from app.api.base_downloads import (
+    base_request_or_error,
+    exporting_response,
+    file_response,
+    start_export,
+)
+from app.api.deps import AdminDep, BearerCredentials, PrincipalDep, SessionDep, SettingsDep
 from app.api.errors import invalid
 from app.api.model_lookup import confined_model_path_or_422
 from app.schemas import BaseExporting, ModelCreate, ModelPublic, ModelsPublic
 from mebp_core.config import GroupSize, Quant, TrainConfig
-from mebp_core.errors import MebpError
 from mebp_core.plan.arch import PlanInputError, load_architecture
-from mebp_core.store.export_base import BASE_DTYPES, check_base_format
+from mebp_core.store.export_base import BASE_DTYPES
 from mebp_core.store.preset_configs import PRESET_CONFIGS
-from mebp_core.store.resolve import source_config
-from service.bases import BaseExportFailed, BaseRequest
 from service.models import RegisteredModel
-from service.registry import (
-    PRESET,
-    ModelPathError,
-    UnknownModelError,
-    confine_model_dir,
-    model_source,
-)
+from service.registry import PRESET
 
 router = APIRouter(prefix="/models", tags=["models"])
 
@@ -65,7 +62,6 @@ def register_model(body: ModelCreate, session: SessionDep, settings: SettingsDep
 
 
 _DEFAULTS = TrainConfig.model_fields
-EXPORT_RETRY_S = 5
 BaseFormatQuery = Annotated[Literal["hf", "gguf"], Query(
     description="hf: a Hugging Face directory, zipped under the folder name the adapters "
                 "give their base; gguf: one llama.cpp file")]
@@ -80,38 +76,31 @@ DtypeQuery = Annotated[Literal[BASE_DTYPES], Query(description="the weights' dty
                              "headers": {"X-Base-SHA256": {
                                  "description": "sha256 of the exact bytes served"}}},
                        202: {"description": "being exported: ask again after Retry-After",
-                             "model": BaseExporting}})
+                             "model": BaseExporting},
+                       409: {"description": "not exported yet, and a signed-in browser's "
+                                            "cookie alone does not start an export"}})
 def download_base(name: str, request: Request, session: SessionDep, settings: SettingsDep,
-                  _: PrincipalDep, format: BaseFormatQuery = "hf",
+                  principal: PrincipalDep, credentials: BearerCredentials,
+                  format: BaseFormatQuery = "hf",
                   quant: QuantQuery = _DEFAULTS["quant"].default,
                   group_size: GroupSizeQuery = _DEFAULTS["group_size"].default,
                   dtype: DtypeQuery = "float32") -> Response:
     """The base model a job's adapter applies to: the packed weights it was trained against,
-    dequantized. The first request starts its export (minutes for a large model) and is
-    answered 202; once made, it is kept and served."""
-    try:
-        source = model_source(session, name)
-        if not source.startswith(PRESET):
-            confine_model_dir(settings.model_root_paths, source)
-        config = source_config(source)
-    except UnknownModelError as exc:
-        raise HTTPException(status.HTTP_404_NOT_FOUND, f"model {name!r}: {exc}") from None
-    except (ModelPathError, MebpError) as exc:  # a registered directory changed since
-        raise invalid("name", str(exc), name, where="path") from None
-    try:
-        check_base_format(config, format, dtype)
-    except MebpError as exc:
-        raise invalid("format", str(exc), format, where="query") from None
-    try:
-        base = request.app.state.base_exports.find_or_start(
-            BaseRequest(source, quant, group_size, format, dtype))
-    except BaseExportFailed as exc:  # the next request tries again
-        raise HTTPException(status.HTTP_500_INTERNAL_SERVER_ERROR,
-                            f"exporting the base of {name!r} failed: {exc}") from None
-    if base is None:
-        body = BaseExporting(detail=f"the base of {name!r} ({format}, {dtype}) is being "
-                             f"exported; ask again in {EXPORT_RETRY_S} s")
-        return JSONResponse(body.model_dump(), status_code=status.HTTP_202_ACCEPTED,
-                            headers={"Retry-After": str(EXPORT_RETRY_S)})
-    return FileResponse(base.path, media_type=base.media_type, filename=base.filename,
-                        headers={"X-Base-SHA256": base.sha256})
+    dequantized. A request with an API key starts its export (minutes for a large model;
+    MEBP_MAX_BASE_EXPORTS_PER_TENANT_PER_HOUR per tenant) and is answered 202; once made,
+    it is kept (within MEBP_MAX_BASE_CACHE_BYTES) and served to the key and to the signed-in
+    dashboard, whose own job page starts exports with a form."""
+    base = base_request_or_error(session, settings, name, fmt=format, quant=quant,
+                                 group_size=group_size, dtype=dtype)
+    exports = request.app.state.base_exports
+    kept = exports.open(base)
+    if kept is not None:
+        return file_response(kept)
+    if credentials is not None:  # a cross-site page can send the cookie, never a key
+        start_export(request, principal, base)
+    elif not exports.exporting(base):
+        raise HTTPException(status.HTTP_409_CONFLICT, (
+            f"the base of {name!r} ({format}, {dtype}, {quant}, group_size {group_size}) is "
+            "not exported yet; a signed-in browser only downloads made ones: start its "
+            "export from the job's page, or ask with the API key (Authorization: Bearer)"))
+    return exporting_response(name, base)
