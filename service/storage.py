@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import os
 import secrets
 import shutil
@@ -31,6 +30,11 @@ def job_dir(root: Path, job_id: str) -> Path:
 def round_adapter_dir(root: Path, fleet_id: str, index: int) -> Path:
     """The global adapter a federated fleet's round combined."""
     return root / "fleets" / fleet_id / f"round-{index}" / "adapter"
+
+
+def adapter_downloads_dir(adapter: Path) -> Path:
+    """Beside an adapter folder, the files it downloads as (``service.adapter_downloads``)."""
+    return adapter.with_name(f"{adapter.name}-downloads")
 
 
 def coordinator_lock_path(root: Path, fleet_id: str) -> Path:
@@ -71,13 +75,6 @@ def zip_directory(directory: Path, out: Path | BinaryIO, *, top: str = "",
             large = path.stat().st_size >= zipfile.ZIP64_LIMIT
             with open(path, "rb") as source, archive.open(info, "w", force_zip64=large) as sink:
                 shutil.copyfileobj(source, sink, 1 << 20)
-
-
-def zip_bytes(directory: Path) -> bytes:
-    """``directory`` zipped by ``zip_directory``: what an adapter download serves."""
-    buffer = io.BytesIO()
-    zip_directory(directory, buffer)
-    return buffer.getvalue()
 
 
 def write_shards(shards: list[list[bytes]], targets: list[Path]) -> list[tuple[int, int, str]]:

@@ -8,7 +8,6 @@ the kernel's peak and OOM count before removing the cap.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -32,6 +31,7 @@ from mebp_core.plan.correction import measured_step_time
 from mebp_core.proc import die_with_parent
 from mebp_core.store.resolve import resolve_model
 from mebp_core.units import MB
+from service.adapter_downloads import adapter_file
 from service.crud import TERMINAL, add_event, fail_job, set_status
 from service.db import database_url, make_engine
 from service.disk_space import (
@@ -50,7 +50,7 @@ from service.registry import (
     model_source,
 )
 from service.settings import Settings
-from service.storage import base_config_path, job_dir, new_id, zip_bytes
+from service.storage import adapter_downloads_dir, base_config_path, job_dir, new_id
 from worker.child import (
     ADAPTER,
     CHECKPOINT,
@@ -178,6 +178,7 @@ class JobRun:
         """Drop this job's partial files (nothing partial is kept, and a database on the
         same full disk may need the room), then record the failure, retrying briefly."""
         for partial in (self.dir / CHECKPOINT, self.dir / ADAPTER,
+                        adapter_downloads_dir(self.dir / ADAPTER),
                         *self.dir.glob(f".{ADAPTER}.tmp-*")):
             shutil.rmtree(partial, ignore_errors=True)
         for attempt in range(STORAGE_FULL_TRIES):
@@ -394,7 +395,8 @@ class JobRun:
         adapter = self.dir / ADAPTER
         files = [adapter / name for name in sorted(ADAPTER_FILES)]
         session.add(Adapter(id=new_id("ad"), job_id=job.id, path=str(adapter),
-                            sha256=hashlib.sha256(zip_bytes(adapter)).hexdigest(),
+                            # its PEFT zip, made once here and served from disk
+                            sha256=adapter_file(adapter, "peft", None, remake=True).sha256,
                             bytes=sum(f.stat().st_size for f in files)))
 
     def _log_tail(self, lines: int = 5) -> str:

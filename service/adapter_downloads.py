@@ -1,0 +1,88 @@
+"""The files an adapter downloads as, one per format, made once and kept beside it (in
+``<adapter>-downloads/``): the PEFT folder zipped, the MLX export zipped, the GGUF export.
+Each is written atomically, then its sha256 beside it (``<file>.sha256``); a digest found
+always names the file it sits by, so a download serves a file from disk with the sha256 of
+exactly its bytes, the same bytes download after download.
+
+A job's worker makes the PEFT zip as it records the adapter (its digest is the adapter's);
+any other format, or an adapter kept before, is made by its first download, one maker at a
+time across processes (the others wait for it and serve its file).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from mebp_core.atomic import exclusive_lock, staged_file
+from mebp_core.lora.export import export_adapter
+from service.storage import adapter_downloads_dir, sha256_file, zip_directory
+
+AdapterFormat = Literal["peft", "mlx", "gguf"]
+# format: (file name, media type)
+FILES: dict[str, tuple[str, str]] = {"peft": ("peft.zip", "application/zip"),
+                                     "mlx": ("mlx.zip", "application/zip"),
+                                     "gguf": ("adapter.gguf", "application/octet-stream")}
+
+
+@dataclass(frozen=True)
+class AdapterFile:
+    path: Path
+    sha256: str  # of the file's bytes
+    media_type: str
+
+
+def adapter_file(source: Path, fmt: AdapterFormat, base_config: dict | None, *,
+                 remake: bool = False) -> AdapterFile:
+    """The adapter in ``source`` as ``fmt``: the kept file, or made now (``remake``: made
+    now whatever is kept). ``base_config``, the base model's HF config, is needed to export
+    mlx and gguf."""
+    path = adapter_downloads_dir(source) / FILES[fmt][0]
+    kept = None if remake else _kept(path, fmt)
+    if kept is not None:
+        return kept
+    with exclusive_lock(path.with_name(f".{path.name}.lock")):
+        kept = None if remake else _kept(path, fmt)  # made while this one waited
+        return kept or _make(source, fmt, base_config, path)
+
+
+def _kept(path: Path, fmt: AdapterFormat) -> AdapterFile | None:
+    try:
+        digest = _digest_path(path).read_text().strip()
+    except FileNotFoundError:
+        return None
+    return AdapterFile(path, digest, FILES[fmt][1]) if path.is_file() else None
+
+
+def _make(source: Path, fmt: AdapterFormat, base_config: dict | None,
+          path: Path) -> AdapterFile:
+    digest_path = _digest_path(path)
+    digest_path.unlink(missing_ok=True)  # no digest names the file while it changes
+    with staged_file(path) as staging:
+        if fmt == "peft":
+            zip_directory(source, staging)
+        else:
+            _export(source, fmt, base_config, staging)
+        digest = sha256_file(staging)
+    with staged_file(digest_path) as staging:
+        staging.write_text(digest + "\n")
+    return AdapterFile(path, digest, FILES[fmt][1])
+
+
+def _export(source: Path, fmt: AdapterFormat, base_config: dict | None,
+            staging: Path) -> None:
+    if base_config is None:
+        raise ValueError(f"exporting an adapter as {fmt} needs its base model's config")
+    with tempfile.TemporaryDirectory(prefix=".export-", dir=staging.parent) as tmp:
+        out = export_adapter(source, fmt, Path(tmp) / fmt, base_config=base_config)
+        if fmt == "gguf":
+            os.replace(out, staging)
+        else:
+            zip_directory(out, staging)
+
+
+def _digest_path(path: Path) -> Path:
+    return path.with_name(f"{path.name}.sha256")
