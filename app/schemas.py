@@ -280,8 +280,12 @@ class MetricPublic(BaseModel):
 
 
 class MetricsPublic(BaseModel):
+    """One page of a job's metrics, in step order."""
+
     data: list[MetricPublic]
     count: int
+    next: str | None = Field(None, description="the next page's URL (as the Link header "
+                             "rel=\"next\" gives it); null on the last page")
 
 
 ID_PATTERN = r"^[a-z0-9]+([._-][a-z0-9]+)*$"

@@ -70,12 +70,21 @@ def latest_adapter(session: Session, job_id: str) -> Adapter | None:
                         .order_by(Adapter.created_at.desc())).first()
 
 
-def events_after(session: Session, job_id: str, after_id: int) -> list[Event]:
-    return list(session.exec(select(Event).where(Event.job_id == job_id, Event.id > after_id)
-                             .order_by(Event.id)).all())
+def events_page(session: Session, job_id: str, *, after_id: int | None,
+                limit: int) -> list[Event]:
+    """The job's events after the one ``after_id`` (from the first if None), in id order,
+    at most ``limit``."""
+    query = select(Event).where(Event.job_id == job_id)
+    if after_id is not None:
+        query = query.where(col(Event.id) > after_id)
+    return list(session.exec(query.order_by(col(Event.id)).limit(limit)).all())
 
 
-def metrics_after(session: Session, job_id: str, after_id: int) -> list[Metric]:
-    return list(session.exec(select(Metric).where(Metric.job_id == job_id,
-                                                  Metric.id > after_id)
-                             .order_by(Metric.id)).all())
+def metrics_page(session: Session, job_id: str, *, after_step: int | None,
+                 limit: int) -> list[Metric]:
+    """The job's metrics after step ``after_step`` (from the first if None), in step order,
+    at most ``limit``."""
+    query = select(Metric).where(Metric.job_id == job_id)
+    if after_step is not None:
+        query = query.where(col(Metric.step) > after_step)
+    return list(session.exec(query.order_by(col(Metric.step)).limit(limit)).all())

@@ -3,8 +3,10 @@
 Each message's id is ``<last event id>.<last metric id>``, so a client reconnecting with
 ``Last-Event-ID`` resumes where it left off; a value that is not two decimal numbers within
 an id's range (huge, negative, not a number) starts over from the beginning. The stream
-ends after the job's terminal event. Streams are fed by the process's ``EventHub``; each key
-holds at most ``max_streams_per_key`` of them at once.
+ends after the job's terminal event. A stream first catches up from its cursor page by page
+(each page sent before the next is read, so a long history neither delays the first message
+nor sits in memory), then follows the process's ``EventHub``; each key holds at most
+``max_streams_per_key`` streams at once.
 """
 
 from __future__ import annotations
@@ -14,17 +16,20 @@ import re
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import aclosing
 
 from fastapi import HTTPException, status
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from app.api.event_hub import Batch, EventHub, read_batches
+from app.api.event_hub import Batch, EventHub, Subscription, read_batches
 from app.api.request_sessions import SessionSlots
 
 HEARTBEAT_S = 15.0
 RETRY_AFTER_S = 10
+# metrics (then events) per catch-up read; the first is small, so it comes at once
+FIRST_PAGE_ROWS, PAGE_ROWS = 100, 500
 MAX_ID = 2**31 - 1  # ids are INTEGER columns: 32 bits on PostgreSQL
 _CURSOR = re.compile(r"([0-9]{1,10})\.([0-9]{1,10})")
 
@@ -90,29 +95,48 @@ def open_event_stream(state, job_id: str, key: str,
 
 async def stream_events(hub: EventHub, slots: SessionSlots, job_id: str,
                         last_event_id: str | None) -> AsyncIterator[str]:
-    """Catch up with one read of its own from the client's cursor, then follow the hub."""
+    """The job's messages from the client's cursor until its end."""
     cursor = _Cursor(*parse_cursor(last_event_id))
     with hub.subscribe(job_id) as subscription:
-        batch: Batch | None = await _catch_up(slots, job_id, cursor)
-        hub.follow(job_id, batch.cursors)
-        while True:
-            if batch is None:
-                yield ": keep-alive\n\n"
-            else:
-                for message in cursor.render(batch):
-                    yield message
+        async with aclosing(_batches(hub, subscription, slots, job_id, cursor)) as batches:
+            async for batch in batches:
+                if batch is None:
+                    yield ": keep-alive\n\n"
+                    continue
+                page = "".join(cursor.render(batch))  # one write, not hundreds
+                if page:
+                    yield page
                 if batch.status is not None:
-                    yield _message("end", {"status": batch.status}, cursor.id)
+                    yield _message("end", json.dumps({"status": batch.status}), cursor.id)
                     return
+
+
+async def _batches(hub: EventHub, subscription: Subscription, slots: SessionSlots,
+                   job_id: str, cursor: _Cursor) -> AsyncIterator[Batch | None]:
+    """The job's batches from ``cursor`` (None after a quiet heartbeat): pages of its own
+    until one is not full, then the hub's; pages of its own again after it fell so far
+    behind that the hub dropped some. Each page is read once the one before was sent."""
+    caught_up, first = False, True
+    while True:
+        if not caught_up:
+            batch = await _read_page(hub, slots, job_id, cursor, first)
+            first = False
+            if batch.complete:
+                caught_up = True
+                hub.follow(job_id, batch.cursors)
+        else:
             batch = await subscription.next(HEARTBEAT_S)
             if subscription.take_lag():
-                batch = await _catch_up(slots, job_id, cursor)
+                caught_up = False
+                continue
+        yield batch
 
 
-async def _catch_up(slots: SessionSlots, job_id: str, cursor: _Cursor) -> Batch:
-    async with slots.hold():
-        return (await run_in_threadpool(read_batches, slots.engine,
-                                        {job_id: cursor.pair}))[job_id]
+async def _read_page(hub: EventHub, slots: SessionSlots, job_id: str, cursor: _Cursor,
+                     first: bool) -> Batch:
+    async with hub.first_reads if first else hub.catch_up_reads, slots.hold():
+        return (await run_in_threadpool(read_batches, slots.engine, {job_id: cursor.pair},
+                                        FIRST_PAGE_ROWS if first else PAGE_ROWS))[job_id]
 
 
 class _Cursor:
@@ -143,5 +167,5 @@ class _Cursor:
             yield _message(message.kind, message.data, self.id)
 
 
-def _message(kind: str, data: dict, cursor: str) -> str:
-    return f"id: {cursor}\nevent: {kind}\ndata: {json.dumps(data)}\n\n"
+def _message(kind: str, data: str, cursor: str) -> str:
+    return f"id: {cursor}\nevent: {kind}\ndata: {data}\n\n"

@@ -11,6 +11,7 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.events import open_event_stream
+from app.api.paging import DEFAULT_ROWS, Limit, after_query, page_of
 from app.job_view import job_public
 from app.keys import Principal
 from app.schemas import (
@@ -26,9 +27,9 @@ from app.schemas import (
 from app.submit import body_sha256, submit_job
 from service.crud import (
     TERMINAL,
-    events_after,
+    events_page,
     latest_adapter,
-    metrics_after,
+    metrics_page,
     request_cancel,
 )
 from service.models import Job
@@ -112,13 +113,17 @@ def cancel_job(job_id: str, session: SessionDep, principal: PrincipalDep) -> Job
 
 
 @router.get("/{job_id}/events", response_model=list[EventPublic],
-            responses={200: {"content": {"text/event-stream": {}}},
+            responses={200: {"content": {"text/event-stream": {}},
+                             "headers": {"Link": {"description": "the next page, if any: "
+                                                  '<url>; rel="next"'}}},
                        429: {"model": ErrorMessage, "description": "this key has "
                              "MEBP_MAX_STREAMS_PER_KEY event streams open already"}})
-async def read_events(job_id: str, request: Request, session: SessionDep,
-                      principal: PrincipalDep):
-    """The job's events; with ``Accept: text/event-stream``, a live stream of events and
-    per-step metrics that ends when the job does (``Last-Event-ID`` resumes)."""
+async def read_events(job_id: str, request: Request, response: Response, session: SessionDep,
+                      principal: PrincipalDep, after: int | None = after_query("event id"),
+                      limit: Limit = DEFAULT_ROWS):
+    """A page of the job's events in id order; with ``Accept: text/event-stream``, a live
+    stream of events and per-step metrics that ends when the job does (``Last-Event-ID``
+    resumes; ``after`` and ``limit`` do not apply)."""
     # the key is checked: give its connection back at once, so that no request waits for a
     # thread while holding one (a burst of streams emptied the pool) and no stream holds one
     session.close()
@@ -126,27 +131,34 @@ async def read_events(job_id: str, request: Request, session: SessionDep,
     streaming = "text/event-stream" in request.headers.get("accept", "")
     async with state.session_slots.hold():
         events = await run_in_threadpool(_job_events, state.engine, job_id, principal,
-                                         rows=not streaming)
+                                         after=after, limit=0 if streaming else limit + 1)
     if not streaming:
-        return events
+        return page_of(events, limit, request, response, lambda event: event.id)[0]
     return open_event_stream(state, job_id, principal.key_hash,
                              request.headers.get("last-event-id"))
 
 
-def _job_events(engine, job_id: str, principal: Principal, *, rows: bool) -> list[EventPublic]:
-    """A 404 unless the job is the principal's; its events if ``rows``."""
+def _job_events(engine, job_id: str, principal: Principal, *, after: int | None,
+                limit: int) -> list[EventPublic]:
+    """A 404 unless the job is the principal's; at most ``limit`` of its events after
+    ``after``."""
     with Session(engine) as session:
         get_job_or_404(session, job_id, principal)
-        return [EventPublic.model_validate(event)
-                for event in events_after(session, job_id, 0)] if rows else []
+        return [EventPublic.model_validate(event) for event in events_page(
+            session, job_id, after_id=after, limit=limit)] if limit else []
 
 
-@router.get("/{job_id}/metrics", response_model=MetricsPublic)
-def read_metrics(job_id: str, session: SessionDep, principal: PrincipalDep) -> MetricsPublic:
+@router.get("/{job_id}/metrics", response_model=MetricsPublic, responses={200: {"headers": {
+    "Link": {"description": 'the next page, if any: <url>; rel="next"'}}}})
+def read_metrics(job_id: str, request: Request, response: Response, session: SessionDep,
+                 principal: PrincipalDep, after: int | None = after_query("step"),
+                 limit: Limit = DEFAULT_ROWS) -> MetricsPublic:
+    """A page of the job's per-step metrics, in step order."""
     get_job_or_404(session, job_id, principal)
-    rows = metrics_after(session, job_id, 0)
+    rows, next_url = page_of(metrics_page(session, job_id, after_step=after, limit=limit + 1),
+                             limit, request, response, lambda metric: metric.step)
     return MetricsPublic(data=[MetricPublic(step=m.step, loss=m.loss, data=m.data, at=m.at)
-                               for m in rows], count=len(rows))
+                               for m in rows], count=len(rows), next=next_url)
 
 
 def get_job_or_404(session, job_id: str, principal: Principal) -> Job:
