@@ -15,6 +15,7 @@ from pydantic import (
 )
 
 from mebp_core.lora.spec import TARGET_SUFFIXES, LoraSpec
+from mebp_core.store.groups import MAX_GROUP_SIZE, MIN_GROUP_SIZE, check_group_size
 
 SCHEMA_VERSION = 1
 MAX_THREADS = 256
@@ -31,15 +32,9 @@ Bf16Matmul = Literal["auto", "native", "float32"]
 Schedule = Literal["constant", "cosine"]
 
 
-def _power_of_two(group_size: int) -> int:
-    if group_size & (group_size - 1):
-        raise ValueError(f"group_size must be a power of two (8 to 4096), got {group_size}")
-    return group_size
-
-
-# weights per quantization group: a power of two, as every deployment format's groups are
-# (MLX 32/64/128, GGUF 32), which also bounds the distinct packings of a model to ten
-GroupSize = Annotated[int, Field(ge=8, le=4096), AfterValidator(_power_of_two)]
+# weights per quantization group (the store's rule, mebp_core/store/groups.py)
+GroupSize = Annotated[int, Field(ge=MIN_GROUP_SIZE, le=MAX_GROUP_SIZE),
+                      AfterValidator(check_group_size)]
 
 
 class EngineKnobs(BaseModel):

@@ -26,6 +26,7 @@ from mebp_core.store.format import (
     encode_header,
     plan_tensors,
 )
+from mebp_core.store.groups import check_group_size
 from mebp_core.store.presets import PresetSource
 from mebp_core.store.quant import is_quantizable, quantize
 
@@ -124,8 +125,10 @@ def pack_model(
     """Pack ``src`` (a Hugging Face directory or ``preset:NAME``) into the directory ``out``."""
     if quant not in QUANT_BITS:
         raise PackError(f"unknown quant {quant!r} (known: {', '.join(QUANT_BITS)})")
-    if group_size <= 0 or group_size % 2:
-        raise PackError(f"group_size must be a positive even number, got {group_size}")
+    try:
+        check_group_size(group_size)
+    except ValueError as exc:
+        raise PackError(str(exc)) from None
     out = Path(out)
     source = open_source(src)
     out.parent.mkdir(parents=True, exist_ok=True)

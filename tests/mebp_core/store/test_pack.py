@@ -155,3 +155,12 @@ def test_multimodal_gemma3_packs_the_text_part(hf_models, tmp_path, layout):
         assert store.header["skipped_tensors"] == [
             "model.vision_tower.vision_model.embeddings.patch_embedding.weight"
         ]
+
+
+@pytest.mark.parametrize("group_size", [4, 6, 12, 9, 8192])
+def test_a_group_size_that_is_not_a_power_of_two_from_8_to_4096_is_refused(tmp_path,
+                                                                           group_size):
+    """The rule training and the service hold (mebp_core/store/groups.py), not just "even"."""
+    with pytest.raises(PackError, match="group_size must be a power of two from 8 to 4096"):
+        pack_model("preset:tiny", tmp_path / "packed", group_size=group_size)
+    assert list(tmp_path.iterdir()) == []
