@@ -12,6 +12,8 @@ from app.api.request_model import RequestModel
 from app.schemas import EngineKnobs, Hyperparameters, Metadata, Name
 from mebp_core.config import Method, TrainConfig
 
+MAX_ROUNDS = 100
+
 
 class SimulatedDevices(RequestModel):
     device: Name = Field(description="the profile of every simulated phone")
@@ -63,7 +65,7 @@ class FleetCreate(RequestModel):
         "none: independent jobs; fedavg: each round averages the devices' LoRA A and B "
         "weighted by their examples; ffa: A frozen at a shared seeded init, only B trained "
         "and averaged (the average is exact)"))
-    rounds: int = Field(default=1, ge=1, le=100, description="federated rounds")
+    rounds: int = Field(default=1, ge=1, le=MAX_ROUNDS, description="federated rounds")
     local_steps: int | None = Field(default=None, ge=1, le=100_000, description=(
         "steps each device trains per round (default: hyperparameters.steps)"))
     participation: float = Field(default=1.0, gt=0, le=1, description=(
@@ -117,7 +119,8 @@ class FleetCreate(RequestModel):
 class FleetMember(BaseModel):
     device: str
     shard: int | None = Field(description="which shard of the data (simulated fleets)")
-    training_file: str
+    training_file: str | None = Field(description="none for a device that gets no job (its "
+                                      "shard is not written) or while the fleet is preparing")
     fits: bool = Field(description="the planner predicts a configuration fits the budget")
     budget_mb: float
     smallest_budget_mb: int | None
@@ -131,7 +134,8 @@ class FleetMember(BaseModel):
     device_step_time_s_estimate: float | None
     job_id: str | None = Field(description="none when the device does not fit and "
                                "allow_infeasible is off")
-    status: str = Field(description="the job's status, or not_run")
+    status: str = Field(description="the job's status, not_run, or preparing while the "
+                        "fleet is")
     final_loss: float | None
     error_code: str | None
 
@@ -151,7 +155,8 @@ class RoundParticipant(BaseModel):
     job_id: str | None = Field(description="none when the device did not train this round")
     outcome: Literal["training", "trained", "dropped", "out_of_memory", "straggler",
                      "does_not_fit", "failed", "cancelled"]
-    examples: int = Field(description="rows in the device's shard: its weight in the average")
+    examples: int | None = Field(description="rows in the device's shard: its weight in the "
+                                 "average (none when no device ran, so no rows were dealt)")
     offline_after_step: int | None = Field(description="dropout: the device went offline "
                                            "after this many local steps")
     device_time_s: float | None = Field(description="estimated on-device time of the round's "
@@ -197,6 +202,12 @@ class FleetPublic(BaseModel):
     method: str
     aggregation: str
     created_at: datetime
+    status: Literal["preparing", "ready", "failed", "cancelled"] = Field(description=(
+        "preparing: a worker is dealing its rows into its devices' shards (a training file "
+        "too large to split within the request); ready: its jobs are made; failed: its "
+        "preparation failed (error says why), nothing of it was queued; cancelled before "
+        "its jobs were made"))
+    error: str | None = Field(description="why its preparation failed")
     members: list[FleetMember]
     summary: FleetSummary
     planned_rounds: int | None = Field(description="federated: the rounds asked for")

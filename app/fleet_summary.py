@@ -19,6 +19,7 @@ from app.fleet_schemas import (
 from mebp_core.units import MB
 from service.crud import TERMINAL
 from service.federation import is_federated, rounds_of, steps_per_round
+from service.fleet_shards import PREPARING
 from service.models import Fleet, FleetRound, Job, Metric
 
 
@@ -27,7 +28,8 @@ def fleet_public(session: Session, fleet: Fleet) -> FleetPublic:
     rounds = rounds_of(session, fleet.id)
     latest = {seat["member"]: seat["job_id"] for r in rounds for seat in r.participants
               if seat["job_id"] is not None}  # a federated device's latest round's job
-    members = [_member(spec, jobs.get(spec["job_id"] or latest.get(index)))
+    preparing = fleet.status == PREPARING
+    members = [_member(spec, jobs.get(spec["job_id"] or latest.get(index)), preparing)
                for index, spec in enumerate(fleet.spec["members"])]
     losses = [m.final_loss for m in members if m.status == "succeeded" and m.final_loss]
     summary = FleetSummary(
@@ -42,7 +44,8 @@ def fleet_public(session: Session, fleet: Fleet) -> FleetPublic:
                        aggregation=request.get("aggregation", "none"),
                        planned_rounds=request["rounds"] if federated else None,
                        local_steps=steps_per_round(request) if federated else None,
-                       created_at=fleet.created_at, members=members, summary=summary,
+                       created_at=fleet.created_at, status=fleet.status, error=fleet.error,
+                       members=members, summary=summary,
                        rounds=[_round(r, fleet.spec["members"]) for r in rounds],
                        references=_references(session, fleet.spec.get("references"), jobs),
                        metadata=request["metadata"])
@@ -86,7 +89,7 @@ def final_validation_loss(session: Session, job: Job) -> float | None:
     return None if last is None else last.get("val_loss")
 
 
-def _member(spec: dict, job: Job | None) -> FleetMember:
+def _member(spec: dict, job: Job | None, preparing: bool) -> FleetMember:
     plan = spec["plan"] if job is None or not job.plan else job.plan  # what ran, once it did
     peak = None if job is None or job.peak_memory_bytes is None else \
         round(job.peak_memory_bytes / MB, 1)
@@ -99,6 +102,12 @@ def _member(spec: dict, job: Job | None) -> FleetMember:
         predicted_step_time_s=plan.get("predicted_step_time_s"),
         measured_step_time_s=None if job is None else job.step_time_s,
         device_step_time_s_estimate=plan.get("device_step_time_s_estimate"),
-        job_id=None if job is None else job.id, status="not_run" if job is None else job.status,
+        job_id=None if job is None else job.id, status=_status(spec, job, preparing),
         final_loss=None if job is None or job.status != "succeeded" else job.last_loss,
         error_code=None if job is None else job.error_code)
+
+
+def _status(spec: dict, job: Job | None, preparing: bool) -> str:
+    if job is not None:
+        return job.status
+    return "preparing" if preparing and spec["job"] is not None else "not_run"

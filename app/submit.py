@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 from fastapi import HTTPException, status
 from redis import Redis
-from sqlalchemy import func, text
+from sqlalchemy import case, func, text
 from sqlmodel import Session, col, select
 
 from app.api.errors import invalid
@@ -17,7 +17,7 @@ from app.api.model_lookup import model_source_or_422
 from app.planning import PlannedJob, plan_job
 from app.schemas import JobCreate
 from service.crud import create_queued_job
-from service.models import Dataset, Job
+from service.models import Dataset, Fleet, Job
 from service.settings import Settings
 
 
@@ -39,22 +39,37 @@ def require_queue(redis: Redis) -> None:
 
 
 QUEUE_FULL_RETRY_S = 30  # a guess: the queue drains as the tenant's jobs start
+QUEUED = ("validating", "queued")
+
+
+def queued_jobs(session: Session, tenant: str) -> int:
+    """The tenant's queued jobs, and the seats its fleets hold for jobs they have yet to
+    queue (a preparing fleet's, a federated fleet's later rounds) less those fleets' jobs
+    queued now: in one statement, so one snapshot sees a round's jobs take their seats."""
+    fleet_queued = select(func.count()).select_from(Job).where(
+        Job.fleet_id == Fleet.id, col(Job.status).in_(QUEUED)).correlate(Fleet)
+    unused = Fleet.reserved_jobs - fleet_queued.scalar_subquery()
+    held = select(func.coalesce(func.sum(case((unused > 0, unused), else_=0)), 0)).where(
+        Fleet.tenant == tenant, Fleet.reserved_jobs > 0)
+    queued = select(func.count()).select_from(Job).where(Job.tenant == tenant,
+                                                         col(Job.status).in_(QUEUED))
+    return session.exec(select(queued.scalar_subquery() + held.scalar_subquery())).one()
 
 
 def require_queue_room(session: Session, settings: Settings, *, tenant: str,
                        adding: int = 1) -> None:
-    """429 unless the tenant's queued jobs plus ``adding`` stay within
+    """429 unless the tenant's queued jobs (``queued_jobs``) plus ``adding`` stay within
     ``max_queued_jobs_per_tenant``: checked early (before planning or writing), and again
     with ``adding=0`` once the new rows are in, under ``lock_queue``, which makes it exact."""
-    queued = session.exec(select(func.count()).select_from(Job).where(
-        Job.tenant == tenant, col(Job.status).in_(("validating", "queued")))).one()
+    queued = queued_jobs(session, tenant)
     limit = settings.max_queued_jobs_per_tenant
     if queued + adding > limit:
         more = "another job" if adding == 1 else f"{adding} more jobs"
         advice = "retry once some have started" if adding <= limit else "make fewer at once"
         raise HTTPException(status.HTTP_429_TOO_MANY_REQUESTS,
-                            f"tenant {tenant!r} has {queued} jobs queued; {more} would pass "
-                            f"its limit of {limit} (MEBP_MAX_QUEUED_JOBS_PER_TENANT): {advice}",
+                            f"tenant {tenant!r} has {queued} jobs queued (or held for its "
+                            f"fleets' later rounds); {more} would pass its limit of {limit} "
+                            f"(MEBP_MAX_QUEUED_JOBS_PER_TENANT): {advice}",
                             headers={"Retry-After": str(QUEUE_FULL_RETRY_S)})
 
 

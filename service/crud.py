@@ -34,14 +34,25 @@ def set_status(session: Session, job: Job, status: str, message: str, *,
 def create_queued_job(session: Session, *, plan: dict | None, **fields) -> Job:
     """A new job row with its first events, queued; the caller commits, then enqueues.
     ``fields`` are the Job's (tenant, model, config, training_file, ...)."""
-    job = Job(id=new_id("job"), status="validating", plan=plan,
-              total_steps=TrainConfig.model_validate(fields["config"]).steps, **fields)
-    session.add(job)
-    session.flush()  # the row its events refer to goes first
-    add_event(session, job_id=job.id, kind="status", message="validated and planned",
-              data={"status": "validating", "plan": plan})
-    set_status(session, job, "queued", "queued")
-    return job
+    return create_queued_jobs(session, [{"plan": plan, **fields}])[0]
+
+
+def create_queued_jobs(session: Session, rows: list[dict], **common) -> list[Job]:
+    """``create_queued_job`` for each of ``rows`` (with the fields in ``common``; a row may
+    bring its own ``id``): every row built before anything is written, then written in two
+    flushes, so a fleet's hundreds of jobs keep its transaction short."""
+    jobs = [Job(**{"id": new_id("job"), **row}, status="queued",
+                total_steps=TrainConfig.model_validate(row["config"]).steps, **common)
+            for row in rows]
+    events = [Event(job_id=job.id, kind="status", message=message, data=data) for job in jobs
+              for message, data in (("validated and planned",
+                                     {"status": "validating", "plan": job.plan}),
+                                    ("queued", {"status": "queued"}))]
+    session.flush()  # what the jobs refer to (a fleet, its shards) goes first
+    session.add_all(jobs)
+    session.flush()  # then the rows the events refer to
+    session.add_all(events)
+    return jobs
 
 
 def request_cancel(session: Session, job_id: str) -> None:

@@ -7,7 +7,9 @@ round's global adapter; when every one of them has ended, the updates of those t
 evaluated, and the next round starts. ``advance`` is safe to run any number of times, from
 any process: coordinators take turns, a round turns done once (its row is updated under a
 lock, and the adapter it writes is the same bytes however often it is written), so no
-update is counted twice.
+update is counted twice. A fleet holds seats in its tenant's queue for its later rounds
+(``Fleet.reserved_jobs``) until its last round is queued or it stops, so no round it queues
+passes the tenant's queued-jobs limit.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from mebp_core.lora.peft_io import (
     load_peft_adapter,
     save_peft_adapter,
 )
-from service.crud import TERMINAL, create_queued_job, latest_adapter
+from service.crud import TERMINAL, create_queued_jobs, latest_adapter
 from service.models import Fleet, FleetRound, Job, utc_now
 from service.storage import coordinator_lock_path, round_adapter_dir
 
@@ -64,7 +66,7 @@ def start_round(session: Session, fleet: Fleet, index: int, storage_root: Path) 
     init = None if index == 0 else str(round_adapter_dir(storage_root, fleet.id, index - 1))
     if init is not None and not Path(init).is_dir():
         init = _last_global_adapter(session, fleet, storage_root)
-    seats, jobs = [], []
+    seats, rows = [], []
     for member in participants(len(members), request["participation"], request["seed"],
                                index):
         spec = members[member]
@@ -82,13 +84,16 @@ def start_round(session: Session, fleet: Fleet, index: int, storage_root: Path) 
             seat["outcome"] = DROPPED
         else:
             config = {**spec["job"]["config"], "steps": offline or local_steps}
-            job = create_queued_job(session, **{**spec["job"], "config": config},
-                                    tenant=fleet.tenant, fleet_id=fleet.id, init_adapter=init)
-            seat["job_id"], seat["outcome"] = job.id, TRAINING
-            jobs.append(job.id)
+            rows.append({**spec["job"], "config": config})
+            seat["outcome"] = TRAINING
         seats.append(seat)
+    jobs = create_queued_jobs(session, rows, tenant=fleet.tenant, fleet_id=fleet.id,
+                              init_adapter=init)
+    for seat, job in zip([seat for seat in seats if seat["outcome"] == TRAINING], jobs,
+                         strict=True):
+        seat["job_id"] = job.id
     session.add(FleetRound(fleet_id=fleet.id, index=index, status=RUNNING, participants=seats))
-    return jobs
+    return [job.id for job in jobs]
 
 
 def queue_references(session: Session, fleet: Fleet) -> list[str]:
@@ -105,13 +110,12 @@ def queue_references(session: Session, fleet: Fleet) -> list[str]:
     if runs:
         runs.append({**runs[0], "kind": "centralized", "member": None,
                      "training_file": request["training_file"], "steps": central_steps})
-    references = []
-    for run in runs:
-        config = {**run["template"]["config"], "steps": run["steps"]}
-        job = create_queued_job(session, **{**run["template"], "config": config,
-                                            "training_file": run["training_file"]},
-                                tenant=fleet.tenant, fleet_id=fleet.id)
-        references.append({"kind": run["kind"], "member": run["member"], "job_id": job.id})
+    jobs = create_queued_jobs(session, [
+        {**run["template"], "config": {**run["template"]["config"], "steps": run["steps"]},
+         "training_file": run["training_file"]} for run in runs],
+        tenant=fleet.tenant, fleet_id=fleet.id)
+    references = [{"kind": run["kind"], "member": run["member"], "job_id": job.id}
+                  for run, job in zip(runs, jobs, strict=True)]
     fleet.spec = {**fleet.spec, "references": references}
     session.add(fleet)
     return [reference["job_id"] for reference in references]
@@ -147,10 +151,14 @@ def _advance(session: Session, fleet_id: str, storage_root: Path, evaluate: Eval
                 session.rollback()
                 return []
             _finish_round(session, fleet, current, seats, storage_root, evaluate)
-        if current.index + 1 >= fleet.spec["request"]["rounds"] or fleet.cancel_requested:
+        last = fleet.spec["request"]["rounds"] - 1
+        if current.index >= last or fleet.cancel_requested:
+            _release_seats(session, fleet)
             session.commit()
             return []
         jobs = start_round(session, fleet, current.index + 1, storage_root)
+        if current.index + 1 == last:
+            _release_seats(session, fleet)  # its last round's jobs have taken their seats
         try:
             session.commit()
         except IntegrityError:  # another coordinator started it first
@@ -158,6 +166,13 @@ def _advance(session: Session, fleet_id: str, storage_root: Path, evaluate: Eval
             return []
         if jobs:
             return jobs
+
+
+def _release_seats(session: Session, fleet: Fleet) -> None:
+    """The fleet queues no round after this one: the seats it held in its tenant's queue for
+    later rounds (``Fleet.reserved_jobs``) are free."""
+    fleet.reserved_jobs = 0
+    session.add(fleet)
 
 
 def stalled(session: Session, grace_s: float) -> list[str]:

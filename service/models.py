@@ -61,6 +61,13 @@ class Fleet(SQLModel, table=True):
     spec: dict = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     # federated fleets stop after the round in progress once asked to
     cancel_requested: bool = False
+    # preparing (a worker deals its rows and makes its jobs), ready, failed (``error`` says
+    # why) or cancelled (before its jobs were made)
+    status: str = Field(default="ready", max_length=16)
+    error: str | None = None
+    # seats in its tenant's queue held for the jobs it has yet to make (a preparing fleet's,
+    # a federated fleet's later rounds): counted as queued, less its jobs queued now
+    reserved_jobs: int = 0
     created_at: datetime = Field(default_factory=utc_now)
 
 

@@ -19,6 +19,7 @@ from service.supervisor import Child, Watcher
 
 RUN_JOB = "worker.runner.run_job"  # by name: the API never imports the worker
 ADVANCE_FLEET = "worker.coordinator.advance_fleet"
+PREPARE_FLEET = "worker.fleet_split.prepare_fleet"
 RESULT_TTL_S = 7 * 24 * 3600
 # every worker writes its heartbeat to Redis this often, idle or busy; one silent for
 # WORKER_LIVE_S is not counted as listening (RQ keeps a killed worker listed for minutes)
@@ -48,6 +49,12 @@ def enqueue_job(queue: Queue, job_id: str) -> None:
 def enqueue_advance(queue: Queue, fleet_id: str) -> None:
     """Ask a worker to move a federated fleet on (idempotent: duplicates are harmless)."""
     queue.enqueue_call(ADVANCE_FLEET, args=(fleet_id,), timeout=-1,
+                       result_ttl=RESULT_TTL_S, failure_ttl=RESULT_TTL_S)
+
+
+def enqueue_prepare(queue: Queue, fleet_id: str) -> None:
+    """Ask a worker to deal a fleet's rows and queue its jobs (a second ask is a no-op)."""
+    queue.enqueue_call(PREPARE_FLEET, args=(fleet_id,), timeout=-1,
                        result_ttl=RESULT_TTL_S, failure_ttl=RESULT_TTL_S)
 
 

@@ -72,6 +72,9 @@ class Settings(BaseSettings):
     # the API and every worker must share these
     max_queued_jobs_per_tenant: int = Field(default=256, ge=1)
     max_running_jobs_per_tenant: int = Field(default=2, ge=1)
+    # a fleet whose training file has more rows (or more than INLINE_SPLIT_BYTES) is
+    # split into its devices' shards by a worker, not within its request
+    fleet_inline_split_rows: int = Field(default=10_000, ge=0)
     # a dashboard sign-in ends at sign-out, when its key is revoked, or after this long
     session_ttl_s: int = Field(default=12 * 3600, ge=1, le=30 * 86400)
     # faults: a running job whose heartbeat is older than this has lost its worker; it is
