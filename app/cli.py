@@ -6,6 +6,7 @@ import argparse
 import os
 import re
 import sys
+from datetime import timedelta
 
 from mebp_core.cli import Command
 from mebp_core.cli import main as core_main
@@ -27,14 +28,19 @@ def _db_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _keys_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("action", choices=["create", "revoke"],
+    parser.add_argument("action", choices=["create", "revoke", "list"],
                         help="create: make a key for --tenant and print it once; revoke: "
-                        "delete --key, or every key of --tenant")
+                        "delete --key, or every key of --tenant; list: every key (or "
+                        "--tenant's) by prefix, with its tenant, role, creation, expiry "
+                        "and last use")
     parser.add_argument("--tenant", type=_tenant,
                         help="whose key: it sees only its tenant's datasets, jobs and fleets")
     parser.add_argument("--key", help="revoke: this key (e.g. a rotated MEBP_API_KEY)")
     parser.add_argument("--admin", action="store_true",
                         help="may also add device profiles and register models")
+    parser.add_argument("--expires-in", type=_duration, metavar="DURATION",
+                        help="create: the key stops working after this long (e.g. 90d, "
+                        "12h, 30m, 45s); default: until revoked")
     add_data_dir_argument(parser, "where the SQLite database lives when DATABASE_URL is "
                           "unset; ")
 
@@ -46,6 +52,17 @@ def _tenant(text: str) -> str:
     return text
 
 
+_UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _duration(text: str) -> timedelta:
+    match = re.fullmatch(r"([0-9]{1,6})([smhd])", text.strip())
+    if match is None or int(match[1]) == 0:
+        raise argparse.ArgumentTypeError(f"a duration is a positive number and a unit "
+                                         f"(s, m, h, d), e.g. 90d: {text!r}")
+    return timedelta(seconds=int(match[1]) * _UNIT_S[match[2]])
+
+
 def _run_keys(args: argparse.Namespace) -> int:
     from app.keys import keys_command  # not app.serve: no torch to start for a key
 
@@ -53,8 +70,10 @@ def _run_keys(args: argparse.Namespace) -> int:
         return _usage("mebp keys create needs --tenant")
     if args.action == "revoke" and (args.tenant is None) == (args.key is None):
         return _usage("mebp keys revoke needs exactly one of --key and --tenant")
+    if args.expires_in is not None and args.action != "create":
+        return _usage("--expires-in is for mebp keys create")
     return keys_command(args.action, tenant=args.tenant, key=args.key, admin=args.admin,
-                        data_dir=args.data_dir)
+                        expires_in=args.expires_in, data_dir=args.data_dir)
 
 
 def _usage(message: str) -> int:

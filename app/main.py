@@ -67,7 +67,8 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
     engine = make_engine(database_url(settings.database_url, settings.data_dir))
     with Session(engine) as session:
         sync_builtin_devices(session)
-        ensure_bootstrap_key(session, settings.api_key)
+        if settings.api_key is not None:
+            ensure_bootstrap_key(session, settings.api_key)
     redis = connect(settings.redis_url)
     queue = job_queue(redis, settings.queue_name)
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import uvicorn
 
 from app.connection_guard import connection_limits, guarded_protocol, raise_descriptor_limit
+from app.keys import bootstrap_key
 from app.main import create_app
 from mebp_core.cache import default_cache_dir
 from mebp_core.plan.calibration import load_calibration
@@ -32,6 +33,8 @@ def upgrade(*, data_dir: Path | None) -> int:
 def serve(*, host: str | None, port: int | None, data_dir: Path | None,
           workers: int | None = None) -> int:
     settings = load_settings(host=host, port=port, data_dir=data_dir, workers=workers)
+    key, key_source = bootstrap_key(settings)
+    settings = settings.model_copy(update={"api_key": key})
     upgrade_database(database_url(settings.database_url, settings.data_dir))
     embedded = None
     if settings.redis_url is None:
@@ -45,7 +48,7 @@ def serve(*, host: str | None, port: int | None, data_dir: Path | None,
     try:
         print(f"mebp: serving on http://{settings.host}:{settings.port} (OpenAPI at /docs) "
               f"with {settings.workers} worker(s), Redis at {settings.redis_url}; "
-              f"API key: {settings.api_key}", flush=True)
+              f"API key: {settings.api_key} (from {key_source})", flush=True)
         # uvicorn re-raises the SIGTERM it handled once it has shut down: exit through the
         # finally below, which stops the workers and the embedded Redis
         signal.signal(signal.SIGTERM, _exit_on_signal)

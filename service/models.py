@@ -22,6 +22,9 @@ class ApiKey(SQLModel, table=True):
     key_hash: str = Field(unique=True, max_length=128)  # sha256 hex of the key, never the key
     scopes: str = Field(default="user", max_length=64)  # "user" or "admin"
     created_at: datetime = Field(default_factory=utc_now)
+    prefix: str = Field(default="", max_length=16)  # the key's first characters, to list it
+    expires_at: datetime | None = None  # None: until revoked
+    last_used_at: datetime | None = None  # to the minute (KEY_USE_RESOLUTION_S)
 
 
 class Device(SQLModel, table=True):

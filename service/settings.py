@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
 from typing import Literal
 
@@ -26,9 +25,9 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=0, le=65535)
     data_dir: Path = Field(default_factory=default_data_dir)
-    # the bootstrap key; one is made (and printed by `mebp serve`) when unset
-    api_key: str = Field(default_factory=lambda: "mebp-" + secrets.token_urlsafe(24),
-                         min_length=8)
+    # the bootstrap key; unset, `mebp serve` uses the one it made before, kept in the data
+    # dir, or makes one there (app/keys.py `bootstrap_key`)
+    api_key: str | None = Field(default=None, min_length=8)
     cache_dir: Path | None = None  # packed models and the host calibration
     # datasets and adapters; shared by every worker of a deployment (data_dir/storage if unset)
     storage_dir: Path | None = None
