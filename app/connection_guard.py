@@ -2,8 +2,9 @@
 may hold taken away from it.
 
 - A request's headers must arrive whole within ``header_timeout_s`` of the connection opening
-  (or of the previous response ending), and be at most ``max_header_bytes``: an idle socket,
-  or one trickling its headers a byte at a time, is closed (408), a larger header is a 431.
+  (or of its first byte, on a kept-alive connection), and be at most ``max_header_bytes``:
+  an idle socket, or one trickling its headers a byte at a time, is closed (408), a larger
+  header is a 431.
 - A request's body must keep arriving at ``body_min_bytes_per_s`` or faster after a grace of
   ``body_timeout_s`` (Apache's mod_reqtimeout ``body=T,MinRate=R``): each received byte
   moves the deadline on by ``1 / body_min_bytes_per_s`` s. Time the server itself is not
@@ -89,17 +90,46 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        if self.cycle is None or self.cycle.response_complete:  # a request's head is due
+        state = self.conn.their_state
+        if state is h11.IDLE:  # a request's head is due (h11 reads what follows a body)
             if self._deadline is None:
                 self._arm_header_deadline()  # a kept-alive connection's next request began
             if not self._head_within_bound(data):
                 return
-        elif self._body_deadline_at:
+        elif state is h11.SEND_BODY and self._body_deadline_at:
             self._body_deadline_at += len(data) / self.limits.body_min_bytes_per_s
-        before = self.conn.their_state
         super().data_received(data)
-        if not self.transport.is_closing() and self.conn.their_state is not before:
-            self._follow_request(self.conn.their_state)
+
+    def handle_events(self) -> None:
+        """After each parse, from new data or from a response ending (a pipelined request
+        waits in h11's buffer until then): a new request's head within bounds, and the
+        deadline of where the request now is."""
+        cycle = self.cycle
+        super().handle_events()
+        if self.transport.is_closing():
+            return
+        if self.cycle is not cycle and not self._headers_within_bound():
+            return
+        state = self.conn.their_state
+        if state is h11.SEND_BODY:
+            if not self._body_deadline_at:
+                self._disarm()
+                self._body_deadline_at = self.loop.time() + self.limits.body_timeout_s
+                self._deadline = self.loop.call_at(self._body_deadline_at, self._body_late)
+        elif state is h11.IDLE:
+            if self.conn.trailing_data[0] and self._deadline is None:
+                self._arm_header_deadline()  # a pipelined request's head, begun
+        else:
+            self._disarm()
+
+    def _headers_within_bound(self) -> bool:
+        """A parsed request's headers, measured (one pipelined behind another escapes the
+        count of raw bytes below)."""
+        size = sum(len(name) + len(value) + 4 for name, value in self.headers or ())
+        if size <= self.limits.max_header_bytes:
+            return True
+        self._refuse_headers()
+        return False
 
     def _head_within_bound(self, data: bytes) -> bool:
         """Count the head's bytes up to its blank line, before h11 parses them (h11 bounds
@@ -108,21 +138,15 @@ class GuardedH11Protocol(H11Protocol):
         end = window.find(b"\r\n\r\n")
         size = self._head_bytes - len(self._head_tail) + (len(window) if end < 0 else end + 4)
         if size > self.limits.max_header_bytes:
-            self._answer_and_close(431, "Request Header Fields Too Large", "the request's "
-                                   f"headers are larger than {self.limits.max_header_bytes} "
-                                   "bytes (MEBP_MAX_HEADER_BYTES)")
+            self._refuse_headers()
             return False
         self._head_bytes, self._head_tail = (size, window[-3:]) if end < 0 else (0, b"")
         return True
 
-    def _follow_request(self, state) -> None:
-        """A body is due (its deadline starts), or the request is in whole (no deadline)."""
-        if state is h11.SEND_BODY:
-            self._disarm()
-            self._body_deadline_at = self.loop.time() + self.limits.body_timeout_s
-            self._deadline = self.loop.call_at(self._body_deadline_at, self._body_late)
-        elif state is not h11.IDLE:
-            self._disarm()
+    def _refuse_headers(self) -> None:
+        self._answer_and_close(431, "Request Header Fields Too Large", "the request's headers "
+                               f"are larger than {self.limits.max_header_bytes} bytes "
+                               "(MEBP_MAX_HEADER_BYTES)")
 
     def _arm_header_deadline(self) -> None:
         self._disarm()
@@ -156,10 +180,13 @@ class GuardedH11Protocol(H11Protocol):
                                "MEBP_BODY_MIN_BYTES_PER_S)")
 
     def _answer_and_close(self, status: int, reason: str, detail: str) -> None:
-        """Answer with ``status`` unless a response is under way, then close; an application
-        still reading the request sees the client disconnect (and its answer goes nowhere)."""
+        """Answer with ``status`` unless this request's response has begun, then close; an
+        application still reading the request sees the client disconnect (and its answer
+        goes nowhere)."""
         cycle = self.cycle
-        if cycle is None or cycle.response_complete or not cycle.response_started:
+        answered = cycle is not None and cycle.response_started and \
+            not (cycle.response_complete and self.conn.their_state is h11.IDLE)
+        if not answered:
             body = json.dumps({"detail": detail}).encode()
             self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n"
                                  b"content-length: %d\r\nconnection: close\r\n\r\n%s"

@@ -6,6 +6,7 @@ owner alone."""
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import secrets
 import sys
@@ -13,12 +14,14 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
-from sqlmodel import Session, col, delete, select
+from sqlalchemy.exc import DBAPIError
+from sqlmodel import Session, col, delete, select, update
 
 from service.db import database_url, make_engine, upgrade_database
 from service.models import ApiKey, DashboardSession, utc_now
 from service.settings import Settings, load_settings
 
+log = logging.getLogger("mebp.keys")
 BOOTSTRAP_TENANT = "default"
 ADMIN, USER = "admin", "user"
 KEY_FILE = "api-key"  # in the data dir: the key `mebp serve` made, owner-only
@@ -112,16 +115,23 @@ def _keep_new_key(path: Path) -> None:
 
 def principal_for_hash(session: Session, key_hash: str) -> Principal | None:
     """Who a key acts for: None for an unknown, revoked or expired key. Its last use is
-    noted (at most once a minute) for the caller's commit to write."""
+    written at most once a minute, and only if the database can: a read must not fail
+    because the database's disk is full or busy."""
     row = session.exec(select(ApiKey).where(ApiKey.key_hash == key_hash)).first()
     now = utc_now()
     if row is None or (row.expires_at is not None and row.expires_at <= now):
         return None
+    principal = Principal(row.tenant, row.scopes == ADMIN, row.key_hash)
+    key_id, prefix = row.id, row.prefix  # read before a commit or rollback expires the row
     if row.last_used_at is None or \
             now - row.last_used_at >= timedelta(seconds=KEY_USE_RESOLUTION_S):
-        row.last_used_at = now
-        session.add(row)
-    return Principal(row.tenant, row.scopes == ADMIN, row.key_hash)
+        try:
+            session.exec(update(ApiKey).where(ApiKey.id == key_id).values(last_used_at=now))
+            session.commit()
+        except DBAPIError as exc:  # full, busy, or read-only
+            session.rollback()
+            log.warning("the last use of key %s... was not recorded: %s", prefix, exc)
+    return principal
 
 
 def describe_keys(session: Session, tenant: str | None = None) -> list[dict[str, str]]:

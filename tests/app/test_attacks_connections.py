@@ -116,6 +116,48 @@ def test_a_body_sent_a_byte_at_a_time_is_cut_off(guarded):
     assert b"MEBP_BODY_TIMEOUT_S" in answer
 
 
+def test_a_body_trickled_behind_a_pipelined_request_is_cut_off_too(guarded):
+    """The second request of a pipelined pair is parsed when the first's response ends, not
+    when data arrives: its body has a deadline all the same."""
+    body = b'{"model": "preset:tiny", "training_file": "ds-none"}'.ljust(400)
+    head = (b"GET /v1/health HTTP/1.1\r\nHost: mebp\r\n\r\n"
+            b"POST /v1/jobs HTTP/1.1\r\nHost: mebp\r\nAuthorization: Bearer %s\r\n"
+            b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+            % (API_KEY.encode(), len(body)))
+    answer = asyncio.run(trickle(guarded, head, body, 0.25))
+    assert answer is not None and status_of(answer) == 200, answer
+    assert b"HTTP/1.1 408" in answer and b"MEBP_BODY_TIMEOUT_S" in answer, answer
+
+
+def test_a_body_answered_before_it_is_read_is_drained_not_taken_for_a_head(guarded):
+    """An upload refused before its body is read (a wrong key: 401): the rest of the body is
+    read and dropped, the connection kept, as uvicorn does, and no second answer follows."""
+    body = b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"x.jsonl\"\r\n\r\n" \
+        + b'{"text": "x"}\n' * 6000 + b"\r\n--b--\r\n"
+    head = (b"POST /v1/datasets HTTP/1.1\r\nHost: mebp\r\nAuthorization: Bearer wrong-key\r\n"
+            b"Content-Type: multipart/form-data; boundary=b\r\nContent-Length: %d\r\n\r\n"
+            % len(body))
+
+    async def send() -> bytes:
+        reader, writer = await asyncio.open_connection(*address(guarded))
+        try:
+            writer.write(head + body[:1000])
+            received = await asyncio.wait_for(reader.read(65536), CLOSED_WITHIN_S)
+            writer.write(body[1000:] + b"GET /v1/health HTTP/1.1\r\nHost: mebp\r\n\r\n")
+            await writer.drain()
+            while received.count(b"HTTP/1.1 ") < 2:
+                piece = await asyncio.wait_for(reader.read(65536), CLOSED_WITHIN_S)
+                if not piece:
+                    break
+                received += piece
+            return received
+        finally:
+            writer.close()
+
+    answer = asyncio.run(send())
+    assert re.findall(rb"HTTP/1\.1 (\d{3})", answer) == [b"401", b"200"], answer[:600]
+
+
 def test_a_header_larger_than_the_bound_is_refused_before_anything_reads_it(guarded):
     response = httpx.get(guarded.url + "/v1/jobs", timeout=30,
                          headers={"Authorization": f"Bearer {API_KEY}", "X-Pad": "a" * 100_000})
@@ -166,9 +208,11 @@ def test_slow_job_form_posts_hold_no_database_slot(guarded):
     seconds = 8.0
 
     async def attack() -> list[float]:
-        forms = [asyncio.ensure_future(_post_slowly(guarded, head, body, seconds))
-                 for _ in range(20)]
-        await asyncio.sleep(2.0)  # every form's head is in, its body trickling
+        started = [asyncio.Event() for _ in range(20)]
+        forms = [asyncio.ensure_future(_post_slowly(guarded, head, body, seconds, event))
+                 for event in started]
+        for event in started:  # every form's head and first piece are in, the rest trickling
+            await event.wait()
         waits = []
         async with httpx.AsyncClient(base_url=guarded.url, timeout=60,
                                      headers={"Authorization": f"Bearer {API_KEY}"}) as api:
@@ -196,16 +240,18 @@ def slow_form_body(token: str) -> bytes:
                     for name, value in fields.items()) + b"--%s--\r\n" % BOUNDARY
 
 
-async def _post_slowly(service: Service, head: bytes, body: bytes, seconds: float) -> bytes:
+async def _post_slowly(service: Service, head: bytes, body: bytes, seconds: float,
+                       started: asyncio.Event) -> bytes:
     reader, writer = await asyncio.open_connection(*address(service))
     try:
         writer.write(head)
         pieces = 16
         size = -(-len(body) // pieces)
         for start in range(0, len(body), size):
-            await asyncio.sleep(seconds / pieces)
             writer.write(body[start:start + size])
             await writer.drain()
+            started.set()
+            await asyncio.sleep(seconds / pieces)
         return await asyncio.wait_for(reader.read(), 60)
     finally:
         writer.close()
