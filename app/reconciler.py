@@ -4,8 +4,9 @@ Every few seconds: a running job whose heartbeat went stale has lost its worker 
 its machine gone) and is re-queued to resume from its last checkpoint, or fails with
 ``worker_lost`` after ``max_attempts``; a queued job Redis no longer holds (Redis restarted
 empty, or its message was taken by a worker that claimed a fairer job) is enqueued again
-while its tenant may start another. A job id delivered twice still runs once: workers claim
-atomically.
+while its tenant may start another; a preparing fleet whose preparation Redis no longer
+holds is asked again (``service.fleet_recovery``). A job id delivered twice still runs once:
+workers claim atomically.
 """
 
 from __future__ import annotations
@@ -25,14 +26,16 @@ from sqlmodel import Session, select
 from service.crud import add_event
 from service.fairness import ids_to_enqueue
 from service.federation import stalled
+from service.fleet_recovery import lost_preparations
 from service.models import Job, utc_now
-from service.queue import enqueue_advance, enqueue_job
+from service.queue import enqueue_advance, enqueue_job, enqueue_prepare
 from service.settings import Settings
 
 log = logging.getLogger("mebp.reconciler")
 # RQ states in which it will still run the job ("started" is not one: the database says
 # queued, so whoever started it let go)
 WAITING = {"queued", "deferred", "scheduled"}
+STARTED = "started"
 QUEUED_GRACE_S = 10.0  # a job committed a moment ago is being enqueued by its request
 
 
@@ -64,11 +67,15 @@ class Reconciler:
             missing = ids_to_enqueue(session, self._queued_before(session, QUEUED_GRACE_S),
                                      self._in_redis, self.settings.max_running_jobs_per_tenant)
             fleets = stalled(session, self.settings.advance_grace_s)
+            unprepared = lost_preparations(session, self._held, self.settings.advance_grace_s,
+                                           self.settings.max_attempts)
         enqueued = list(dict.fromkeys(requeued + missing))
         for job_id in enqueued:
             enqueue_job(self.queue, job_id)
         for fleet_id in fleets:  # a coordinator lost mid-round, or a round nobody trains in
             enqueue_advance(self.queue, fleet_id)
+        for fleet_id in unprepared:
+            enqueue_prepare(self.queue, fleet_id)
         return enqueued
 
     def _recover_lost(self, session: Session) -> list[str]:
@@ -113,3 +120,15 @@ class Reconciler:
             return RqJob.fetch(job_id, connection=self.queue.connection).get_status() in WAITING
         except NoSuchJobError:
             return False
+
+    def _held(self, rq_id: str) -> bool:
+        """Whether RQ will still run, or is running, that job: one whose worker died stays
+        started until RQ's cleanup sees its heartbeat lapse and fails it."""
+        try:
+            status = RqJob.fetch(rq_id, connection=self.queue.connection).get_status()
+            if status == STARTED:
+                self.queue.started_job_registry.cleanup()
+                status = RqJob.fetch(rq_id, connection=self.queue.connection).get_status()
+        except NoSuchJobError:
+            return False
+        return status in WAITING or status == STARTED

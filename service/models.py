@@ -71,6 +71,9 @@ class Fleet(SQLModel, table=True):
     # seats in its tenant's queue held for the jobs it has yet to make (a preparing fleet's,
     # a federated fleet's later rounds): counted as queued, less its jobs queued now
     reserved_jobs: int = 0
+    # times the reconciler asked a worker again to prepare it, its earlier ask lost (the
+    # worker killed, Redis emptied); it fails once its tries reach max_attempts
+    prepare_retries: int = 0
     created_at: datetime = Field(default_factory=utc_now)
 
 

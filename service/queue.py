@@ -54,8 +54,13 @@ def enqueue_advance(queue: Queue, fleet_id: str) -> None:
 
 def enqueue_prepare(queue: Queue, fleet_id: str) -> None:
     """Ask a worker to deal a fleet's rows and queue its jobs (a second ask is a no-op)."""
-    queue.enqueue_call(PREPARE_FLEET, args=(fleet_id,), timeout=-1,
-                       result_ttl=RESULT_TTL_S, failure_ttl=RESULT_TTL_S)
+    queue.enqueue_call(PREPARE_FLEET, args=(fleet_id,), job_id=prepare_job_id(fleet_id),
+                       timeout=-1, result_ttl=RESULT_TTL_S, failure_ttl=RESULT_TTL_S)
+
+
+def prepare_job_id(fleet_id: str) -> str:
+    """The RQ id of a fleet's preparation: the reconciler looks its ask up by it."""
+    return f"prepare-{fleet_id}"
 
 
 def count_live_workers(queue: Queue) -> int:

@@ -81,7 +81,9 @@ class Settings(BaseSettings):
     heartbeat_timeout_s: float = Field(default=30.0, ge=2)
     max_attempts: int = Field(default=3, ge=1, le=100)
     reconcile_interval_s: float = Field(default=5.0, gt=0)
-    # a federated round with no job left running this long has lost its coordinator
+    # a federated round with no job left running this long has lost its coordinator; a fleet
+    # preparing this long whose preparation RQ no longer holds is asked again (max_attempts
+    # tries in all)
     advance_grace_s: float = Field(default=30.0, ge=0)
     checkpoint_every: int = Field(default=25, ge=1, description="steps between checkpoints, "
                                   "unless the job sets its own")

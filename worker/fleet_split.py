@@ -51,7 +51,9 @@ def prepare(session: Session, fleet_id: str, settings: Settings) -> list[str]:
     if fleet is None or fleet.status != PREPARING:
         return []
     source = session.get(Dataset, fleet.spec["request"]["training_file"])
-    session.commit()  # nothing held while the rows are dealt and written
+    # detached, they keep what was read: the split reads them with no transaction open
+    session.expunge_all()
+    session.commit()
     try:
         shards = deal_shards(settings.storage_root, source, fleet)
     except SplitError as exc:

@@ -3,7 +3,9 @@
 A 240-phone fleet used to plan every phone again and write a shard per phone inside one write
 transaction: other tenants' submissions waited 30 s or got 503s, and a running job lost its
 lease. Fleets where no phone fits still wrote a shard dataset per phone. A federated fleet's
-later rounds were queued past its tenant's queued-jobs limit."""
+later rounds were queued past its tenant's queued-jobs limit. A fleet whose preparation's
+RQ message was lost (Redis emptied, its worker killed) stayed preparing for ever, holding its
+tenant's seats."""
 
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
+from rq import Queue
 from service_harness import (
     REDIS_TEST_URL,
     Service,
@@ -30,12 +34,16 @@ from sqlmodel import Session
 
 from app.keys import create_key
 from service.db import database_url, make_engine
+from service.models import Fleet
 
 PHONES = 240
 ROWS = b"".join(json.dumps({"text": f"row {i}: a phone's own notes"}).encode() + b"\n"
                 for i in range(2 * PHONES + 16))
 LATENCY_BOUND_S = 5.0  # 30 s (or a 503) while a 240-phone fleet was made
 QUEUE_LIMIT = 4
+# the 240-phone test's fleet maker queues jobs for as long as its fleet takes to make (more
+# on a slower host): within the default limit of 256 a slow host answered its fleet 429
+ROOMY_QUEUE = 100_000
 INLINE_ROWS = len(ROWS.splitlines())  # a training file of more rows is split by a worker
 USERS = [f"user-{i}" for i in range(40)]
 LARGE = b"".join(json.dumps({"text": f"note {i}", "user": USERS[i % len(USERS)]}).encode()
@@ -47,6 +55,8 @@ class Deployment:
     service: Service
     database: str  # its URL
     storage: Path  # its storage root
+    redis: str  # its URL
+    queue_name: str
 
     def client(self, tenant: str) -> httpx.Client:
         """A client with a new key of ``tenant``, as `mebp keys create` makes one."""
@@ -62,26 +72,47 @@ class Deployment:
     def shard_files(self) -> int:
         return sum(1 for _ in (self.storage / "datasets").glob("*.jsonl"))
 
+    def empty_queue(self) -> None:
+        """Drop every message waiting in its queue, as a Redis restarted empty would."""
+        connection = redis.Redis.from_url(self.redis)
+        try:
+            Queue(self.queue_name, connection=connection).empty()
+        finally:
+            connection.close()
+
+    def fleet_row(self, fleet_id: str) -> Fleet:
+        engine = make_engine(self.database)
+        try:
+            with Session(engine) as session:
+                return session.get(Fleet, fleet_id)
+        finally:
+            engine.dispose()
+
 
 def deploy(stack: ExitStack, deployment: str, root: Path, cache: Path, env: dict[str, str],
            workers: int) -> Deployment:
     url = database_url(None, root / "data")
+    redis_url, queue_name = f"unix://{root / 'data' / 'redis.socket'}", "mebp"
     if deployment == "shared":
         url = stack.enter_context(temporary_postgres_database())
-        env = {**env, "DATABASE_URL": url, "REDIS_URL": REDIS_TEST_URL,
-               "MEBP_QUEUE_NAME": f"mebp-test-{uuid.uuid4().hex[:8]}"}
+        redis_url, queue_name = REDIS_TEST_URL, f"mebp-test-{uuid.uuid4().hex[:8]}"
+        env = {**env, "DATABASE_URL": url, "REDIS_URL": redis_url,
+               "MEBP_QUEUE_NAME": queue_name}
     service = start_service(root, cache, env, workers=workers)
     stack.callback(stop_service, service)
-    return Deployment(service, url, root / "data" / "storage")
+    return Deployment(service, url, root / "data" / "storage", redis_url, queue_name)
 
 
 @pytest.fixture(scope="module", params=["embedded", "shared"])
 def busy(request, tmp_path_factory, model_cache) -> Iterator[Deployment]:
-    """One worker; a lost lease noticed within seconds."""
+    """One worker; a lost lease, or a lost preparation, noticed within seconds; room in the
+    queue for a 240-phone fleet beside any number of a tenant's jobs."""
     with ExitStack() as stack:
         yield deploy(stack, request.param, tmp_path_factory.mktemp(f"fleets-{request.param}"),
                      model_cache, {"MEBP_HEARTBEAT_TIMEOUT_S": "6",
                                    "MEBP_RECONCILE_INTERVAL_S": "0.5",
+                                   "MEBP_ADVANCE_GRACE_S": "1",
+                                   "MEBP_MAX_QUEUED_JOBS_PER_TENANT": str(ROOMY_QUEUE),
                                    "MEBP_FLEET_INLINE_SPLIT_ROWS": str(INLINE_ROWS)},
                      workers=1)
 
@@ -169,6 +200,48 @@ def test_a_large_file_is_split_by_a_worker_and_a_failed_split_leaves_nothing(bus
     finally:
         cancel_all(client, jobs)
         client.close()
+
+
+def test_a_lost_preparation_is_asked_again_then_given_up(busy):
+    """The only worker busy, each fleet's preparation waits in Redis, and is lost there: one
+    lost on each of its tries (MEBP_MAX_ATTEMPTS, 3) ends failed with its seats given back;
+    one lost once is asked again and prepared once the worker is free."""
+    client, holder = busy.client("lost-preparation"), busy.client("worker-holder")
+    jobs, holding = [], []
+    body = {"model": "preset:tiny", "simulated": {"device": "pixel-8", "count": 8},
+            "hyperparameters": {"steps": 1, "seq_len": 32}}
+    try:
+        body["training_file"] = upload(client, LARGE)
+        running = holder.post("/v1/jobs", json=tiny_job(upload(holder), 100_000, seq_len=16))
+        assert running.status_code == 201, running.text
+        holding.append(running.json()["id"])
+        busy.service.wait_for(holding[0], lambda j: j["status"] == "running", timeout_s=90,
+                              client=holder)
+        doomed = client.post("/v1/fleets", json=body)
+        assert doomed.status_code == 202, doomed.text
+        deadline = time.monotonic() + 60
+        while (fleet := client.get(f"/v1/fleets/{doomed.json()['id']}").json())["status"] \
+                == "preparing":
+            assert time.monotonic() < deadline, f"{fleet['id']} still preparing"
+            busy.empty_queue()
+            time.sleep(0.2)
+        assert fleet["status"] == "failed", fleet
+        assert "preparation was lost on each of its 3 tries" in fleet["error"], fleet["error"]
+        assert busy.fleet_row(fleet["id"]).reserved_jobs == 0
+
+        lost = client.post("/v1/fleets", json=body)
+        assert lost.status_code == 202, lost.text
+        busy.empty_queue()
+        cancel_all(holder, holding)  # the worker free
+        ready = prepared(client, lost.json()["id"])
+        jobs = [m["job_id"] for m in ready["members"] if m["job_id"]]
+        assert ready["status"] == "ready" and len(jobs) == 8, ready
+        assert busy.fleet_row(ready["id"]).prepare_retries == 1
+    finally:
+        cancel_all(client, jobs)
+        cancel_all(holder, holding)
+        client.close()
+        holder.close()
 
 
 def test_a_240_phone_fleet_holds_no_other_tenant_up(busy):
