@@ -17,22 +17,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from mebp_core.atomic import exclusive_lock, staged_file
+from mebp_core.atomic import exclusive_lock
 from mebp_core.lora.export import export_adapter
-from service.storage import adapter_downloads_dir, sha256_file, zip_directory
+from service.storage import adapter_downloads_dir, kept_digest, write_with_digest, zip_directory
 
 AdapterFormat = Literal["peft", "mlx", "gguf"]
-# format: (file name, media type)
-FILES: dict[str, tuple[str, str]] = {"peft": ("peft.zip", "application/zip"),
-                                     "mlx": ("mlx.zip", "application/zip"),
-                                     "gguf": ("adapter.gguf", "application/octet-stream")}
+# format: (what follows a name: the file kept, "adapter<suffix>", and the download's
+# "<stem><suffix>"), media type
+FORMATS: dict[str, tuple[str, str]] = {"peft": ("-peft.zip", "application/zip"),
+                                       "mlx": ("-mlx.zip", "application/zip"),
+                                       "gguf": (".gguf", "application/octet-stream")}
 
 
 @dataclass(frozen=True)
 class AdapterFile:
     path: Path
     sha256: str  # of the file's bytes
-    media_type: str
+    fmt: AdapterFormat
+
+    @property
+    def media_type(self) -> str:
+        return FORMATS[self.fmt][1]
+
+    def download_name(self, stem: str) -> str:
+        return stem + FORMATS[self.fmt][0]
 
 
 def adapter_file(source: Path, fmt: AdapterFormat, base_config: dict | None, *,
@@ -40,7 +48,7 @@ def adapter_file(source: Path, fmt: AdapterFormat, base_config: dict | None, *,
     """The adapter in ``source`` as ``fmt``: the kept file, or made now (``remake``: made
     now whatever is kept). ``base_config``, the base model's HF config, is needed to export
     mlx and gguf."""
-    path = adapter_downloads_dir(source) / FILES[fmt][0]
+    path = adapter_downloads_dir(source) / f"adapter{FORMATS[fmt][0]}"
     kept = None if remake else _kept(path, fmt)
     if kept is not None:
         return kept
@@ -50,26 +58,18 @@ def adapter_file(source: Path, fmt: AdapterFormat, base_config: dict | None, *,
 
 
 def _kept(path: Path, fmt: AdapterFormat) -> AdapterFile | None:
-    try:
-        digest = _digest_path(path).read_text().strip()
-    except FileNotFoundError:
-        return None
-    return AdapterFile(path, digest, FILES[fmt][1]) if path.is_file() else None
+    digest = kept_digest(path)
+    return AdapterFile(path, digest, fmt) if digest is not None and path.is_file() else None
 
 
 def _make(source: Path, fmt: AdapterFormat, base_config: dict | None,
           path: Path) -> AdapterFile:
-    digest_path = _digest_path(path)
-    digest_path.unlink(missing_ok=True)  # no digest names the file while it changes
-    with staged_file(path) as staging:
-        if fmt == "peft":
-            zip_directory(source, staging)
-        else:
-            _export(source, fmt, base_config, staging)
-        digest = sha256_file(staging)
-    with staged_file(digest_path) as staging:
-        staging.write_text(digest + "\n")
-    return AdapterFile(path, digest, FILES[fmt][1])
+    if fmt == "peft":
+        digest = write_with_digest(path, lambda staging: zip_directory(source, staging))
+    else:
+        digest = write_with_digest(
+            path, lambda staging: _export(source, fmt, base_config, staging))
+    return AdapterFile(path, digest, fmt)
 
 
 def _export(source: Path, fmt: AdapterFormat, base_config: dict | None,
@@ -83,6 +83,3 @@ def _export(source: Path, fmt: AdapterFormat, base_config: dict | None,
         else:
             zip_directory(out, staging)
 
-
-def _digest_path(path: Path) -> Path:
-    return path.with_name(f"{path.name}.sha256")

@@ -13,12 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from mebp_core.atomic import exclusive_lock
+from service.storage import digest_path
 
 EXPORT_SUFFIXES = (".zip", ".gguf")
-
-
-def digest_file(path: Path) -> Path:
-    return path.with_name(path.name + ".sha256")
 
 
 def served_file(path: Path) -> Path:
@@ -31,7 +28,7 @@ def record_served(path: Path) -> None:
 
 def last_used_s(path: Path) -> float:
     """When ``path`` was last served, else made (0 if it is gone meanwhile)."""
-    for marker in (served_file(path), digest_file(path)):
+    for marker in (served_file(path), digest_path(path)):
         try:
             return marker.stat().st_mtime
         except FileNotFoundError:
@@ -44,7 +41,7 @@ def kept_exports(bases: Path) -> dict[Path, int]:
     kept = {}
     for path in bases.iterdir() if bases.is_dir() else ():
         if path.suffix in EXPORT_SUFFIXES and not path.name.startswith(".") \
-                and digest_file(path).is_file():
+                and digest_path(path).is_file():
             try:
                 kept[path] = path.stat().st_size
             except FileNotFoundError:  # evicted by another process meanwhile
@@ -70,5 +67,5 @@ def evict_least_recently_served(bases: Path, max_bytes: int, keep: Path) -> list
 
 
 def remove_export(path: Path) -> None:
-    for file in (digest_file(path), path, served_file(path)):  # the digest first: not kept
+    for file in (digest_path(path), path, served_file(path)):  # the digest first: not kept
         file.unlink(missing_ok=True)

@@ -26,13 +26,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
-from mebp_core.atomic import staged_file
 from mebp_core.errors import MebpError
 from mebp_core.proc import die_with_parent
 from mebp_core.store.export_base_common import base_model_name
 from mebp_core.store.resolve import packed_dir, resolve_model
-from service.base_cache import digest_file, evict_least_recently_served, record_served
-from service.storage import bases_dir, sha256_file, zip_directory
+from service.base_cache import evict_least_recently_served, record_served
+from service.storage import bases_dir, digest_path, kept_digest, write_with_digest, zip_directory
 
 MEDIA_TYPES = {"hf": "application/zip", "gguf": "application/octet-stream"}
 SUFFIXES = {"hf": ".zip", "gguf": ".gguf"}
@@ -84,16 +83,15 @@ class BaseExports:
             file = open(path, "rb")  # noqa: SIM115 (the response closes it)
         except FileNotFoundError:
             return None
-        try:
-            sha256 = digest_file(path).read_text().strip()
-        except FileNotFoundError:  # being made, or evicted just now
+        sha256 = kept_digest(path)
+        if sha256 is None:  # being made, or evicted just now
             file.close()
             return None
         record_served(path)
         return ExportedBase(file, path.name, MEDIA_TYPES[request.fmt], sha256)
 
     def is_kept(self, request: BaseRequest) -> bool:
-        return digest_file(self.target(request)).is_file()
+        return digest_path(self.target(request)).is_file()
 
     def exporting(self, request: BaseRequest) -> bool:
         """Whether this process is making (or about to make) the export."""
@@ -107,7 +105,7 @@ class BaseExports:
         with self._lock:
             if path in self._failed:
                 raise BaseExportFailed(self._failed.pop(path))
-            if path in self._running or digest_file(path).is_file():  # made meanwhile
+            if path in self._running or digest_path(path).is_file():  # made meanwhile
                 return
             admit()
             self._running.add(path)
@@ -158,12 +156,10 @@ def export(model_dir: Path, fmt: str, dtype: str, path: Path, cache_dir: Path | 
         if child.returncode != 0:
             lines = child.stderr.strip().splitlines() or [f"exit code {child.returncode}"]
             raise BaseExportFailed(lines[-1].removeprefix("mebp: error: "))
-        if fmt == "gguf":
-            os.replace(out, path)  # the child wrote and fsynced it whole
-        else:
-            with staged_file(path) as staging:  # weights do not compress: stored, not deflated
-                zip_directory(out, staging, top=name, compression=zipfile.ZIP_STORED)
-        with staged_file(digest_file(path)) as staging:
-            staging.write_text(sha256_file(path))
+        if fmt == "gguf":  # the child wrote it whole
+            write_with_digest(path, lambda staging: os.replace(out, staging))
+        else:  # weights do not compress: stored, not deflated
+            write_with_digest(path, lambda staging: zip_directory(
+                out, staging, top=name, compression=zipfile.ZIP_STORED))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -1,4 +1,5 @@
-"""Where datasets and job files live under the storage root; every path is generated here."""
+"""Where datasets and job files live under the storage root (every path is generated here),
+and the sha256 a kept file has beside it."""
 
 from __future__ import annotations
 
@@ -7,8 +8,11 @@ import os
 import secrets
 import shutil
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
+
+from mebp_core.atomic import staged_file
 
 ZIP_TIMESTAMP = (1980, 1, 1, 0, 0, 0)  # the earliest a zip can hold: the bytes never vary
 
@@ -58,6 +62,33 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: file.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def digest_path(path: Path) -> Path:
+    """Where the sha256 of ``path``'s bytes is kept beside it (``write_with_digest``)."""
+    return path.with_name(f"{path.name}.sha256")
+
+
+def kept_digest(path: Path) -> str | None:
+    """The sha256 kept beside ``path``, or None while there is none (being made, removed)."""
+    try:
+        return digest_path(path).read_text().strip()
+    except FileNotFoundError:
+        return None
+
+
+def write_with_digest(path: Path, write: Callable[[Path], None]) -> str:
+    """Make ``path`` atomically (``write`` fills the staged file it is given), then its
+    sha256 beside it; returns the digest. The old digest goes first, so a digest found
+    always names the whole file it sits by, never one being replaced."""
+    beside = digest_path(path)
+    beside.unlink(missing_ok=True)
+    with staged_file(path) as staging:
+        write(staging)
+        digest = sha256_file(staging)
+    with staged_file(beside) as staging:
+        staging.write_text(digest + "\n")
+    return digest
 
 
 def zip_directory(directory: Path, out: Path | BinaryIO, *, top: str = "",

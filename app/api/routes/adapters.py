@@ -7,6 +7,7 @@ from pathlib import Path
 
 from fastapi import APIRouter, HTTPException, Query, status
 from fastapi.responses import FileResponse, Response
+from sqlmodel import Session
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.routes.jobs import get_job_or_404
@@ -16,7 +17,6 @@ from service.storage import base_config_path
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 FormatQuery = Query("peft", description="peft and mlx come zipped; gguf is one file")
-FILENAMES = {"peft": "{stem}-peft.zip", "mlx": "{stem}-mlx.zip", "gguf": "{stem}.gguf"}
 
 
 @router.get("/{job_id}/adapter", response_class=Response,
@@ -31,16 +31,18 @@ def download_adapter(job_id: str, session: SessionDep, settings: SettingsDep,
     if adapter is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND,
                             f"job {job_id} has no adapter (status {job.status})")
-    session.close()  # the file may be made (once) and is streamed: hold no connection
     base_config = json.loads(base_config_path(settings.storage_root, job.id).read_text())
-    return adapter_download(Path(adapter.path), format, base_config, job_id)
+    return adapter_download(session, Path(adapter.path), format, base_config, job_id)
 
 
-def adapter_download(source: Path, format: AdapterFormat, base_config: dict,
-                     stem: str) -> FileResponse:
+def adapter_download(session: Session, source: Path, format: AdapterFormat,
+                     base_config: dict, stem: str) -> FileResponse:
     """The PEFT adapter at ``source`` as ``format`` (peft and mlx zipped, gguf one file),
-    streamed from the file kept beside it, made by the first download if need be."""
+    streamed from the file kept beside it, made by the first download if need be. The
+    request's session is closed first: a yield dependency ends only once the response is
+    sent, and neither the making nor a slow client's download may hold a database slot."""
+    session.close()
     kept = adapter_file(source, format, base_config)
     return FileResponse(kept.path, media_type=kept.media_type,
-                        filename=FILENAMES[format].format(stem=stem),
+                        filename=kept.download_name(stem),
                         headers={"X-Adapter-SHA256": kept.sha256})

@@ -182,6 +182,6 @@ def download_round_adapter(fleet_id: str, index: RoundIndex, session: SessionDep
         state = "no such round" if current is None else f"round {index} is {current.status}"
         raise HTTPException(status.HTTP_404_NOT_FOUND,
                             f"fleet {fleet_id} has no global adapter for round {index} ({state})")
-    source = round_adapter_dir(settings.storage_root, fleet.id, index)
     base_config = source_config(model_source(session, fleet.model))
-    return adapter_download(source, format, base_config, f"{fleet_id}-round-{index}")
+    return adapter_download(session, round_adapter_dir(settings.storage_root, fleet.id, index),
+                            format, base_config, f"{fleet_id}-round-{index}")

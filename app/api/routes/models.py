@@ -92,6 +92,9 @@ def download_base(name: str, request: Request, session: SessionDep, settings: Se
     dashboard, whose own job page starts exports with a form."""
     base = base_request_or_error(session, settings, name, fmt=format, quant=quant,
                                  group_size=group_size, dtype=dtype)
+    # what follows reads files and Redis only, and a yield dependency ends once the
+    # response is sent: a slow client's download must not hold a database slot
+    session.close()
     exports = request.app.state.base_exports
     kept = exports.open(base)
     if kept is not None:
