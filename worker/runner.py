@@ -34,12 +34,7 @@ from mebp_core.units import MB
 from service.adapter_downloads import adapter_file
 from service.crud import TERMINAL, add_event, fail_job, set_status
 from service.db import database_url, make_engine
-from service.disk_space import (
-    data_dir_short_of_room,
-    keep_reserve,
-    out_of_space,
-    release_reserve,
-)
+from service.disk_space import data_dir_short_of_room, keep_reserve, out_of_space
 from service.models import Adapter, Dataset, Job, Metric
 from service.queue import enqueue_advance
 from service.registry import (
@@ -50,7 +45,7 @@ from service.registry import (
     model_source,
 )
 from service.settings import Settings
-from service.storage import adapter_downloads_dir, base_config_path, job_dir, new_id
+from service.storage import base_config_path, job_dir, new_id
 from worker.child import (
     ADAPTER,
     CHECKPOINT,
@@ -66,9 +61,9 @@ from worker.measured_time import correct_host_time, predicted_figures
 from worker.memory_cap import MemoryCap, open_memory_cap, remove_stale_caps
 from worker.metrics_tail import MetricsTail
 from worker.packing_progress import PackingProgress
+from worker.storage_full import end_storage_full, ran_out_of_space
 
 POLL_S = 0.2
-STORAGE_FULL_TRIES = 10  # a second apart, recording a storage_full failure on a full disk
 
 
 class LeaseLost(Exception):  # noqa: N818  (a signal to stop, not an error to report)
@@ -106,12 +101,6 @@ def wake_coordinator(engine: Engine, job_id: str) -> None:
     except (SQLAlchemyError, RedisError) as exc:
         print(f"mebp worker: fleet coordinator not woken ({exc}); the reconciler will",
               file=sys.stderr)
-
-
-def ran_out_of_space(exc: Exception) -> str:
-    reason = "the database's disk is full" if isinstance(exc, OperationalError) else \
-        "no space left on the device"
-    return f"the storage ran out of space ({reason}); nothing partial is kept"
 
 
 class JobRun:
@@ -175,22 +164,8 @@ class JobRun:
             session.commit()
 
     def _fail_storage_full(self, session: Session, worker: str, message: str) -> None:
-        """Drop this job's partial files (nothing partial is kept, and a database on the
-        same full disk may need the room), then record the failure, retrying briefly."""
-        for partial in (self.dir / CHECKPOINT, self.dir / ADAPTER,
-                        adapter_downloads_dir(self.dir / ADAPTER),
-                        *self.dir.glob(f".{ADAPTER}.tmp-*")):
-            shutil.rmtree(partial, ignore_errors=True)
-        for attempt in range(STORAGE_FULL_TRIES):
-            try:
-                self._fail_if_still_ours(session, worker, "storage_full", message)
-                return
-            except OperationalError as again:
-                session.rollback()
-                if not out_of_space(again) or attempt == STORAGE_FULL_TRIES - 1:
-                    raise  # left running: the reconciler ends it once its heartbeat is stale
-                release_reserve(self.settings.data_dir)  # the room kept for this write
-                time.sleep(1.0)
+        end_storage_full(session, self.dir, self.settings.data_dir, lambda: (
+            self._fail_if_still_ours(session, worker, "storage_full", message)))
 
     def _prepare(self, session: Session, job: Job) -> dict:
         self.dir.mkdir(parents=True, exist_ok=True)
