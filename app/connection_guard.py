@@ -31,6 +31,7 @@ REFUSAL_LOG_EVERY_S = 10.0
 # descriptors kept for everything but client connections: the database pool, Redis, the
 # workers' pipes, uploads being staged, files being served
 RESERVED_DESCRIPTORS = 256
+LINGER_S = 2.0  # after refusing a request, how long its client's bytes are read and dropped
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,7 @@ class GuardedH11Protocol(H11Protocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._body_deadline_at = 0.0
         self._head_bytes, self._head_tail = 0, b""  # the head so far, its last 3 bytes
+        self._lingering = False
         if len(self.connections) > self.limits.max_connections:
             self._refuse_connection()
             return
@@ -90,6 +92,8 @@ class GuardedH11Protocol(H11Protocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return
         state = self.conn.their_state
         if state is h11.IDLE:  # a request's head is due (h11 reads what follows a body)
             if self._deadline is None:
@@ -106,7 +110,7 @@ class GuardedH11Protocol(H11Protocol):
         deadline of where the request now is."""
         cycle = self.cycle
         super().handle_events()
-        if self.transport.is_closing():
+        if self._lingering or self.transport.is_closing():
             return
         if self.cycle is not cycle and not self._headers_within_bound():
             return
@@ -194,7 +198,18 @@ class GuardedH11Protocol(H11Protocol):
         if cycle is not None and not cycle.response_complete:
             cycle.disconnected = True
             cycle.message_event.set()
-        self.transport.close()
+        self._linger()
+
+    def _linger(self) -> None:
+        """Close as a lingering close does: the answer and a FIN now, what the client still
+        sends read and dropped for a moment, then the socket closed. Closed at once with its
+        bytes unread, the kernel would answer them with a reset, which can destroy the
+        answer before the client reads it."""
+        self._disarm()
+        self._lingering = True
+        if self.transport.can_write_eof():
+            self.transport.write_eof()
+        self.loop.call_later(LINGER_S, self.transport.close)
 
     def _refuse_connection(self) -> None:
         cls = type(self)
