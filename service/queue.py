@@ -12,7 +12,7 @@ from pathlib import Path
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
-from rq import Queue, worker_registration
+from rq import Queue, get_current_job, worker_registration
 from rq.utils import now, utcparse
 
 from service.supervisor import Child, Watcher
@@ -44,6 +44,16 @@ def enqueue_job(queue: Queue, job_id: str) -> None:
     # no RQ timeout: a job's length is bounded by its steps, and cancel stops it
     queue.enqueue_call(RUN_JOB, args=(job_id,), job_id=job_id, timeout=-1,
                        result_ttl=RESULT_TTL_S, failure_ttl=RESULT_TTL_S)
+
+
+def enqueue_from_this_job(job_ids: list[str]) -> None:
+    """Queue ``job_ids`` on the queue of the RQ job running this (a coordinator's or a
+    fleet preparation's); nothing outside an RQ job."""
+    current = get_current_job()
+    if current is not None:
+        queue = Queue(current.origin, connection=current.connection)
+        for job_id in job_ids:
+            enqueue_job(queue, job_id)
 
 
 def enqueue_advance(queue: Queue, fleet_id: str) -> None:

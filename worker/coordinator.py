@@ -12,7 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rq import Queue, get_current_job
 from sqlmodel import Session
 
 from mebp_core.cache import default_cache_dir
@@ -22,7 +21,7 @@ from mebp_core.store.resolve import resolve_model
 from service.db import database_url, make_engine
 from service.federation import advance
 from service.models import Dataset, Fleet
-from service.queue import enqueue_job
+from service.queue import enqueue_from_this_job
 from service.registry import model_source
 from service.settings import Settings
 
@@ -40,11 +39,7 @@ def advance_fleet(fleet_id: str) -> list[str]:
                            lambda fleet, adapter: evaluate(session, settings, fleet, adapter))
     finally:
         engine.dispose()
-    current = get_current_job()
-    if current is not None:
-        queue = Queue(current.origin, connection=current.connection)
-        for job_id in jobs:
-            enqueue_job(queue, job_id)
+    enqueue_from_this_job(jobs)
     return jobs
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 
-from rq import Queue, get_current_job
 from sqlmodel import Session, select
 
 from mebp_core.atomic import exclusive_lock
@@ -18,7 +17,7 @@ from mebp_core.proc import die_with_parent
 from service.db import database_url, make_engine
 from service.fleet_shards import FAILED, PREPARING, READY, deal_shards, make_fleet_jobs
 from service.models import Dataset, Fleet
-from service.queue import enqueue_job
+from service.queue import enqueue_from_this_job
 from service.settings import Settings
 from service.storage import coordinator_lock_path
 
@@ -36,11 +35,7 @@ def prepare_fleet(fleet_id: str) -> list[str]:
             jobs = prepare(session, fleet_id, settings)
     finally:
         engine.dispose()
-    current = get_current_job()
-    if current is not None:
-        queue = Queue(current.origin, connection=current.connection)
-        for job_id in jobs:
-            enqueue_job(queue, job_id)
+    enqueue_from_this_job(jobs)
     return jobs
 
 
