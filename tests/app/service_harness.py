@@ -18,7 +18,7 @@ import time
 import uuid
 import zipfile
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -223,6 +223,27 @@ def start_service_on(port: int, root: Path, cache: Path, extra_env: dict[str, st
             failure = PortTakenError if "address already in use" in log_text else RuntimeError
             raise failure(f"mebp serve did not start:\n{log_text}")
         time.sleep(0.2)
+
+
+@contextmanager
+def deployed_service(deployment: str, root: Path, cache: Path, env: dict[str, str], *,
+                     workers: int) -> Iterator[tuple[Service, str]]:
+    """`mebp serve` on ``deployment`` ("embedded": SQLite and its own Redis; "shared": a
+    fresh PostgreSQL database and the machine's Redis, on a queue of its own), and its
+    database URL; stopped, and the database dropped, after."""
+    from service.db import database_url
+
+    with ExitStack() as stack:
+        url = database_url(None, root / "data")
+        if deployment == "shared":
+            url = stack.enter_context(temporary_postgres_database())
+            env = {**env, "DATABASE_URL": url, "REDIS_URL": REDIS_TEST_URL,
+                   "MEBP_QUEUE_NAME": f"mebp-test-{uuid.uuid4().hex[:8]}"}
+        service = start_service(root, cache, env, workers=workers)
+        # a service that ignores SIGTERM (a test of what once hung it) is killed, never left
+        stack.callback(service.process.kill)
+        stack.callback(stop_service, service)
+        yield service, url
 
 
 def stop_service(service: Service) -> None:

@@ -13,20 +13,15 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
 from service_harness import (
     API_KEY,
-    REDIS_TEST_URL,
     Service,
-    start_service,
-    stop_service,
-    temporary_postgres_database,
+    deployed_service,
 )
 
 HEADER_TIMEOUT_S = BODY_TIMEOUT_S = 2.0
@@ -40,14 +35,8 @@ def guarded(request, tmp_path_factory, model_cache) -> Iterator[Service]:
     env = {"MEBP_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
            "MEBP_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
            "MEBP_MAX_CONNECTIONS": str(MAX_CONNECTIONS)}
-    with ExitStack() as stack:
-        if request.param == "shared":
-            env |= {"DATABASE_URL": stack.enter_context(temporary_postgres_database()),
-                    "REDIS_URL": REDIS_TEST_URL,
-                    "MEBP_QUEUE_NAME": f"mebp-test-{uuid.uuid4().hex[:8]}"}
-        service = start_service(tmp_path_factory.mktemp(f"conns-{request.param}"),
-                                model_cache, env, workers=0)
-        stack.callback(stop_service, service)
+    with deployed_service(request.param, tmp_path_factory.mktemp(f"conns-{request.param}"),
+                          model_cache, env, workers=0) as (service, _):
         yield service
 
 

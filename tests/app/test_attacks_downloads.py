@@ -14,7 +14,6 @@ import json
 import socket
 import statistics
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -25,11 +24,8 @@ import psutil
 import pytest
 import torch
 from service_harness import (
-    REDIS_TEST_URL,
     Service,
-    start_service,
-    stop_service,
-    temporary_postgres_database,
+    deployed_service,
 )
 from sqlmodel import Session
 from test_attacks_streams import async_client, timed_get
@@ -39,7 +35,7 @@ from app.keys import BOOTSTRAP_TENANT
 from mebp_core.lora.peft_io import save_peft_adapter
 from mebp_core.lora.spec import LoraSpec
 from mebp_core.store.resolve import source_config
-from service.db import POOL_CONNECTIONS, database_url, make_engine
+from service.db import POOL_CONNECTIONS, make_engine
 from service.models import Adapter, Fleet, FleetRound, Job, utc_now
 from service.storage import (
     base_config_path,
@@ -72,15 +68,7 @@ def download_service(request, tmp_path_factory, model_cache) -> Iterator[Service
     """A service without workers; ``service.url_db`` and ``service.storage`` are its
     database and storage root."""
     root = tmp_path_factory.mktemp(f"downloads-{request.param}")
-    env = {}
-    with ExitStack() as stack:
-        url = database_url(None, root / "data")
-        if request.param == "shared":
-            url = stack.enter_context(temporary_postgres_database())
-            env |= {"DATABASE_URL": url, "REDIS_URL": REDIS_TEST_URL,
-                    "MEBP_QUEUE_NAME": f"mebp-test-{uuid.uuid4().hex[:8]}"}
-        service = start_service(root, model_cache, env, workers=0)
-        stack.callback(stop_service, service)
+    with deployed_service(request.param, root, model_cache, {}, workers=0) as (service, url):
         status, dataset = service.upload("rows.jsonl", ROWS)
         assert status == 201, dataset
         service.dataset_id, service.url_db = dataset["id"], url

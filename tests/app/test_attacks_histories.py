@@ -13,7 +13,6 @@ import asyncio
 import json
 import statistics
 import time
-import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
@@ -23,15 +22,12 @@ import psutil
 import psycopg
 import pytest
 from service_harness import (
-    REDIS_TEST_URL,
     Service,
-    start_service,
-    stop_service,
-    temporary_postgres_database,
+    deployed_service,
 )
 from test_attacks_streams import async_client, make_keys, timed_get
 
-from service.db import database_url, make_engine
+from service.db import make_engine
 from service.models import Metric
 
 LONG_STEPS = 200_000
@@ -88,17 +84,9 @@ def record_history(url: str, job_id: str, steps: int, events: int = 0) -> None:
 def history_service(request, tmp_path_factory, model_cache) -> Iterator[tuple[Service, str]]:
     """A service without workers, its database URL, and a queued job of 200,000 steps."""
     root = tmp_path_factory.mktemp(f"histories-{request.param}")
-    env = {}
     with ExitStack() as stack:
-        url = database_url(None, root / "data")
-        if request.param == "shared":
-            url = stack.enter_context(temporary_postgres_database())
-            env |= {"DATABASE_URL": url, "REDIS_URL": REDIS_TEST_URL,
-                    "MEBP_QUEUE_NAME": f"mebp-test-{uuid.uuid4().hex[:8]}"}
-        service = start_service(root, model_cache, env, workers=0)
-        # a service still reading whole histories does not stop on SIGTERM: never leave it
-        stack.callback(service.process.kill)
-        stack.callback(stop_service, service)
+        service, url = stack.enter_context(
+            deployed_service(request.param, root, model_cache, {}, workers=0))
         status, dataset = service.upload("rows.jsonl", ROWS)
         assert status == 201, dataset
         service.dataset_id = dataset["id"]

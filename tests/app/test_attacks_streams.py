@@ -12,24 +12,19 @@ import asyncio
 import json
 import statistics
 import time
-import uuid
 from collections.abc import Iterator
-from contextlib import ExitStack
 
 import httpx
 import psycopg
 import pytest
 from service_harness import (
-    REDIS_TEST_URL,
     Service,
-    start_service,
-    stop_service,
-    temporary_postgres_database,
+    deployed_service,
 )
 from sqlmodel import Session
 
 from app.keys import create_key
-from service.db import POOL_CONNECTIONS, database_url, make_engine
+from service.db import POOL_CONNECTIONS, make_engine
 
 STREAMS_PER_KEY = 20
 ROWS = b"".join(json.dumps({"text": f"row {i} of a dataset"}).encode() + b"\n"
@@ -43,14 +38,7 @@ def idle_service(request, tmp_path_factory, model_cache) -> Iterator[tuple[Servi
     """A service without workers, and its database URL."""
     env = {"MEBP_MAX_STREAMS_PER_KEY": str(STREAMS_PER_KEY)}
     root = tmp_path_factory.mktemp(f"streams-{request.param}")
-    with ExitStack() as stack:
-        url = database_url(None, root / "data")
-        if request.param == "shared":
-            url = stack.enter_context(temporary_postgres_database())
-            env |= {"DATABASE_URL": url, "REDIS_URL": REDIS_TEST_URL,
-                    "MEBP_QUEUE_NAME": f"mebp-test-{uuid.uuid4().hex[:8]}"}
-        service = start_service(root, model_cache, env, workers=0)
-        stack.callback(stop_service, service)
+    with deployed_service(request.param, root, model_cache, env, workers=0) as (service, url):
         status, dataset = service.upload("rows.jsonl", ROWS)
         assert status == 201, dataset
         service.dataset_id = dataset["id"]
