@@ -24,13 +24,13 @@ from app.api.errors import validation_error_response
 from app.api.event_hub import EventHub
 from app.api.events import StreamSlots
 from app.api.request_sessions import SessionSlots
-from app.api.routes import adapters, datasets, devices, fleets, jobs, models, plans
+from app.api.routes import adapters, comparisons, datasets, devices, fleets, jobs, models, plans
 from app.api.url_guard import RefuseNulInUrl
 from app.keys import ensure_bootstrap_key
 from app.reconciler import Reconciler
 from app.schemas import ErrorMessage
 from app.uploads import storage_full_error
-from app.web import auth, base_page, explorer, monitor
+from app.web import auth, base_page, comparison_pages, explorer, monitor
 from app.web.auth import SignInRequired
 from app.web.templating import PLOTLY_JS, STATIC_DIR
 from mebp_core.cache import default_cache_dir
@@ -109,7 +109,7 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
         return FileResponse(PLOTLY_JS, media_type="text/javascript")
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-    for module in (auth, explorer, monitor, base_page):
+    for module in (auth, explorer, monitor, comparison_pages, base_page):
         app.include_router(module.router)
     app.add_exception_handler(SignInRequired, lambda request, exc: RedirectResponse(
         "/signin", status_code=status.HTTP_303_SEE_OTHER))
@@ -124,7 +124,7 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
         status_code=status.HTTP_409_CONFLICT))
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=ERRORS)
-    for module in (devices, models, plans, datasets, jobs, adapters, fleets):
+    for module in (devices, models, plans, datasets, jobs, adapters, fleets, comparisons):
         v1.include_router(module.router)
     app.include_router(v1)
 

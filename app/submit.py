@@ -91,13 +91,15 @@ def body_sha256(body: JobCreate) -> str:
 
 
 def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *, tenant: str,
-               fleet_id: str | None = None, idempotency_key: str | None = None) -> Job:
+               fleet_id: str | None = None, comparison_id: str | None = None,
+               idempotency_key: str | None = None) -> Job:
     return create_queued_job(
         session, plan=planned.plan, tenant=tenant, model=body.model,
         device_id=None if planned.device is None else planned.device.id,
         memory_budget_bytes=planned.budget_bytes, config=planned.config.model_dump(mode="json"),
         training_file=body.training_file, validation_file=body.validation_file,
-        fleet_id=fleet_id, metadata_=body.metadata, idempotency_key=idempotency_key,
+        fleet_id=fleet_id, comparison_id=comparison_id, metadata_=body.metadata,
+        idempotency_key=idempotency_key,
         request_sha256=None if idempotency_key is None else body_sha256(body))
 
 

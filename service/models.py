@@ -77,6 +77,25 @@ class Fleet(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utc_now)
 
 
+class Comparison(SQLModel, table=True):
+    """Methods side by side on one model, dataset and device: one job per method and
+    learning rate (``Job.comparison_id``); ``spec`` keeps the request and each method's plan
+    (or why it does not fit)."""
+
+    __tablename__ = "comparisons"
+    __table_args__ = (Index("ix_comparisons_tenant_idempotency_key", "tenant",
+                            "idempotency_key", unique=True),)
+
+    id: str = Field(primary_key=True, max_length=40)
+    tenant: str = Field(index=True, max_length=64)
+    model: str = Field(max_length=255)
+    device_id: str = Field(foreign_key="devices.id", max_length=64)
+    spec: dict = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    idempotency_key: str | None = Field(default=None, max_length=128)
+    request_sha256: str | None = Field(default=None, max_length=64)
+    created_at: datetime = Field(default_factory=utc_now)
+
+
 class FleetRound(SQLModel, table=True):
     """One round of a federated fleet: who was selected and what became of each, and the
     global adapter the finished updates were combined into (kept under the storage root)."""
@@ -115,6 +134,8 @@ class Job(SQLModel, table=True):
     validation_file: str | None = Field(default=None, foreign_key="datasets.id", max_length=40)
     fleet_id: str | None = Field(default=None, foreign_key="fleets.id", index=True,
                                  max_length=40)
+    comparison_id: str | None = Field(default=None, foreign_key="comparisons.id", index=True,
+                                      max_length=40)
     # the adapter training starts from (a federated round's global adapter), if any
     init_adapter: str | None = Field(default=None, max_length=1024)
     idempotency_key: str | None = Field(default=None, index=True, max_length=128)

@@ -13,7 +13,7 @@ from sqlalchemy import inspect, text
 from service.db import MIGRATIONS, database_url, make_engine, upgrade_database
 
 TABLES = {"api_keys", "devices", "datasets", "fleets", "jobs", "events", "metrics", "adapters",
-          "dashboard_sessions", "alembic_version"}
+          "dashboard_sessions", "comparisons", "alembic_version"}
 HEAD = ScriptDirectory(str(MIGRATIONS)).get_current_head()
 
 
