@@ -17,7 +17,7 @@ from app.api.model_lookup import model_architecture_or_422
 from app.schemas import JobCreate
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.plan.arch import PlanInputError
-from mebp_core.plan.devices import DeviceProfile, mezo_device_step_time
+from mebp_core.plan.devices import DeviceProfile
 from mebp_core.plan.on_host import plan_job_run
 from mebp_core.plan.workload import Workload
 from mebp_core.units import MB
@@ -57,20 +57,11 @@ def plan_job(body: JobCreate, settings: Settings, session: Session) -> PlannedJo
     knobs = EngineKnobs() if body.config == "auto" else body.config
     try:
         config = TrainConfig(method=body.method, seed=body.seed, knobs=knobs, **hyper)
-        workload = Workload.from_config(arch, config)
+        Workload.from_config(arch, config)  # a seq_len past the context is a 422 here
     except ValidationError as exc:
         raise invalid_from(exc, ("hyperparameters",)) from None
     except PlanInputError as exc:
         raise invalid(("hyperparameters", "seq_len"), str(exc), config.seq_len) from None
-    if config.method != "mebp":
-        # the planner models the mebp engine's knobs; other methods meet the cap as they are
-        estimate = None
-        if config.method == "mezo" and device is not None and device.rates is not None:
-            estimate = round(mezo_device_step_time(workload, device.rates), 3)
-        return PlannedJob(config, device, budget_bytes,
-                          {"planned": False, "budget_mb": budget_bytes / MB,
-                           "reason": f"the planner models method mebp, not {config.method}",
-                           "device_step_time_s_estimate": estimate})
     # predicted with this host's calibration and threads: the configuration chosen here is
     # the one every attempt runs (``worker.host_plan``), each at its own worker's threads
     here = config.model_copy(update={"knobs": knobs.model_copy(

@@ -102,10 +102,13 @@ class PlanCreate(WorkloadFields):
     memory_budget_mb: float | None = Field(default=None, gt=0, le=1 << 20,
                                            description="overrides the device's budget")
     margin: float = Field(default=0.10, ge=0, le=1)
+    method: Literal["mebp", "mezo", "backprop", "all"] = Field(default="mebp", description=(
+        "the training method to plan, or all: each method's plan, labelled, and which to run"))
 
 
 class ConfigurationPublic(BaseModel):
     id: str
+    method: str = Field(description="mebp, mezo or backprop")
     knobs: dict
     peak_mb: float
     memory_mb: dict[str, float]
@@ -138,6 +141,7 @@ class CalibrationPublic(BaseModel):
 
 
 class PlanPublic(BaseModel):
+    method: str = Field(description="the training method planned: mebp, mezo or backprop")
     workload: dict
     budget_mb: float | None
     margin: float
@@ -154,6 +158,23 @@ class PlanPublic(BaseModel):
         "with rates is given, else this host's predicted one"))
     pareto: list[str]
     configurations: list[ConfigurationPublic]
+
+
+class RecommendationPublic(BaseModel):
+    method: str
+    configuration: str
+    why: str
+
+
+class MethodPlansPublic(BaseModel):
+    """Every method's plan of one model, setting and budget, side by side."""
+
+    method: Literal["all"]
+    plans: dict[str, PlanPublic] = Field(description="method -> its plan")
+    skipped: dict[str, str] = Field(description="method -> why the setting does not apply")
+    recommendation: RecommendationPublic | None = Field(description=(
+        "the fastest exact configuration that fits (MeZO only when nothing else fits); "
+        "per step: a comparison measures time to a loss"))
 
 
 class DatasetPublic(BaseModel):

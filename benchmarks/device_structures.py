@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +57,8 @@ def flops_backward_decompressing(share: float) -> Count:
     def count(work, workload, method) -> float:
         if method != "mebp":
             return work.matmul_flops
-        forward = step_work(workload, paper_knobs(), set(), "mezo").matmul_flops / 2
+        mezo = replace(workload, method="mezo")
+        forward = step_work(mezo, paper_knobs(), set()).matmul_flops / 2
         return work.matmul_flops + share / (1 - share) * (work.matmul_flops - forward)
     return count
 

@@ -12,6 +12,7 @@ The calibration and the packed presets are made first, outside any cap.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -50,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    default=[f"{name}:{seq}" for name, seq in CASES])
     p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
                    choices=["float32", "bfloat16"])
+    p.add_argument("--methods", nargs="+", default=["mebp"],
+                   choices=["mebp", "mezo", "backprop"])
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--tolerance", type=float, default=0.10,
                    help="predicted peak within this fraction of the kernel's count")
@@ -65,15 +68,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def plan_case(preset: str, seq_len: int, dtype: str, bf16_matmul: str = "auto",
-              budget_mb: int | None = None) -> dict:
+              budget_mb: int | None = None, method: str = "mebp") -> dict:
     arch = load_architecture(f"preset:{preset}")
-    config = TrainConfig(seq_len=seq_len, compute_dtype=dtype,
+    config = TrainConfig(method=method, seq_len=seq_len, compute_dtype=dtype,
                          knobs=EngineKnobs(bf16_matmul=bf16_matmul))
     if budget_mb is None:
         budget_mb = plan_on_host(arch, config).smallest_budget_mb()
     plan = plan_on_host(arch, config, budget_bytes=budget_mb * MB)
     chosen = chosen_entry(plan)
-    return {"preset": preset, "seq_len": seq_len, "dtype": dtype, "bf16_matmul": bf16_matmul,
+    return {"preset": preset, "seq_len": seq_len, "method": method, "dtype": dtype,
+            "bf16_matmul": bf16_matmul,
             "matmul_dtype": matmul_dtype_of(plan.workload, chosen.knobs),
             "budget_mb": budget_mb, "config": chosen.id,
             "predicted_peak_mb": round(chosen.prediction.peak_bytes / MB, 1),
@@ -83,7 +87,8 @@ def plan_case(preset: str, seq_len: int, dtype: str, bf16_matmul: str = "auto",
 def run_capped(row: dict, data: Path, steps: int, work: Path, capped: bool = True) -> dict:
     metrics, out = work / "metrics.jsonl", work / "adapter"
     argv = train_argv(row["preset"], data, out, metrics, steps=steps, seq_len=row["seq_len"],
-                      dtype=row["dtype"], extra=("--plan-budget-mb", str(row["budget_mb"]),
+                      dtype=row["dtype"], extra=("--method", row["method"],
+                                                 "--plan-budget-mb", str(row["budget_mb"]),
                                                  "--bf16-matmul", row["bf16_matmul"]))
     cap = row["budget_mb"] * MB if capped else 1 << 50
     group = create_cgroup(cap, f"mebp-plan-caps-{os.getpid()}-{time.time_ns()}")
@@ -131,14 +136,15 @@ def holds(row: dict, tolerance: float) -> bool:
 
 
 def markdown(rows: list[dict], tolerance: float) -> str:
-    lines = ["| preset | seq | dtype (matmul) | budget S MB | chosen configuration | predicted "
-             "MB | kernel MB (cgroup / process) | error | 3 steps under S | s/step "
-             "(predicted / measured) |", "|" + "---|" * 10]
+    lines = ["| preset | seq | method | dtype (matmul) | budget S MB | chosen configuration "
+             "| predicted MB | kernel MB (cgroup / process) | error | 3 steps under S | s/step "
+             "(predicted / measured) |", "|" + "---|" * 11]
     for r in rows:
         error = r["prediction_error"]
         held = "yes" if r["completed"] else f"no (exit {r['exit_code']}, {r['oom_kill']} OOM)"
         lines.append(
-            f"| {r['preset']} | {r['seq_len']} | {r['dtype']} ({r['matmul_dtype']}) "
+            f"| {r['preset']} | {r['seq_len']} | {r.get('method', 'mebp')} "
+            f"| {r['dtype']} ({r['matmul_dtype']}) "
             f"| {r['budget_mb']} | `{r['config']}` | {r['predicted_peak_mb']} "
             f"| {r['kernel_peak_mb']} ({r['cgroup_charged_peak_mb']} / {r['process_peak_mb']}) "
             f"| {'-' if error is None else f'{error:+.1%}'} | {held} "
@@ -157,16 +163,17 @@ def main(argv: list[str] | None = None) -> int:
     data = write_jsonl(collect_docstrings(max_files=200), corpus / "train.jsonl")
     rows = []
     try:
-        for preset, seq_len in cases:
-            for dtype in args.dtypes:
-                row = plan_case(preset, seq_len, dtype, args.bf16_matmul, args.budget_mb)
-                print(f"{preset} seq {seq_len} {dtype}: S = {row['budget_mb']} MB, "
-                      f"{row['config']}", file=sys.stderr, flush=True)
-                work = Path(tempfile.mkdtemp(dir=corpus))
-                row.update(run_capped(row, data, args.steps, work, not args.uncapped))
-                shutil.rmtree(work, ignore_errors=True)
-                print(f"  -> {json.dumps(row)}", file=sys.stderr, flush=True)
-                rows.append(row)
+        for (preset, seq_len), method, dtype in itertools.product(cases, args.methods,
+                                                                  args.dtypes):
+            row = plan_case(preset, seq_len, dtype, args.bf16_matmul, args.budget_mb,
+                            method)
+            print(f"{preset} seq {seq_len} {method} {dtype}: S = {row['budget_mb']} MB, "
+                  f"{row['config']}", file=sys.stderr, flush=True)
+            work = Path(tempfile.mkdtemp(dir=corpus))
+            row.update(run_capped(row, data, args.steps, work, not args.uncapped))
+            shutil.rmtree(work, ignore_errors=True)
+            print(f"  -> {json.dumps(row)}", file=sys.stderr, flush=True)
+            rows.append(row)
     finally:
         shutil.rmtree(corpus, ignore_errors=True)
     report = {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(),

@@ -190,9 +190,6 @@ def _planned(config, args: argparse.Namespace):
     from mebp_core.plan.planner import knobs_id
     from mebp_core.units import MB
 
-    if config.method != "mebp":
-        raise PlanInputError(f"--plan-budget-mb plans the mebp method's knobs; --method "
-                             f"{config.method} does not use them")
     # the calibration runs torch in a child: inside a memory cap it would count against it
     group = memory_cgroup_of()
     cap = None if group is None else group.limit_bytes()
@@ -207,7 +204,7 @@ def _planned(config, args: argparse.Namespace):
             f"{cap / MB:.0f} MB: run `mebp plan --model {args.model}` once outside the "
             f"cap first") from None
     config = fastest_fitting(plan, config)
-    print(f"planner: {knobs_id(config.knobs)} (the fastest predicted to fit "
+    print(f"planner: {knobs_id(config.knobs, config.method)} (the fastest predicted to fit "
           f"{args.plan_budget_mb:.0f} MB)", file=sys.stderr)
     return config
 

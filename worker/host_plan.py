@@ -42,7 +42,7 @@ def plan_on_this_worker(session: Session, job: Job, source: str, settings: Setti
     threads = attempt_threads(session, job, settings)
     here = config.model_copy(update={"knobs": fixed_bf16_path(config).model_copy(
         update={"threads": threads})})
-    if (job.plan or {}).get("planned"):  # another method: its knobs are as requested
+    if (job.plan or {}).get("planned"):  # a job recorded unplanned keeps its knobs as asked
         here = _predict_here(session, job, here, load_architecture(source), settings, worker)
     job.config = here.model_dump(mode="json")
     session.add(job)

@@ -54,12 +54,14 @@ class DeviceProfile:
     def budget_bytes(self) -> int | None:
         return None if self.budget_mb is None else self.budget_mb * MB
 
-    def estimate_step_time(self, prediction, workload) -> float | None:
-        """Seconds per step on this phone for a prediction of ``workload``, or None."""
+    def estimate_step_time(self, prediction, workload, budget_bytes: int | None) -> float | None:
+        """Seconds per step on this phone for a prediction of ``workload`` under
+        ``budget_bytes`` (the store pages that do not fit beside the peak are read again
+        every step), or None."""
         if self.rates is None:
             return None
-        missing = 0 if self.budget_bytes is None else \
-            max(0, prediction.store_bytes - max(0, self.budget_bytes - prediction.peak_bytes))
+        missing = 0 if budget_bytes is None else \
+            max(0, prediction.store_bytes - max(0, budget_bytes - prediction.peak_bytes))
         return sum(device_step_time(prediction.device_work, workload, self.rates, missing).values())
 
     def to_json(self) -> dict:
@@ -86,10 +88,12 @@ def device_step_time(work: StepWork, workload, rates: DeviceRates,
 
 
 def mezo_device_step_time(workload: Workload, rates: DeviceRates) -> float:
-    """MeZO's step on a phone: two forwards without autograd, weights decompressed in tiles,
-    in the phone's own 16-bit math (never this host's bf16 path: no upcasts)."""
-    work = step_work(workload, EngineKnobs(bf16_matmul="native"), set(), "mezo")
-    return sum(device_step_time(work, workload, rates).values())
+    """MeZO's step on a phone for ``workload``'s model and setting: two forwards without
+    autograd, weights lazy and decompressed in tiles, in the phone's own 16-bit math (never
+    this host's bf16 path: no upcasts)."""
+    mezo = replace(workload, method="mezo")
+    work = step_work(mezo, EngineKnobs(bf16_matmul="native"), set())
+    return sum(device_step_time(work, mezo, rates).values())
 
 
 @cache
@@ -129,10 +133,11 @@ def get_device(device_id: str) -> DeviceProfile:
     return devices[device_id]
 
 
-def paper_workload(model: str, seq_len: int) -> Workload:
+def paper_workload(model: str, seq_len: int, method: str = "mebp") -> Workload:
     """The MeBP paper's setting on a phone: 16-bit compute, 4-bit group-64 weights, LoRA
     rank 8 on the 7 projections, batch 1."""
-    return Workload(arch=load_architecture(model), seq_len=seq_len, compute_dtype="bfloat16")
+    return Workload(arch=load_architecture(model), seq_len=seq_len, method=method,
+                    compute_dtype="bfloat16")
 
 
 def paper_knobs(lora_hidden: str = "store") -> EngineKnobs:
@@ -144,8 +149,8 @@ def paper_knobs(lora_hidden: str = "store") -> EngineKnobs:
 
 def paper_step_work(model: str, seq_len: int, method: str,
                     lora_hidden: str = "store") -> tuple[StepWork, Workload]:
-    workload = paper_workload(model, seq_len)
-    return step_work(workload, paper_knobs(lora_hidden), set(), method), workload
+    workload = paper_workload(model, seq_len, method)
+    return step_work(workload, paper_knobs(lora_hidden), set()), workload
 
 
 @cache

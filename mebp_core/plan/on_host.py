@@ -64,7 +64,8 @@ def plan_summary(plan: Plan, chosen: PlanEntry, *, chosen_by: str) -> dict:
     the smallest budget and the calibration they came from."""
     prediction = chosen.prediction
     return {
-        "planned": True, "configuration": chosen.id, "feasible": chosen.feasible,
+        "planned": True, "method": plan.workload.method, "configuration": chosen.id,
+        "feasible": chosen.feasible,
         "chosen_by": chosen_by,
         "budget_mb": None if plan.budget_bytes is None else round(plan.budget_bytes / MB, 1),
         "margin": plan.margin,

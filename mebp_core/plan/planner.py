@@ -9,7 +9,7 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from mebp_core.config import EngineKnobs
+from mebp_core.config import BACKPROP_KNOBS, EngineKnobs
 from mebp_core.errors import MebpError
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.devices import DeviceProfile, mezo_device_step_time
@@ -33,6 +33,7 @@ class PlanEntry:
     reason: str | None  # why it does not fit
     pareto: bool
     device_step_time_s: float | None  # the device model's estimate, if a device is given
+    method: str = "mebp"
 
     @property
     def ranking_time_s(self) -> float:
@@ -44,6 +45,7 @@ class PlanEntry:
         p = self.prediction
         return {
             "id": self.id,
+            "method": self.method,
             "knobs": self.knobs.model_dump(mode="json", exclude={"threads"}),
             "peak_mb": round(p.peak_bytes / MB, 1),
             "memory_mb": {name: round(value / MB, 1) for name, value in p.memory.items()},
@@ -65,7 +67,8 @@ class Plan:
     calibration: dict | None = None  # which host calibration the predictions came from
 
     def device_mezo_step_time_s(self) -> float | None:
-        """MeZO on the device for the same workload (two forwards, no knobs to plan)."""
+        """MeZO on the device for the same workload, weights lazy (its plan's
+        ``mezo-lazy-tile8M`` without the budget's store re-reads)."""
         if self.device is None or self.device.rates is None:
             return None
         return round(mezo_device_step_time(self.workload, self.device.rates), 3)
@@ -105,7 +108,9 @@ class Plan:
         smallest = self.smallest
         arch = self.workload.arch
         return {
+            "method": self.workload.method,
             "workload": {"model_type": arch.model_type, "parameters": arch.parameter_count(),
+                         "method": self.workload.method,
                          "seq_len": self.workload.seq_len,
                          "batch_size": self.workload.batch_size,
                          "lora_rank": self.workload.lora.rank,
@@ -130,10 +135,14 @@ class Plan:
 
 def candidate_knobs(workload: Workload, threads: int | None = None,
                     bf16_matmul: str = "auto") -> list[EngineKnobs]:
-    """The grid: weights lazy, resident to a quarter/half/three quarters, or all resident;
-    checkpoints every 1, 2, 4 blocks or none, in RAM or a file; LoRA h kept or not; one
-    decompression per block or two; default or small tiles; the backward's MLP whole or in
-    chunks of tokens."""
+    """The grid of ``workload.method``'s knobs. MeBP: weights lazy, resident to a quarter,
+    half, three quarters, or all; checkpoints every 1, 2, 4 blocks or none, in RAM or a file;
+    LoRA h kept or not; one decompression per block or two; default or small tiles; the
+    backward's MLP whole or in chunks of tokens. MeZO (forwards only): the weights, the
+    tiles and the MLP's chunks. Plain backprop: its one configuration."""
+    run = {"bf16_matmul": bf16_matmul, "threads": threads}
+    if workload.method == "backprop":
+        return [EngineKnobs(**BACKPROP_KNOBS, **run)]
     arch = workload.arch
     e = DTYPE_BYTES[workload.compute_dtype]
     total = sum(params for _, params in arch.frozen_weights()) * e
@@ -141,12 +150,20 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
     weights = [("lazy", None),
                *[("resident", int(total * f) >> 10 << 10) for f in (0.25, 0.5, 0.75)],
                ("resident", None)]
-    checkpoint_blocks = [1, 2, 4, "none"]
+    tiles = (8 << 20, SMALL_TILE_BYTES)
     mlp_chunks = [None, *(c for c in MLP_CHUNK_TOKENS if c < workload.tokens)]
+    if workload.method == "mezo":
+        return [EngineKnobs(frozen_weights=frozen, resident_weight_bytes=budget,
+                            decompress_tile_bytes=tile, loss_vocab_tile_bytes=tile,
+                            mlp_chunk_tokens=chunk, **run)
+                for (frozen, budget), tile, chunk in itertools.product(weights, tiles,
+                                                                        mlp_chunks)
+                if not (frozen == "resident" and budget is None and tile != 8 << 20)]
+    checkpoint_blocks = [1, 2, 4, "none"]
     out = []
     for (frozen, budget), every, storage, hidden, shared, tile, chunk in itertools.product(
             weights, checkpoint_blocks, ("ram", "mmap"), ("recompute", "store"),
-            (True, False), (8 << 20, SMALL_TILE_BYTES), mlp_chunks):
+            (True, False), tiles, mlp_chunks):
         if every == "none" and (storage == "mmap" or not shared or chunk is not None):
             continue  # none of these applies without checkpoints
         if frozen == "resident" and budget is None and (not shared or tile != 8 << 20):
@@ -155,26 +172,32 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
                                checkpoint_blocks=every, checkpoint_storage=storage,
                                lora_hidden=hidden, share_decompression=shared,
                                decompress_tile_bytes=tile, loss_vocab_tile_bytes=tile,
-                               mlp_chunk_tokens=chunk, bf16_matmul=bf16_matmul,
-                               threads=threads))
+                               mlp_chunk_tokens=chunk, **run))
     return out
 
 
-def knobs_id(knobs: EngineKnobs) -> str:
-    """A short readable name, e.g. ``lazy-ckpt1-ram-recompute-shared-tile8M``."""
+def knobs_id(knobs: EngineKnobs, method: str = "mebp") -> str:
+    """A short readable name, e.g. ``lazy-ckpt1-ram-recompute-shared-tile8M`` (MeBP's),
+    ``mezo-lazy-tile8M``, ``backprop``: only the knobs the method uses."""
+    if method == "backprop":
+        return "backprop"
     if knobs.frozen_weights == "lazy":
         weights = "lazy"
     elif knobs.resident_weight_bytes is None:
         weights = "resident"
     else:
         weights = f"resident{_size(knobs.resident_weight_bytes)}"
-    every = knobs.checkpoint_blocks
-    checkpoints = "nockpt" if every == "none" else f"ckpt{every}-{knobs.checkpoint_storage}"
     tiles = f"tile{_size(knobs.decompress_tile_bytes)}"
     if knobs.loss_vocab_tile_bytes != knobs.decompress_tile_bytes:
         tiles += f"-loss{_size(knobs.loss_vocab_tile_bytes)}"
-    parts = [weights, checkpoints, f"h-{knobs.lora_hidden}",
-             _SHARING[knobs.share_decompression], tiles]
+    if method == "mezo":
+        parts = ["mezo", weights, tiles]
+    else:
+        every = knobs.checkpoint_blocks
+        checkpoints = "nockpt" if every == "none" else \
+            f"ckpt{every}-{knobs.checkpoint_storage}"
+        parts = [weights, checkpoints, f"h-{knobs.lora_hidden}",
+                 _SHARING[knobs.share_decompression], tiles]
     if knobs.mlp_chunk_tokens is not None:
         parts.append(f"mlp{knobs.mlp_chunk_tokens}")
     return "-".join(parts)
@@ -205,7 +228,8 @@ def make_plan(workload: Workload, host: HostCalibration, *, budget_bytes: int | 
     predictions = [(k, predict(workload, k, host)) for k in candidates]
     if budget_bytes is not None:
         predictions = [(k, under_budget(p, budget_bytes, host)) for k, p in predictions]
-    device_times = [None if device is None else device.estimate_step_time(p, workload)
+    device_times = [None if device is None else
+                    device.estimate_step_time(p, workload, budget_bytes)
                     for _, p in predictions]
     # with a device, the front and auto are the phone's: ranked by its estimated time
     front = _pareto_ids([(p, p.step_time_s if device_time is None else device_time)
@@ -220,8 +244,8 @@ def make_plan(workload: Workload, host: HostCalibration, *, budget_bytes: int | 
                 reason = (f"needs {math.ceil(needed / MB)} MB with the {margin:.0%} margin, budget "
                           f"{budget_bytes / MB:.0f} MB; largest part: "
                           f"{p.dominant_component()} {max(p.memory.values()) / MB:.0f} MB")
-        entries.append(PlanEntry(knobs_id(k), k, p, feasible, reason, id(p) in front,
-                                 device_time))
+        entries.append(PlanEntry(knobs_id(k, workload.method), k, p, feasible, reason,
+                                 id(p) in front, device_time, workload.method))
     return Plan(workload, budget_bytes, margin, device, entries, host.provenance())
 
 

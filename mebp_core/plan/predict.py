@@ -30,6 +30,7 @@ from mebp_core.plan.workload import (
     MLP_PROJECTIONS,
     Workload,
     adapted_projections,
+    lora_parameters_per_block,
     matmul_bytes,
     matmul_dtype_of,
     mlp_chunk_tokens,
@@ -58,6 +59,13 @@ NATIVE_BF16_BYTES = 19 * MB
 # freed between saved tensors leave heap holes the allocator cannot return (fitted: 1.7-1.8x
 # on smollm2-135m and qwen2.5-0.5b, seq 128-512, float32, without checkpoints).
 GRAPH_RETENTION = 1.75
+# No-grad forward temporaries of a block's MLP, in (tokens, intermediate) tensors: gate, up,
+# their product and the LoRA branch's output. FORWARD_RETENTION: allocator holes between them.
+FORWARD_MLP_COPIES = 4
+FORWARD_RETENTION = 1.0
+# Float32 (N, V) tensors plain backprop's loss holds at once: the logits, their log-softmax
+# (kept for the backward) and its gradient.
+FULL_LOGITS_FLOAT32_COPIES = 3
 COMPONENTS = ("runtime", "weights", "checkpoints", "activations", "lora", "loss_chunk")
 
 
@@ -95,13 +103,37 @@ class Prediction:
 
 
 def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Prediction:
+    """Peak memory by component and step time of ``workload.method`` with these knobs."""
+    e = DTYPE_BYTES[workload.compute_dtype]
+    resident = _resident_weights(workload.arch, knobs, e)
+    if workload.method == "mezo":
+        memory, checkpoint_file = _mezo_memory(workload, knobs, resident), 0
+    else:
+        memory, checkpoint_file = _gradient_memory(workload, knobs, resident)
+    native_bf16 = NATIVE_BF16_BYTES if matmul_dtype_of(workload, knobs) == "bfloat16" else 0
+    memory = {"runtime": host.runtime_bytes + RUNTIME_OVERHEAD_BYTES + native_bf16, **memory}
+    store_bytes = _lazy_store_bytes(workload, set(resident))
+    modelled, work = step_time(workload, knobs, host, set(resident))
+    if matmul_bytes(workload, knobs) != e:
+        # a phone runs its 16-bit matmuls natively: it never pays this host's upcasts
+        work = step_work(workload, knobs.model_copy(update={"bf16_matmul": "native"}),
+                         set(resident))
+    correction = host.time_corrections.get(matmul_dtype_of(workload, knobs))
+    time = modelled if correction is None else correction.apply(modelled)
+    return Prediction(memory=memory, time=time, store_bytes=store_bytes,
+                      checkpoint_file_bytes=checkpoint_file, device_work=work,
+                      modelled_time=modelled, correction=correction)
+
+
+def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: dict[str, int]
+                     ) -> tuple[dict[str, int], int]:
+    """MeBP's (and plain backprop's) components above the runtime, and the bytes of
+    checkpoints kept in a mapped file."""
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
     em = matmul_bytes(workload, knobs)
     upcast = em != e  # held weights are upcast a tile at a time, inputs per matmul
     shared = shares_decompression(workload, knobs)
     n_tokens = workload.tokens
-    resident = _resident_weights(arch, knobs, e)
-    resident_bytes = sum(resident.values())
     weights = _transient_weights(arch, knobs, e, em, set(resident), shared)
     every = knobs.checkpoint_blocks
     hidden_bytes = n_tokens * arch.hidden_size * e
@@ -122,7 +154,8 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     if chunk < n_tokens:
         block_grads += hidden_bytes  # the MLP part's input gradient, gathered whole
     lora = _lora_bytes(workload, keep_all_grads=every == "none" or not workload.fused_update)
-    loss_chunk = loss_chunk_bytes(workload, knobs, em)
+    loss = full_logits_bytes(workload, em) if workload.method == "backprop" else \
+        loss_chunk_bytes(workload, knobs, em)
 
     if every == "none":
         saved = 0
@@ -139,28 +172,46 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
         tiles_in_backward = upcast or not shared
         weights_bwd = weights["block"] + (weights["tile"] if tiles_in_backward else 0)
     forward_phase = {"weights": weights["tile"], "activations": activations_fwd,
-                     "loss_chunk": loss_chunk}
+                     "loss_chunk": loss}
     backward_phase = {"weights": weights_bwd, "activations": activations_bwd, "loss_chunk": 0}
     phase = max((forward_phase, backward_phase), key=lambda p: sum(p.values()))
-    native_bf16 = NATIVE_BF16_BYTES if matmul_dtype_of(workload, knobs) == "bfloat16" else 0
-    memory = {"runtime": host.runtime_bytes + RUNTIME_OVERHEAD_BYTES + native_bf16,
-              "weights": resident_bytes + phase["weights"], "checkpoints": saved,
+    memory = {"weights": sum(resident.values()) + phase["weights"], "checkpoints": saved,
               "activations": phase["activations"], "lora": lora,
               "loss_chunk": phase["loss_chunk"]}
-    store_bytes = _lazy_store_bytes(workload, set(resident))
-    modelled, work = step_time(workload, knobs, host, set(resident))
-    if upcast:  # a phone runs its 16-bit matmuls natively: it never pays this host's upcasts
-        work = step_work(workload, knobs.model_copy(update={"bf16_matmul": "native"}),
-                         set(resident))
-    correction = host.time_corrections.get(matmul_dtype_of(workload, knobs))
-    time = modelled if correction is None else correction.apply(modelled)
     checkpoint_file = 0
     if every != "none" and knobs.checkpoint_storage == "mmap":
         checkpoint_file = math.ceil(arch.num_layers / every) * hidden_bytes
-    return Prediction(memory=memory, time=time, store_bytes=store_bytes,
-                      checkpoint_file_bytes=checkpoint_file, device_work=work,
-                      modelled_time=modelled,
-                      correction=correction)
+    return memory, checkpoint_file
+
+
+def _mezo_memory(workload: Workload, knobs: EngineKnobs, resident: dict[str, int]
+                 ) -> dict[str, int]:
+    """MeZO's components above the runtime: inference's. Two forwards without autograd (one
+    block's temporaries at a time, then the head's loss tiles without a gradient), the LoRA
+    parameters alone (no gradients, no optimizer state) and one parameter's drawn z."""
+    arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
+    em = matmul_bytes(workload, knobs)
+    weights = _transient_weights(arch, knobs, e, em, set(resident), shared=False)
+    blocks = forward_block_bytes(workload, knobs, em)
+    loss = loss_chunk_bytes(workload, knobs, em, with_grad=False)
+    adapted = adapted_projections(workload).values()
+    largest_z = max((workload.lora.rank * max(out, inp) for out, inp in adapted), default=0)
+    lora = 4 * (workload.arch.num_layers * lora_parameters_per_block(workload) + largest_z)
+    return {"weights": sum(resident.values()) + weights["tile"], "checkpoints": 0,
+            "activations": blocks, "lora": lora, "loss_chunk": loss}
+
+
+def forward_block_bytes(workload: Workload, knobs: EngineKnobs, em: int) -> int:
+    """One block's forward without autograd at its widest: the hidden states in and out and
+    the MLP's (tokens, intermediate) temporaries (gate, up and their product, the LoRA
+    branch's output beside them), or the attention's q, k, v, rotated copies and output,
+    whichever is larger; matmul outputs in the matmul dtype."""
+    arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
+    n = workload.tokens
+    q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
+    attention = n * (em * (2 * q + 4 * kv) + e * q)
+    mlp = mlp_chunk_tokens(workload, knobs) * FORWARD_MLP_COPIES * em * arch.intermediate_size
+    return int(FORWARD_RETENTION * (2 * n * arch.hidden_size * e + max(attention, mlp)))
 
 
 def _resident_weights(arch: Architecture, knobs: EngineKnobs, e: int) -> dict[str, int]:
@@ -210,23 +261,31 @@ def _backward_transient_bytes(workload: Workload, em: int, n_tokens: int,
 
 
 def _lora_bytes(workload: Workload, *, keep_all_grads: bool) -> int:
-    per_block = sum(workload.lora.rank * (inp + out) * 4 for out, inp in
-                    adapted_projections(workload).values())
+    per_block = 4 * lora_parameters_per_block(workload)
     params = per_block * workload.arch.num_layers
     grads = params if keep_all_grads else per_block
     optimizer = 2 * params if workload.optimizer == "adamw" else 0
     return params + grads + optimizer
 
 
-def loss_chunk_bytes(workload: Workload, knobs: EngineKnobs, em: int) -> int:
+def loss_chunk_bytes(workload: Workload, knobs: EngineKnobs, em: int, *,
+                     with_grad: bool = True) -> int:
     """The loss's reused tile buffers (float32 logits, turned into probabilities in place,
     and their twin in a 16-bit matmul dtype), a softcap's slope beside them, and the
-    per-token running state and (N, D) float32 gradient accumulator."""
+    per-token running state and, for a gradient, the (N, D) float32 accumulator."""
     arch = workload.arch
     rows = tile_rows(arch.vocab_size, arch.hidden_size, knobs.loss_vocab_tile_bytes, em)
-    per_element = 4 + (em if em != 4 else 0) + (4 if arch.logit_softcap else 0)
+    per_element = 4 + (em if em != 4 else 0) + (4 if arch.logit_softcap and with_grad else 0)
     n = workload.tokens
-    return n * rows * per_element + 3 * n * arch.hidden_size * 4
+    return n * rows * per_element + (3 if with_grad else 1) * n * arch.hidden_size * 4
+
+
+def full_logits_bytes(workload: Workload, em: int) -> int:
+    """Plain backprop's loss: the (N, V) float32 logits and what cross-entropy keeps and
+    makes of them in its backward (their log-softmax and its gradient), and the logits'
+    matmul output in a 16-bit matmul dtype."""
+    n, vocab = workload.tokens, workload.arch.vocab_size
+    return n * vocab * (FULL_LOGITS_FLOAT32_COPIES * 4 + (em if em != 4 else 0))
 
 
 def _lazy_store_bytes(workload: Workload, resident: set[str]) -> int:

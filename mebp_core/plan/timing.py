@@ -42,11 +42,12 @@ OPS_PER_BLOCK_FORWARD = 100  # torch ops dispatched by one block's forward (back
 OPS_PER_MLP_FORWARD = 30  # of those, its MLP part's (run again per extra chunk of tokens)
 
 
-def pass_counts(workload: Workload, knobs: EngineKnobs, method: str = "mebp") -> dict[str, int]:
+def pass_counts(workload: Workload, knobs: EngineKnobs) -> dict[str, int]:
     """Block passes per step by kind: tiled or whole-weight forwards and backwards. MeZO
-    runs two forwards without autograd (the loss at +eps and -eps) and no backward."""
+    runs two forwards without autograd (the loss at +eps and -eps) and no backward; plain
+    backprop is the no-checkpoint case (its knobs are ``config.BACKPROP_KNOBS``)."""
     layers, every = workload.arch.num_layers, knobs.checkpoint_blocks
-    if method == "mezo":
+    if workload.method == "mezo":
         return {"tiled_forward": 2 * layers, "whole_forward": 0, "tiled_backward": 0,
                 "whole_backward": 0, "rerun": 0}
     if every == "none":
@@ -82,16 +83,16 @@ class StepWork:
         return sum(flops for flops, *_ in self.matmuls)
 
 
-def step_work(workload: Workload, knobs: EngineKnobs, resident: set[str],
-              method: str = "mebp") -> StepWork:
+def step_work(workload: Workload, knobs: EngineKnobs, resident: set[str]) -> StepWork:
+    """What one step of ``workload.method`` does with these knobs."""
     tile_params, tile_calls, whole_params, whole_calls = _decompress_work(
-        workload, knobs, resident, method)
-    return StepWork(matmuls=tuple(_matmul_work(workload, knobs, resident, method)),
+        workload, knobs, resident)
+    return StepWork(matmuls=tuple(_matmul_work(workload, knobs, resident)),
                     matmul_dtype=matmul_dtype_of(workload, knobs), tile_params=tile_params,
                     tile_calls=tile_calls, whole_params=whole_params,
                     whole_calls=whole_calls,
-                    traffic_bytes=_traffic_bytes(workload, knobs, resident, method),
-                    ops=_op_count(workload, knobs, method))
+                    traffic_bytes=_traffic_bytes(workload, knobs, resident),
+                    ops=_op_count(workload, knobs))
 
 
 def host_step_time(work: StepWork, workload: Workload, host: HostCalibration
@@ -133,13 +134,13 @@ def _resident_blocks(workload: Workload, resident: set[str]) -> dict[str, int]:
     return counts
 
 
-def _matmul_work(workload: Workload, knobs: EngineKnobs, resident: set[str],
-                 method: str) -> list[tuple[float, int, int, str]]:
+def _matmul_work(workload: Workload, knobs: EngineKnobs, resident: set[str]
+                 ) -> list[tuple[float, int, int, str]]:
     """Each projection's FLOPs by pass kind and whether tiled, with the rows and output width
     of its matmuls; attention; the head's vocabulary tiles."""
     arch, n = workload.arch, workload.tokens
     e = matmul_bytes(workload, knobs)
-    passes = pass_counts(workload, knobs, method)
+    passes = pass_counts(workload, knobs)
     layers = arch.num_layers
     resident_blocks = _resident_blocks(workload, resident)
     chunk = mlp_chunk_tokens(workload, knobs)
@@ -162,24 +163,24 @@ def _matmul_work(workload: Workload, knobs: EngineKnobs, resident: set[str],
     head_flops = 2 * n * arch.vocab_size * arch.hidden_size
     head_tile = tile_rows(arch.vocab_size, arch.hidden_size, knobs.loss_vocab_tile_bytes, e)
     work.append((head_flops, n, head_tile, "nt"))
-    work.append((head_flops, n, head_tile, "nt" if method == "mezo" else "nn"))
+    work.append((head_flops, n, head_tile, "nt" if workload.method == "mezo" else "nn"))
     return [w for w in work if w[0] > 0]
 
 
-def _decompress_work(workload: Workload, knobs: EngineKnobs, resident: set[str],
-                     method: str) -> tuple[float, float, float, float]:
+def _decompress_work(workload: Workload, knobs: EngineKnobs, resident: set[str]
+                     ) -> tuple[float, float, float, float]:
     """Parameters decompressed per step in tiles (to the matmul dtype) and their calls (one
     per tile), and whole (shared blocks, to the storage dtype) and theirs (one per
     projection)."""
     arch = workload.arch
     e = matmul_bytes(workload, knobs)
-    passes = pass_counts(workload, knobs, method)
+    passes = pass_counts(workload, knobs)
     layers = arch.num_layers
     # per block weight: its share of the step's block passes (a shared block is decompressed
     # once for its recompute and its backward)
     tiled_uses = (passes["tiled_forward"] + passes["tiled_backward"]) / layers
     whole_uses = passes["whole_backward"] / layers
-    head_uses = 2 if method == "mezo" else 1  # MeBP's one pass makes loss and gradient
+    head_uses = 2 if workload.method == "mezo" else 1  # MeBP's one pass makes loss and gradient
     chunks = mlp_chunks(workload, knobs)  # each decompresses the MLP's tiles again
     tiled_params = tile_calls = whole_params = whole_calls = 0.0
     for name, count in arch.frozen_weights():
@@ -202,19 +203,18 @@ def _decompress_work(workload: Workload, knobs: EngineKnobs, resident: set[str],
     return tiled_params, tile_calls, whole_params, whole_calls
 
 
-def _traffic_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str],
-                   method: str) -> float:
+def _traffic_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str]) -> float:
     """Activation traffic of the blocks, the logits' softmax passes, the LoRA branches
     (rank-r matmuls are bandwidth-bound) and the tiled projections' copies."""
     arch, n, e = workload.arch, workload.tokens, DTYPE_BYTES[workload.compute_dtype]
     em = matmul_bytes(workload, knobs)
-    passes = pass_counts(workload, knobs, method)
+    passes = pass_counts(workload, knobs)
     forwards = passes["tiled_forward"] + passes["whole_forward"]
     backwards = passes["tiled_backward"] + passes["whole_backward"]
     block = n * saved_bytes_per_token(workload, knobs) * ELEMENTWISE_PASSES
     # MeBP's loss and its gradient come from one pass over the vocabulary; MeZO's two
     # forwards each make their own loss
-    logits = n * arch.vocab_size * (4 * 6 + e) * (2 if method == "mezo" else 1)
+    logits = n * arch.vocab_size * (4 * 6 + e) * (2 if workload.method == "mezo" else 1)
     adapted = adapted_projections(workload).values()
     lora_forward = sum(n * (inp + out) * e for out, inp in adapted)
     # the backward reads x and the output gradient for A's, B's and x's gradients, and x once
@@ -223,7 +223,7 @@ def _traffic_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str],
                                         if knobs.lora_hidden == "store" else 0)
     traffic = (forwards + 2 * backwards) * block + logits + forwards * lora_forward + \
         backwards * lora_backward
-    if method == "mebp" and knobs.checkpoint_storage == "mmap" and \
+    if workload.method == "mebp" and knobs.checkpoint_storage == "mmap" and \
             knobs.checkpoint_blocks != "none":
         # copied into the mapping in the forward, copied out again in the backward
         saved = math.ceil(arch.num_layers / knobs.checkpoint_blocks)
@@ -237,15 +237,15 @@ def _traffic_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str],
         traffic += lazy * passes["tiled_forward"] * n * out * e * 2
         traffic += lazy * passes["tiled_backward"] * tiles * n * inp * e * 3
     if em != e:
-        traffic += _upcast_bytes(workload, knobs, resident, e, em, method)
+        traffic += _upcast_bytes(workload, knobs, resident, e, em)
     return traffic
 
 
 def _upcast_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str], e: int,
-                  em: int, method: str) -> float:
+                  em: int) -> float:
     """Bytes read and written upcasting held weights to the matmul dtype, a tile at a time:
     shared block weights at their recompute and backward, resident ones at every use."""
-    arch, passes = workload.arch, pass_counts(workload, knobs, method)
+    arch, passes = workload.arch, pass_counts(workload, knobs)
     layers = arch.num_layers
     shared_uses = (passes["whole_forward"] + passes["whole_backward"]) / layers
     all_uses = sum(passes[k] for k in ("tiled_forward", "whole_forward", "tiled_backward",
@@ -261,8 +261,8 @@ def _upcast_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str], e:
     return params * (e + em)
 
 
-def _op_count(workload: Workload, knobs: EngineKnobs, method: str) -> float:
-    passes = pass_counts(workload, knobs, method)
+def _op_count(workload: Workload, knobs: EngineKnobs) -> float:
+    passes = pass_counts(workload, knobs)
     forwards = passes["tiled_forward"] + passes["whole_forward"]
     backwards = passes["tiled_backward"] + passes["whole_backward"]
     extra_chunks = mlp_chunks(workload, knobs) - 1  # each runs the MLP's ops again

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from mebp_core.config import EngineKnobs, TrainConfig
+from mebp_core.config import EngineKnobs, Method, TrainConfig
 from mebp_core.cpu import matmul_dtype
 from mebp_core.lora.spec import LoraSpec
 from mebp_core.plan.arch import Architecture, PlanInputError
@@ -20,10 +20,12 @@ PLAN_QUERY_FIELDS = ("seq_len", "batch_size", "lora_rank", "lora_alpha", "lora_t
 
 @dataclass(frozen=True)
 class Workload:
-    """What the user fixes: the model and the training setting (the knobs are planned)."""
+    """What the user fixes: the model, the method and the training setting (the knobs are
+    planned)."""
 
     arch: Architecture
     seq_len: int
+    method: Method = "mebp"
     batch_size: int = 1
     lora: LoraSpec = field(default_factory=lambda: LoraSpec(rank=8, alpha=16.0))
     optimizer: str = "sgd"
@@ -34,12 +36,14 @@ class Workload:
 
     @classmethod
     def from_config(cls, arch: Architecture, config: TrainConfig) -> Workload:
-        return cls(arch=arch, seq_len=config.seq_len, batch_size=config.batch_size,
+        return cls(arch=arch, seq_len=config.seq_len, method=config.method,
+                   batch_size=config.batch_size,
                    lora=LoraSpec(rank=config.lora_rank, alpha=config.lora_alpha,
                                  targets=config.lora_targets),
                    optimizer=config.optimizer, compute_dtype=config.compute_dtype,
                    quant=config.quant, group_size=config.group_size,
-                   fused_update=config.grad_accum_steps == 1 and config.max_grad_norm is None)
+                   fused_update=config.method == "mebp" and config.grad_accum_steps == 1
+                   and config.max_grad_norm is None)
 
     def __post_init__(self) -> None:
         if self.seq_len > self.arch.max_positions:
@@ -82,6 +86,11 @@ def shape_of(arch: Architecture, name: str) -> tuple[int, int]:
 def adapted_projections(workload: Workload) -> dict[str, tuple[int, int]]:
     suffixes = {suffix.split(".")[-1] for suffix in workload.lora.module_suffixes()}
     return {s: shape for s, shape in workload.arch.projections().items() if s in suffixes}
+
+
+def lora_parameters_per_block(workload: Workload) -> int:
+    return sum(workload.lora.rank * (inp + out) for out, inp in
+               adapted_projections(workload).values())
 
 
 def packed_bytes_per_param(workload: Workload) -> float:

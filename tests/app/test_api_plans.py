@@ -52,6 +52,32 @@ def test_an_infeasible_budget_names_the_smallest_that_fits(api):
     assert retry["feasible"] is True
 
 
+def test_every_method_is_planned_side_by_side(api, check_front):
+    """``method=all``: each method's plan, labelled, with its own front, and the method to
+    run; MeZO's and backprop's plans say what they hold and whether a phone budget fits."""
+    query = {"model": "preset:qwen2.5-0.5b", "seq_len": 256, "device": "iphone-15-pro-max",
+             "method": "all"}
+    response = api.client.get("/v1/plans", params=query)
+    assert response.status_code == 200, response.text
+    plans = response.json()
+    assert plans["method"] == "all" and set(plans["plans"]) == {"mebp", "mezo", "backprop"}
+    for method, plan in plans["plans"].items():
+        assert plan["method"] == method
+        assert all(c["method"] == method for c in plan["configurations"])
+        check_front(plan)
+    mezo, backprop = plans["plans"]["mezo"], plans["plans"]["backprop"]
+    assert mezo["feasible"] and all(c["memory_mb"]["checkpoints"] == 0
+                                    for c in mezo["configurations"])
+    assert backprop["feasible"] is False and backprop["smallest_budget_mb"] > 1024
+    assert plans["recommendation"]["method"] == "mebp"
+    assert plans["recommendation"]["configuration"] == plans["plans"]["mebp"]["auto"]
+    status, one = api.request("POST", "/v1/plans", {**query, "method": "mezo"})
+    assert status == 200 and one == mezo
+    status, adamw = api.request("POST", "/v1/plans", {**query, "method": "mezo",
+                                                       "optimizer": "adamw"})
+    assert status == 422 and adamw["detail"][0]["loc"] == ["body", "method"], adamw
+
+
 def test_bad_fields_get_422_naming_the_field(api):
     cases = [({"model": "preset:nope"}, "model"),
              ({"model": "gpt2"}, "model"),
@@ -60,7 +86,8 @@ def test_bad_fields_get_422_naming_the_field(api):
              ({"model": "preset:tiny", "device": "nokia-3310"}, "device"),
              ({"model": "preset:tiny", "lora_targets": "q,zz"}, "lora_targets"),
              ({"model": "preset:tiny", "memory_budget_mb": -1}, "memory_budget_mb"),
-             ({"model": "preset:tiny", "surprise": 1}, "surprise")]
+             ({"model": "preset:tiny", "surprise": 1}, "surprise"),
+             ({"model": "preset:tiny", "method": "sgd"}, "method")]
     for body, field in cases:
         status, answer = api.request("POST", "/v1/plans", body)
         assert status == 422, (body, answer)
@@ -112,3 +139,25 @@ def test_the_openapi_document_describes_every_route(api):
         assert name in schemas, name
     assert {"status", "progress", "error", "enforcement", "plan", "config"} <= \
         set(schemas["JobPublic"]["properties"])
+
+
+def test_a_job_of_any_method_is_planned_and_refused_when_nothing_fits(api):
+    """MeZO gets a plan and the configuration it runs; plain backprop on a phone budget is
+    refused with the smallest budget that fits instead of being accepted and killed."""
+    dataset = api.upload("train.jsonl", b'{"text": "hello there"}\n' * 4)[1]["id"]
+    job = {"model": "preset:qwen2.5-0.5b", "training_file": dataset,
+           "device": "iphone-15-pro-max", "hyperparameters": {"seq_len": 256}}
+    status, mezo = api.request("POST", "/v1/jobs", {**job, "method": "mezo"})
+    assert status == 201, mezo
+    assert mezo["plan"]["planned"] is True and mezo["plan"]["method"] == "mezo"
+    assert mezo["plan"]["configuration"].startswith("mezo-")
+    assert mezo["plan"]["device_step_time_s_estimate"] > 0
+    assert mezo["config"]["knobs"]["frozen_weights"] in ("lazy", "resident")
+    status, refused = api.request("POST", "/v1/jobs", {**job, "method": "backprop"})
+    assert status == 422, refused
+    error = refused["detail"][0]
+    assert error["loc"] == ["body", "memory_budget_mb"] and error["smallest_budget_mb"] > 1024
+    status, allowed = api.request("POST", "/v1/jobs", {**job, "method": "backprop",
+                                                       "memory_budget_mb": error[
+                                                           "smallest_budget_mb"]})
+    assert status == 201 and allowed["plan"]["configuration"] == "backprop", allowed

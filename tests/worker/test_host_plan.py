@@ -12,7 +12,7 @@ from sqlmodel import Session, select
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.cpu import native_bf16_matmul
 from mebp_core.plan.arch import load_architecture
-from mebp_core.plan.on_host import plan_on_host
+from mebp_core.plan.on_host import plan_on_host, plan_summary
 from mebp_core.plan.planner import knobs_id
 from mebp_core.units import MB
 from service.db import database_url, make_engine, upgrade_database
@@ -124,7 +124,20 @@ def test_a_configuration_the_request_named_is_kept_with_this_workers_threads(ses
     assert job.plan["configuration"] == knobs_id(requested)
 
 
-def test_another_methods_knobs_are_kept(session, settings):
+def test_a_mezo_job_is_predicted_again_with_mezos_own_model(session, settings):
+    planned = this_hosts_plan(settings, TrainConfig(method="mezo", seq_len=256))
+    recorded = plan_summary(planned, planned.auto, chosen_by="auto")
+    job = job_with(session, TrainConfig(method="mezo", seq_len=256,
+                                        knobs=planned.auto.knobs), recorded)
+    config = plan_on_this_worker(session, job, MODEL, settings, "w1")
+    assert config.method == "mezo" and config.knobs.frozen_weights == \
+        planned.auto.knobs.frozen_weights
+    assert job.plan["method"] == "mezo" and job.plan["configuration"] == planned.auto.id
+    assert job.plan["predicted_by"] == "w1" and job.plan["predicted_memory_mb"][
+        "checkpoints"] == 0
+
+
+def test_a_job_recorded_unplanned_keeps_its_knobs(session, settings):
     job = job_with(session, TrainConfig(method="mezo", seq_len=256),
                    {"planned": False, "reason": "the planner models method mebp"})
     config = plan_on_this_worker(session, job, MODEL, settings, "w1")

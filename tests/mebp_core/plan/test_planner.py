@@ -214,8 +214,8 @@ def test_mezo_pays_the_vocabulary_pass_of_each_of_its_two_forwards():
     knobs = paper_knobs()
 
     def added_traffic(method: str) -> float:
-        small, large = (step_work(Workload(arch=replace(arch, vocab_size=vocab), seq_len=256),
-                                  knobs, set(), method).traffic_bytes
+        small, large = (step_work(Workload(arch=replace(arch, vocab_size=vocab), seq_len=256,
+                                           method=method), knobs, set()).traffic_bytes
                         for vocab in (50_000, 150_000))
         return large - small
 
