@@ -7,7 +7,7 @@ import copy
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, create_model, model_validator
+from pydantic import BaseModel, Field, create_model
 
 from app.api.request_model import RequestModel
 from app.schemas import Hyperparameters, JobError, Metadata, Name
@@ -72,14 +72,6 @@ class ComparisonCreate(RequestModel):
     metadata: Metadata = Field(default_factory=dict)
     allow_infeasible: bool = Field(default=False, description=(
         "also run the methods the planner predicts will not fit (the kernel cap decides)"))
-
-    @model_validator(mode="after")
-    def _one_limit_and_rates_for_the_methods(self) -> ComparisonCreate:
-        if (self.max_steps is None) == (self.max_device_time_s is None):
-            raise ValueError("give exactly one limit: max_steps or max_device_time_s")
-        if len(set(self.methods)) != len(self.methods):
-            raise ValueError("methods: each method once")
-        return self
 
     def rates_of(self, method: Method) -> list[float]:
         return getattr(self.learning_rates, method) or DEFAULT_LEARNING_RATES[method]

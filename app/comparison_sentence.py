@@ -12,7 +12,9 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
 def phone_time(seconds: float) -> str:
-    """42 s, 6 min, 3 h 10 min, 2 d 5 h."""
+    """0.44 s, 42 s, 6 min, 3 h 10 min, 2 d 5 h."""
+    if seconds < 10:
+        return f"{seconds:.2g} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     minutes = round(seconds / 60)
@@ -44,8 +46,10 @@ def race(winner: MethodOutcome, other: MethodOutcome) -> str:
     name, other_name = NAMES[winner.method], NAMES[other.method]
     if reached is None:  # cannot happen for the lower best loss, but say so if it does
         return f"{name} never reached {other_name}'s best loss ({target:.4g})"
+    took = phone_time(needed.device_time_s) if reached.device_time_s is not None and \
+        needed.device_time_s is not None else when(needed)  # "of phone time" said once
     sentence = (f"{name} reached {other_name}'s best loss ({target:.4g}) in {when(reached)}; "
-                f"{other_name} needed {when(needed)}")
+                f"{other_name} needed {took}")
     if reached.device_time_s and needed.device_time_s:
         ratio = needed.device_time_s / reached.device_time_s
         if ratio >= 1.05:

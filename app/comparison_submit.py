@@ -20,7 +20,7 @@ from redis import Redis
 from sqlmodel import Session, select
 
 from app.api.errors import invalid
-from app.comparison_schemas import ComparisonCreate
+from app.comparison_schemas import ComparisonCreate, LearningRates
 from app.planning import PlannedJob, device_or_422, plan_job
 from app.schemas import Hyperparameters, JobCreate
 from app.submit import (
@@ -107,6 +107,23 @@ def refuse_when_none_runs(body: ComparisonCreate, methods: list[MethodPlan]) -> 
                   smallest_budget_mb=smallest)
 
 
+def check_fields(body: ComparisonCreate) -> None:
+    """What one field alone cannot say: one limit, each method once, rates for a method
+    that runs."""
+    if body.max_steps is None and body.max_device_time_s is None:
+        raise invalid("max_steps", "give a limit: max_steps or max_device_time_s", None)
+    if body.max_steps is not None and body.max_device_time_s is not None:
+        raise invalid("max_device_time_s", "give one limit: max_steps or max_device_time_s, "
+                      "not both", body.max_device_time_s)
+    if len(set(body.methods)) != len(body.methods):
+        raise invalid("methods", "each method once", body.methods)
+    for method in LearningRates.model_fields:
+        if getattr(body.learning_rates, method) is not None and method not in body.methods:
+            raise invalid(("learning_rates", method), f"learning rates for {method}, which is "
+                          f"not among methods {body.methods}", getattr(body.learning_rates,
+                                                                       method))
+
+
 def check_job_count(body: ComparisonCreate, settings: Settings) -> int:
     """The jobs the comparison would queue; a 422 when they alone pass the tenant's
     queue limit (a 429 later says when the queue is merely full now)."""
@@ -139,6 +156,7 @@ def submit_comparison(session: Session, body: ComparisonCreate, settings: Settin
                       enqueue: Callable[[str], None], *, tenant: str, redis: Redis,
                       idempotency_key: str | None = None) -> Comparison:
     """Plan each method and queue its jobs with the comparison, all or nothing."""
+    check_fields(body)
     check_references(session, job_body(body, body.methods[0], 1e-3, 1, None), tenant)
     device = device_or_422(session, body.device)
     count = check_job_count(body, settings)

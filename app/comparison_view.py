@@ -45,10 +45,17 @@ def run_of(session: Session, job: Job) -> ComparisonRun:
             code=job.error_code, message=job.error_message or "", detail=job.error_detail),
         step=job.step, total_steps=job.total_steps,
         predicted_peak_mb=plan.get("predicted_peak_mb"),
-        measured_peak_mb=None if job.peak_memory_bytes is None
-        else round(job.peak_memory_bytes / MB, 1),
+        measured_peak_mb=measured_peak_mb(job),
         device_step_time_s_estimate=estimate, best_val_loss=min(losses, default=None),
         final_val_loss=losses[-1] if finished else None, curve=curve)
+
+
+def measured_peak_mb(job: Job) -> float | None:
+    """The job's peak as its steps recorded it, else the kernel's figure for a job killed at
+    its cap before it recorded a step."""
+    if job.peak_memory_bytes is not None:
+        return round(job.peak_memory_bytes / MB, 1)
+    return (job.error_detail or {}).get("peak_mb")
 
 
 def validation_curve(session: Session, job: Job, every: int,

@@ -26,7 +26,8 @@ router = APIRouter(include_in_schema=False)
 @router.get("/comparisons", response_class=HTMLResponse)
 def comparisons_page(request: Request, session: SessionDep,
                      principal: PagePrincipal) -> HTMLResponse:
-    rows = list_comparisons(session, principal, limit=100).model_dump(mode="json")["data"]
+    listed = list_comparisons(session, principal, model=None, device=None, limit=100)
+    rows = listed.model_dump(mode="json")["data"]
     return templates.TemplateResponse(request, "comparisons.html", {"comparisons": rows})
 
 

@@ -49,13 +49,14 @@ def error_of(answer: dict) -> dict:
 
 @pytest.mark.parametrize("change, loc", [
     ({"methods": ["mebp", "sgd"]}, ["body", "methods", 1]),
-    ({"methods": ["mebp", "mebp"]}, ["body"]),
+    ({"methods": ["mebp", "mebp"]}, ["body", "methods"]),
     ({"learning_rates": {"mezo": [1e-4] * 9}}, ["body", "learning_rates", "mezo"]),
     ({"learning_rates": {"mebp": []}}, ["body", "learning_rates", "mebp"]),
     ({"learning_rates": {"mebp": [0.0]}}, ["body", "learning_rates", "mebp", 0]),
     ({"learning_rates": {"adam": [1e-3]}}, ["body", "learning_rates", "adam"]),
-    ({"max_steps": None}, ["body"]),  # no limit
-    ({"max_device_time_s": 60}, ["body"]),  # two limits
+    ({"max_steps": None}, ["body", "max_steps"]),  # no limit
+    ({"max_device_time_s": 60}, ["body", "max_device_time_s"]),  # two limits
+    ({"learning_rates": {"backprop": [1e-3]}}, ["body", "learning_rates", "backprop"]),
     ({"max_steps": MAX_STEPS + 1}, ["body", "max_steps"]),
     ({"eval_every": 0}, ["body", "eval_every"]),
     ({"device": None}, ["body", "device"]),
@@ -72,8 +73,6 @@ def test_bad_input_is_a_422_naming_the_field(any_api, data, change, loc):
     assert status == 422, answer
     error = error_of(answer)
     assert error["loc"] == loc, answer
-    if loc == ["body"]:  # a rule across fields says which fields
-        assert "max_steps" in error["msg"] or "each method once" in error["msg"], error
 
 
 def test_a_comparison_queues_one_planned_job_per_method_and_rate(any_api, data):
@@ -102,6 +101,11 @@ def test_a_comparison_queues_one_planned_job_per_method_and_rate(any_api, data):
                 assert job["plan"] is not None
         listed = api.request("GET", "/v1/comparisons")[1]["data"]
         assert made["id"] in [c["id"] for c in listed]
+        mine = api.client.get("/v1/comparisons", params={"model": "preset:tiny",
+                                                         "device": "pixel-8"}).json()["data"]
+        assert made["id"] in [c["id"] for c in mine]
+        assert api.client.get("/v1/comparisons", params={"device": "pixel-8-pro"}
+                              ).json()["count"] == 0
         assert api.request("GET", f"/v1/comparisons/{made['id']}")[1]["methods"] == \
             made["methods"]
     finally:
@@ -257,5 +261,7 @@ def test_a_comparison_whose_jobs_fail_shows_them_failed(any_service):
     run = done["methods"][0]["runs"][0]
     assert run["status"] == "failed" and run["error"]["code"] == "memory_budget_exceeded", run
     assert "64 MB" in run["error"]["message"]
+    # killed before a step: its peak is the kernel's figure at the kill
+    assert run["measured_peak_mb"] == run["error"]["detail"]["peak_mb"] > 0
     assert done["methods"][0]["best_val_loss"] is None
     assert "every MeBP run failed (memory_budget_exceeded)" in done["summary"], done["summary"]

@@ -58,10 +58,17 @@ def create_comparison(body: ComparisonCreate, request: Request, response: Respon
 
 @router.get("", response_model=ComparisonsPublic)
 def list_comparisons(session: SessionDep, principal: PrincipalDep,
+                     model: Annotated[str | None, Query(max_length=256)] = None,
+                     device: Annotated[str | None, Query(max_length=64)] = None,
                      limit: Annotated[int, Query(ge=1, le=100)] = 20) -> ComparisonsPublic:
-    """The tenant's latest comparisons, newest first."""
-    comparisons = session.exec(select(Comparison).where(Comparison.tenant == principal.tenant)
-                               .order_by(col(Comparison.created_at).desc()).limit(limit)).all()
+    """The tenant's latest comparisons, newest first; of one model, one device if given."""
+    query = select(Comparison).where(Comparison.tenant == principal.tenant)
+    if model is not None:
+        query = query.where(Comparison.model == model)
+    if device is not None:
+        query = query.where(Comparison.device_id == device)
+    comparisons = session.exec(query.order_by(col(Comparison.created_at).desc())
+                               .limit(limit)).all()
     return ComparisonsPublic(data=[comparison_public(session, c) for c in comparisons],
                              count=len(comparisons))
 

@@ -61,6 +61,9 @@
       xaxis: {title: {text: `time on ${data.device} (estimated seconds)`},
               type: wide ? "log" : "linear"},
       yaxis: {title: {text: "validation loss"}},
+      annotations: traces.length ? [] : [{xref: "paper", yref: "paper", x: 0.5, y: 0.5,
+        showarrow: false, text: data.status === "done" ? "no run produced a validation loss"
+          : "waiting for the first validation"}],
     }, config);
     const note = document.getElementById("no-estimate");
     note.hidden = !untimed.length;
