@@ -265,3 +265,22 @@ def test_a_comparison_whose_jobs_fail_shows_them_failed(any_service):
     assert run["measured_peak_mb"] == run["error"]["detail"]["peak_mb"] > 0
     assert done["methods"][0]["best_val_loss"] is None
     assert "every MeBP run failed (memory_budget_exceeded)" in done["summary"], done["summary"]
+
+
+def test_a_method_that_does_not_fit_is_listed_and_the_others_run(any_api, data):
+    api = any_api
+    status, plans = api.request("POST", "/v1/plans", {
+        "model": "preset:tiny", "device": "pixel-8", "seq_len": 32, "method": "all"})
+    assert status == 200, plans
+    smallest = {m: plans["plans"][m]["smallest_budget_mb"] for m in ("mebp", "backprop")}
+    assert smallest["backprop"] > smallest["mebp"] + 1, smallest  # the full logits and graph
+    budget = (smallest["mebp"] + smallest["backprop"]) / 2
+    status, made = api.request("POST", "/v1/comparisons", comparison(
+        data, max_steps=2, methods=["mebp", "backprop"], memory_budget_mb=budget))
+    assert status == 201, made
+    cancel_jobs(api, made)
+    mebp, backprop = made["methods"]
+    assert mebp["verdict"] == "runs" and len(mebp["runs"]) == 2
+    assert backprop["verdict"] == "does_not_fit" and backprop["runs"] == []
+    assert backprop["smallest_budget_mb"] == smallest["backprop"]
+    assert f"its smallest budget is {smallest['backprop']} MB" in made["summary"]
