@@ -11,12 +11,12 @@ from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import SessionDep, SettingsDep
-from app.api.routes.comparisons import list_comparisons, read_comparison
+from app.api.routes.comparisons import cancel_comparison, list_comparisons, read_comparison
 from app.comparison_schemas import DEFAULT_LEARNING_RATES
 from app.comparison_submit import submit_comparison
 from app.web.auth import PagePrincipal
 from app.web.comparison_form import METHODS, ComparisonForm, describe, shared_inputs
-from app.web.csrf import SameOrigin, require_form_token
+from app.web.csrf import FormToken, SameOrigin, require_form_token
 from app.web.explorer import choices
 from app.web.templating import script_json, templates
 
@@ -96,3 +96,11 @@ def comparison_page(comparison_id: str, request: Request, session: SessionDep,
     comparison = read_comparison(comparison_id, session, principal).model_dump(mode="json")
     return templates.TemplateResponse(request, "comparison.html", {
         "comparison": comparison, "comparison_json": script_json(comparison)})
+
+
+@router.post("/comparisons/{comparison_id}/cancel", dependencies=[FormToken])
+def cancel_from_page(comparison_id: str, session: SessionDep,
+                     principal: PagePrincipal) -> RedirectResponse:
+    cancel_comparison(comparison_id, session, principal)
+    return RedirectResponse(f"/comparisons/{comparison_id}",
+                            status_code=status.HTTP_303_SEE_OTHER)

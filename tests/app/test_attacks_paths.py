@@ -28,7 +28,8 @@ KNOWN = {"/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel", "/v1/jobs/{job_id}/eve
          "/v1/devices/{device_id}", "/v1/models/{name}/base", "/v1/fleets/{fleet_id}",
          "/v1/fleets/{fleet_id}/cancel", "/v1/fleets/{fleet_id}/rounds/{index}/adapter",
          "/jobs/{job_id}", "/jobs/{job_id}/cancel", "/fleets/{fleet_id}",
-         "/v1/comparisons/{comparison_id}", "/comparisons/{comparison_id}"}
+         "/v1/comparisons/{comparison_id}", "/v1/comparisons/{comparison_id}/cancel",
+         "/comparisons/{comparison_id}", "/comparisons/{comparison_id}/cancel"}
 
 
 @contextmanager

@@ -15,7 +15,8 @@ from app.comparison_submit import find_by_idempotency_key, submit_comparison
 from app.comparison_view import comparison_public
 from app.keys import Principal
 from app.schemas import ErrorMessage
-from service.models import Comparison
+from service.crud import TERMINAL, request_cancel
+from service.models import Comparison, Job
 
 router = APIRouter(prefix="/comparisons", tags=["comparisons"])
 
@@ -78,6 +79,19 @@ def read_comparison(comparison_id: str, session: SessionDep,
                     principal: PrincipalDep) -> ComparisonPublic:
     return comparison_public(session, get_comparison_or_404(session, comparison_id,
                                                             principal))
+
+
+@router.post("/{comparison_id}/cancel", response_model=ComparisonPublic)
+def cancel_comparison(comparison_id: str, session: SessionDep,
+                      principal: PrincipalDep) -> ComparisonPublic:
+    """Its queued jobs are cancelled at once; running ones stop after their current step
+    (each keeps its adapter and its curve so far)."""
+    comparison = get_comparison_or_404(session, comparison_id, principal)
+    for job_id in session.exec(select(Job.id).where(Job.comparison_id == comparison.id,
+                                                    col(Job.status).not_in(TERMINAL))).all():
+        request_cancel(session, job_id)
+    session.commit()
+    return comparison_public(session, comparison)
 
 
 def get_comparison_or_404(session: Session, comparison_id: str,

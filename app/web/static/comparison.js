@@ -138,6 +138,8 @@
     badge.textContent = data.status;
     badge.className = "badge " + data.status;
     document.getElementById("comparison-summary").textContent = data.summary;
+    const cancel = document.getElementById("cancel");
+    if (cancel && data.status === "done") cancel.closest("form").hidden = true;
     drawCurves(data);
     drawMemory(data);
     fillTable("method-table", data.methods.map(methodRow));
