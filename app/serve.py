@@ -1,6 +1,7 @@
 """``mebp serve``: the whole service on one machine (API, workers, and an embedded Redis when
 ``REDIS_URL`` is unset; workers and Redis restarted when they exit), printing its URL and API
-key; ``mebp keys`` and ``mebp db``. ``mebp worker`` is the worker package's own command."""
+key, stopped whole by SIGTERM or SIGINT (``app.stopping``); ``mebp keys`` and ``mebp db``.
+``mebp worker`` is the worker package's own command."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import threading
 from pathlib import Path
 
 import uvicorn
+from uvicorn.config import STARTUP_FAILURE
 
 from app.connection_guard import connection_limits, guarded_protocol, raise_descriptor_limit
 from app.keys import bootstrap_key
 from app.main import create_app
+from app.stopping import GRACEFUL_S, ServiceStop, StoppingServer
 from mebp_core.cache import default_cache_dir
 from mebp_core.plan.calibration import load_calibration
 from service.db import database_url, upgrade_database
@@ -32,36 +35,34 @@ def upgrade(*, data_dir: Path | None) -> int:
 
 def serve(*, host: str | None, port: int | None, data_dir: Path | None,
           workers: int | None = None) -> int:
+    stop = ServiceStop()
+    for number in (signal.SIGTERM, signal.SIGINT):  # until uvicorn takes them over, and after
+        signal.signal(number, stop.on_signal)
     settings = load_settings(host=host, port=port, data_dir=data_dir, workers=workers)
     key, key_source = bootstrap_key(settings)
     settings = settings.model_copy(update={"api_key": key})
     upgrade_database(database_url(settings.database_url, settings.data_dir))
-    embedded = None
-    if settings.redis_url is None:
-        embedded = EmbeddedRedis(settings.data_dir)
-        settings = settings.model_copy(update={"redis_url": embedded.url})
-    # measure this host for the planner now, not on the first request
-    threading.Thread(target=load_calibration, name="mebp-calibration", daemon=True,
-                     args=(settings.cache_dir or default_cache_dir(),
-                           settings.plan_threads)).start()
-    workers = WorkerPool(settings)
     try:
+        if settings.redis_url is None:
+            stop.redis = EmbeddedRedis(settings.data_dir)
+            settings = settings.model_copy(update={"redis_url": stop.redis.url})
+        # measure this host for the planner now, not on the first request
+        threading.Thread(target=load_calibration, name="mebp-calibration", daemon=True,
+                         args=(settings.cache_dir or default_cache_dir(),
+                               settings.plan_threads)).start()
+        stop.workers = WorkerPool(settings)
         print(f"mebp: serving on http://{settings.host}:{settings.port} (OpenAPI at /docs) "
               f"with {settings.workers} worker(s), Redis at {settings.redis_url}; "
               f"API key: {settings.api_key} (from {key_source})", flush=True)
-        # uvicorn re-raises the SIGTERM it handled once it has shut down: exit through the
-        # finally below, which stops the workers and the embedded Redis
-        signal.signal(signal.SIGTERM, _exit_on_signal)
         limits = raise_descriptor_limit(connection_limits(settings))
-        uvicorn.run(create_app(settings), host=settings.host, port=settings.port,
-                    log_level="info", http=guarded_protocol(limits),
-                    h11_max_incomplete_event_size=limits.max_header_bytes)
+        app = create_app(settings)
+        server = StoppingServer(
+            uvicorn.Config(app, host=settings.host, port=settings.port, log_level="info",
+                           http=guarded_protocol(limits),
+                           h11_max_incomplete_event_size=limits.max_header_bytes,
+                           timeout_graceful_shutdown=GRACEFUL_S),
+            on_signal=stop.begin, end_streams=app.state.event_hub.end_streams)
+        server.run()
     finally:
-        workers.stop()
-        if embedded is not None:
-            embedded.close()
-    return 0
-
-
-def _exit_on_signal(number: int, frame: object) -> None:
-    raise SystemExit(128 + number)
+        stop.finish()
+    stop.exit(0 if server.started else STARTUP_FAILURE)  # as uvicorn.run: the address taken

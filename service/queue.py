@@ -110,10 +110,15 @@ class EmbeddedRedis:
             raise RuntimeError(f"the embedded Redis did not start; see {data_dir / 'redis.log'}")
         self._watcher = Watcher("mebp-redis", [self._child])
 
-    def close(self) -> None:
+    def stop_restarting(self) -> None:
+        """The service is stopping: Redis is no longer started again (it still serves the
+        workers giving their jobs back, until ``close``)."""
         watcher = getattr(self, "_watcher", None)
         if watcher is not None:
             watcher.stop()
+
+    def close(self) -> None:
+        self.stop_restarting()
         process = self._child.process
         for save in (True, False):  # redis 6.2: no NOW or FORCE
             try:
@@ -134,7 +139,10 @@ class EmbeddedRedis:
         """Start redis-server and wait until it answers (or exits: the watcher sees it)."""
         process = subprocess.Popen([sys.executable, "-c", _EXEC_DYING_WITH_PARENT,
                                     str(os.getpid()), self._executable, str(self._config)],
-                                   stdout=subprocess.DEVNULL)
+                                   # not in the service's process group: a SIGTERM to the
+                                   # group must leave it serving the workers that are giving
+                                   # their jobs back; `close` stops it after them
+                                   stdout=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + REDIS_START_S
         while process.poll() is None and not self._answers() and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -1,6 +1,8 @@
-"""The processes `mebp serve` keeps running: its workers (`mebp worker` subprocesses, stopped
-with RQ's warm, then cold, shutdown) and the embedded Redis; each is started again when it
-exits, after a growing delay while it keeps exiting soon after it started."""
+"""The processes `mebp serve` keeps running: its workers (`mebp worker` subprocesses) and the
+embedded Redis; each is started again when it exits, after a growing delay while it keeps
+exiting soon after it started, until the service stops: then none is restarted, each worker
+is asked to stop once (SIGTERM: it gives its job back to the queue, ``worker.stopping``) and
+killed if it has not exited by the service's deadline."""
 
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ from service.settings import Settings
 
 log = logging.getLogger("mebp.supervisor")
 SUPERVISOR_ENV = "MEBP_SUPERVISOR_PID"
-STOP_WAIT_S = 5.0
 CHECK_EVERY_S = 0.5
 # a process that exits sooner than this after its start is failing to start, not ending a
 # long run: it is restarted after a delay doubling from 1 s to MAX_RESTART_DELAY_S
@@ -62,6 +63,7 @@ class Watcher:
         self._thread.start()
 
     def stop(self) -> None:
+        """No restart from now on (once this returns); safe to call again."""
         self._stopping.set()
         self._thread.join()
 
@@ -80,24 +82,35 @@ class WorkerPool:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
         self.children = [Child("worker", self._start) for _ in range(settings.workers)]
+        self._stop_requested = False
         self._watcher = Watcher("mebp-workers", self.children)
 
     @property
     def processes(self) -> list[subprocess.Popen]:
         return [child.process for child in self.children]
 
-    def stop(self) -> None:
-        """RQ's warm shutdown (finish the job), then its cold one (abandon it), then a kill."""
+    def request_stop(self) -> None:
+        """Restart no worker from now on and ask each to stop: one SIGTERM (a second would be
+        RQ's cold shutdown, abandoning the job). Quick, so a signal handler may call it; a
+        second call does nothing."""
+        if self._stop_requested:
+            return
+        self._stop_requested = True
         self._watcher.stop()
-        for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):
-            for process in self.processes:
-                if process.poll() is None:
-                    process.send_signal(sig)
-            for process in self.processes:
-                try:
-                    process.wait(timeout=STOP_WAIT_S)
-                except subprocess.TimeoutExpired:
-                    pass
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+
+    def stop(self, deadline: float) -> None:
+        """Stop the workers: asked (if not yet), then killed at ``deadline`` (monotonic)."""
+        self.request_stop()
+        for process in self.processes:
+            try:
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log.warning("worker %d did not stop in time: killed", process.pid)
+                process.kill()
+                process.wait()
 
     def _start(self) -> subprocess.Popen:
         settings = self.settings

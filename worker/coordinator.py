@@ -60,7 +60,8 @@ def evaluate(session: Session, settings: Settings, fleet: Fleet, adapter: Path
     child = subprocess.run(
         [sys.executable, "-m", "mebp_core.cli", "eval", "--model", str(model_dir),
          "--data", data, "--adapter", str(adapter), "--json", *options],
-        capture_output=True, text=True, check=False, env=dict(os.environ))
+        capture_output=True, text=True, check=False, env=dict(os.environ),
+        preexec_fn=lambda: die_with_parent(signal.SIGKILL))  # a stopped worker leaves none
     if child.returncode != 0:
         raise RuntimeError(f"evaluating {adapter} failed: {child.stderr.strip()[-500:]}")
     return json.loads(child.stdout.strip().splitlines()[-1])["loss"]

@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import suppress
 
 import redis
 from rq import Worker, worker_registration
@@ -30,7 +31,10 @@ REDIS_WAIT_MAX_S = 5.0
 class ServiceWorker(Worker):
     """RQ's worker, heartbeating every WORKER_HEARTBEAT_S idle or busy (so a dead one drops
     out of the API's count soon), listed again after Redis restarted empty, and back on the
-    queue within seconds of Redis returning."""
+    queue within seconds of Redis returning. On SIGTERM or SIGINT it stops (RQ's warm
+    shutdown) once its horse has given the job back (``worker.stopping``), not once the job
+    is done; a second signal, a second or more later, is RQ's cold shutdown (the horse
+    killed, its job re-queued when its heartbeat goes stale)."""
 
     max_connection_wait_time = REDIS_WAIT_MAX_S
 
@@ -39,6 +43,12 @@ class ServiceWorker(Worker):
         kwargs.setdefault("worker_ttl", WORKER_HEARTBEAT_S + 15)
         kwargs.setdefault("job_monitoring_interval", WORKER_HEARTBEAT_S)
         super().__init__(queues, **kwargs)
+
+    def request_stop(self, signum, frame) -> None:
+        if self.horse_pid:  # the horse runs in a process group of its own: tell it
+            with suppress(ProcessLookupError):
+                os.kill(self.horse_pid, signum)
+        super().request_stop(signum, frame)
 
     def heartbeat(self, timeout=None, pipeline=None) -> None:
         if pipeline is not None:

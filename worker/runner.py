@@ -3,7 +3,8 @@
 The worker packs the model (outside the cap), starts the engine in a child process inside a
 fresh memory cap at the job's budget, copies each step's metrics into the database as the
 child writes them, passes a cancel on as SIGTERM, and records how the child ended, reading
-the kernel's peak and OOM count before removing the cap.
+the kernel's peak and OOM count before removing the cap. Told to stop itself, it gives the
+job back to the queue from the engine's checkpoint (``worker.stopping``).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from worker.measured_time import correct_host_time, predicted_figures
 from worker.memory_cap import MemoryCap, open_memory_cap, remove_stale_caps
 from worker.metrics_tail import MetricsTail
 from worker.packing_progress import PackingProgress
+from worker.stopping import EngineStop, StopSignal, checkpoint_step, ended_by_itself, give_back
 from worker.storage_full import end_storage_full, ran_out_of_space
 
 POLL_S = 0.2
@@ -76,9 +78,10 @@ def run_job(job_id: str) -> str:
     # RQ runs jobs in a forked "horse" in a process group of its own: without this, a worker
     # killed outright would leave its horse (and the engine) training on, unwatched
     die_with_parent(signal.SIGKILL)
+    stop = StopSignal().install()  # the worker passes its SIGTERM on: the job goes back
     settings = Settings()
     engine = make_engine(database_url(settings.database_url, settings.data_dir))
-    run = JobRun(settings, engine, job_id)
+    run = JobRun(settings, engine, job_id, stop)
     try:
         return run.run()
     finally:
@@ -104,8 +107,10 @@ def wake_coordinator(engine: Engine, job_id: str) -> None:
 
 
 class JobRun:
-    def __init__(self, settings: Settings, engine: Engine, job_id: str) -> None:
+    def __init__(self, settings: Settings, engine: Engine, job_id: str,
+                 stop: StopSignal | None = None) -> None:
         self.settings, self.engine, self.job_id = settings, engine, job_id
+        self.stop = stop or StopSignal()  # noted, not installed: a test's own run
         self.dir = job_dir(settings.storage_root, job_id)
         self.resumed_from = 0  # the checkpoint step this attempt continues from
         self.step_times: list[float] = []  # this attempt's, in step order
@@ -113,6 +118,8 @@ class JobRun:
 
     def run(self) -> str:
         worker = worker_name()
+        if self.stop.is_set():  # stopping before it took a job: it takes none
+            return "skipped"
         with Session(self.engine) as session:
             # the delivered id only says a worker is free: the fairest queued job runs
             job = claim_job(session, worker,
@@ -133,7 +140,8 @@ class JobRun:
                     return "failed"
                 try:
                     request = self._prepare(session, job)
-                    self._run_capped(session, job, request)
+                    if self._run_capped(session, job, request) == "given back":
+                        return "queued"
                 except LeaseLost:
                     return "lost"
                 except (ModelPathError, UnknownModelError) as exc:  # unregistered or changed since
@@ -197,8 +205,7 @@ class JobRun:
         """Where this attempt starts: the last checkpoint if an earlier attempt left one,
         else step 0. What an earlier attempt logged past that point is trained again, so
         its metrics go."""
-        state = self.dir / CHECKPOINT / "state.json"
-        self.resumed_from = json.loads(state.read_text())["step"] if state.is_file() else 0
+        self.resumed_from = checkpoint_step(self.dir / CHECKPOINT)
         (self.dir / RESULT).unlink(missing_ok=True)
         keep_steps_through(self.dir / METRICS, self.resumed_from)
         session.exec(delete(Metric).where(Metric.job_id == job.id,
@@ -216,7 +223,9 @@ class JobRun:
         session.commit()
         return bool(self.resumed_from)
 
-    def _run_capped(self, session: Session, job: Job, request: dict) -> None:
+    def _run_capped(self, session: Session, job: Job, request: dict) -> str | None:
+        """Run the engine capped and record its end; "given back" if the worker is stopping
+        and the job went back to the queue instead."""
         remove_stale_caps(job.id)  # an earlier attempt's, if its worker died holding it
         cap, warning = open_memory_cap(self.settings.enforcement, f"{job.id}-a{job.attempts}",
                                        job.memory_budget_bytes)
@@ -231,7 +240,9 @@ class JobRun:
             if job.cancel_requested:
                 set_status(session, job, "cancelled", "cancelled before the engine started")
                 session.commit()
-                return
+                return None
+            if self.stop.is_set():  # told to stop while it prepared the job
+                return self._give_back(session, job)
             env = {**os.environ, **cap.child_env(), PARENT_ENV: str(os.getpid()),
                    # the engine finds the kernel this worker built in the same cache
                    "MEBP_CACHE_DIR": str(self.settings.cache_dir or default_cache_dir())}
@@ -241,16 +252,26 @@ class JobRun:
                 self._follow(session, job, child, cap)
             if self.heartbeat.lost.is_set():
                 raise LeaseLost
+            if self.stop.is_set() and not ended_by_itself(self.dir, job.cancel_requested,
+                                                          child.returncode, cap.oom_killed()):
+                return self._give_back(session, job)
             self._finish(session, job, child.returncode, cap, request)
+            return None
         finally:
             cap.close()
+
+    def _give_back(self, session: Session, job: Job) -> str:
+        session.rollback()
+        give_back(session, job.id, job.worker, self.stop.name or "stopping",
+                  checkpoint_step(self.dir / CHECKPOINT))
+        return "given back"
 
     def _follow(self, session: Session, job: Job, child: subprocess.Popen,
                 cap: MemoryCap) -> None:
         """Copy metrics into the database until the child exits; pass a cancel on."""
         tail = MetricsTail(self.dir / METRICS, start_at_end=True)  # earlier steps: in the db
         pending: list[dict] = []  # read but not yet committed: kept across database outages
-        signalled = False
+        engine_stop = EngineStop(self.stop)
         while True:
             exited = child.poll() is not None
             if self.heartbeat.lost.is_set():  # re-queued under us: the next attempt owns it
@@ -276,11 +297,9 @@ class JobRun:
                 continue
             if exited:
                 return
-            if job.cancel_requested and not signalled:
-                child.send_signal(signal.SIGTERM)  # stops after the step, keeps the adapter
-                signalled = True
-                add_event(session, job_id=job.id, kind="log",
-                          message="stopping after the current step")
+            said = engine_stop.act(child, job.cancel_requested)
+            if said is not None:
+                add_event(session, job_id=job.id, kind="log", message=said)
             time.sleep(POLL_S)
 
     def _record_step(self, session: Session, job: Job, row: dict) -> None:

@@ -111,11 +111,17 @@ def _terminal(status: str) -> str | None:
 
 
 class Subscription:
-    """One stream's queue of its job's batches."""
+    """One stream's queue of its job's batches, until the hub ends it (``ended``)."""
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[Batch] = asyncio.Queue(QUEUE_BATCHES)
+        self._queue: asyncio.Queue[Batch | None] = asyncio.Queue(QUEUE_BATCHES)
         self._lagged = False
+        self.ended = False
+
+    def end(self) -> None:
+        self.ended = True
+        with suppress(asyncio.QueueFull):  # full: ``next`` does not wait anyway
+            self._queue.put_nowait(None)  # wakes ``next``
 
     def offer(self, batch: Batch) -> None:
         try:
@@ -134,7 +140,7 @@ class Subscription:
         return True
 
     async def next(self, timeout_s: float) -> Batch | None:
-        """The next batch, or None after ``timeout_s`` of quiet."""
+        """The next batch, or None after ``timeout_s`` of quiet or once ended."""
         try:
             return await asyncio.wait_for(self._queue.get(), timeout_s)
         except TimeoutError:
@@ -151,6 +157,7 @@ class EventHub:
         self._task: asyncio.Task | None = None
         self.first_reads = asyncio.Semaphore(FIRST_READS)
         self.catch_up_reads = asyncio.Semaphore(CATCH_UP_READS)
+        self._ending = False  # the server is stopping: every stream ends, new ones at once
 
     def start(self) -> None:
         if self._task is None:
@@ -170,6 +177,8 @@ class EventHub:
         (what both see, the stream drops by id)."""
         self.start()  # a no-op once the lifespan has
         subscription = Subscription()
+        if self._ending:
+            subscription.end()
         self._streams.setdefault(job_id, set()).add(subscription)
         try:
             yield subscription
@@ -179,6 +188,15 @@ class EventHub:
             if not streams:
                 self._streams.pop(job_id, None)
                 self._cursors.pop(job_id, None)
+
+    def end_streams(self) -> None:
+        """End every stream, and any opened from now on: the server is stopping (its
+        clients reconnect, to another process or once it is back, with their
+        ``Last-Event-ID``). Called on the event loop."""
+        self._ending = True
+        for subscriptions in self._streams.values():
+            for subscription in subscriptions:
+                subscription.end()
 
     def follow(self, job_id: str, cursors: tuple[int, int]) -> None:
         """Poll ``job_id`` from ``cursors`` (where a stream's catch-up ended) or from where

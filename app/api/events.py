@@ -6,7 +6,8 @@ an id's range (huge, negative, not a number) starts over from the beginning. The
 ends after the job's terminal event. A stream first catches up from its cursor page by page
 (each page sent before the next is read, so a long history neither delays the first message
 nor sits in memory), then follows the process's ``EventHub``; each key holds at most
-``max_streams_per_key`` streams at once.
+``max_streams_per_key`` streams at once. A server stopping ends every stream (the hub's
+``end_streams``) without an ``end`` message: the client reconnects with its cursor.
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ async def _batches(hub: EventHub, subscription: Subscription, slots: SessionSlot
     until one is not full, then the hub's; pages of its own again after it fell so far
     behind that the hub dropped some. Each page is read once the one before was sent."""
     caught_up, first = False, True
-    while True:
+    while not subscription.ended:
         if not caught_up:
             batch = await _read_page(hub, slots, job_id, cursor, first)
             first = False
@@ -126,6 +127,8 @@ async def _batches(hub: EventHub, subscription: Subscription, slots: SessionSlot
                 hub.follow(job_id, batch.cursors)
         else:
             batch = await subscription.next(HEARTBEAT_S)
+            if subscription.ended:
+                return
             if subscription.take_lag():
                 caught_up = False
                 continue

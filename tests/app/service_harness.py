@@ -185,13 +185,16 @@ def service_env(cache: Path, extra_env: dict[str, str]) -> dict[str, str]:
 
 
 def start_service(root: Path, cache: Path, extra_env: dict[str, str], *,
-                  workers: int = 1) -> Service:
+                  workers: int = 1, own_group: bool = False) -> Service:
     """``mebp serve`` on a free port, once more on another if another process took that
-    port between its pick and the server's bind."""
+    port between its pick and the server's bind; ``own_group``: in a session (and process
+    group) of its own, which a test may signal whole."""
     for _ in range(2):
         with suppress(PortTakenError):
-            return start_service_on(free_port(), root, cache, extra_env, workers=workers)
-    return start_service_on(free_port(), root, cache, extra_env, workers=workers)
+            return start_service_on(free_port(), root, cache, extra_env, workers=workers,
+                                    own_group=own_group)
+    return start_service_on(free_port(), root, cache, extra_env, workers=workers,
+                            own_group=own_group)
 
 
 class PortTakenError(RuntimeError):
@@ -199,7 +202,7 @@ class PortTakenError(RuntimeError):
 
 
 def start_service_on(port: int, root: Path, cache: Path, extra_env: dict[str, str], *,
-                     workers: int) -> Service:
+                     workers: int, own_group: bool = False) -> Service:
     env = service_env(cache, extra_env)
     root.mkdir(parents=True, exist_ok=True)
     output = root / "serve.log"
@@ -207,7 +210,7 @@ def start_service_on(port: int, root: Path, cache: Path, extra_env: dict[str, st
         process = subprocess.Popen(
             [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers",
              str(workers), "--data-dir", str(root / "data")], stdout=log,
-            stderr=subprocess.STDOUT, env=env)
+            stderr=subprocess.STDOUT, env=env, start_new_session=own_group)
     service = Service(f"http://127.0.0.1:{port}", process, output)
     deadline = time.monotonic() + 60
     while True:

@@ -1,0 +1,189 @@
+"""SIGTERM (and SIGINT) stop `mebp serve` whole, within the 10 s systemd and `docker stop`
+give before their SIGKILL: with a job running and its event stream open, signalled at the
+main process or at its whole process group, on the embedded deployment (SQLite and its own
+Redis) and on PostgreSQL + Redis. Every process of the service's tree exits, the stream
+ends, the job is back in the queue with its checkpoint, and a service started again on the
+same data resumes it from that checkpoint to success, every step trained once."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import httpx
+import psutil
+import pytest
+from service_harness import (
+    API_KEY,
+    REDIS_TEST_URL,
+    Service,
+    start_service,
+    stop_service,
+    temporary_postgres_database,
+    tiny_job,
+)
+from sqlmodel import Session
+
+from service.db import database_url, make_engine
+from service.models import Job
+from service.storage import job_dir
+
+STOP_BOUND_S = 10.0
+STEPS = 40
+ROWS = b"".join(json.dumps({"text": f"stop row {i}"}).encode() + b"\n" for i in range(16))
+
+
+@pytest.fixture(params=["embedded", "shared"])
+def deployment(request) -> Iterator[tuple[dict[str, str], str | None]]:
+    """The service's environment and its database URL (None: SQLite in its data dir)."""
+    if request.param == "embedded":
+        yield {}, None
+        return
+    with temporary_postgres_database() as url:
+        yield {"DATABASE_URL": url, "REDIS_URL": REDIS_TEST_URL,
+               "MEBP_QUEUE_NAME": f"mebp-test-{uuid.uuid4().hex[:8]}"}, url
+
+
+class StreamFollower(threading.Thread):
+    """A client following the job's event stream until the server ends it."""
+
+    def __init__(self, service: Service, job_id: str) -> None:
+        super().__init__(daemon=True)
+        self.service, self.job_id = service, job_id
+        self.steps: list[int] = []
+        self.kinds: list[str] = []
+        self.following = threading.Event()  # a metric came through the stream
+        self.ended = threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with httpx.Client(base_url=self.service.url, timeout=60, headers={
+                    "Authorization": f"Bearer {API_KEY}",
+                    "Accept": "text/event-stream"}) as client, \
+                    client.stream("GET", f"/v1/jobs/{self.job_id}/events") as response:
+                kind = None
+                for line in response.iter_lines():
+                    if line.startswith("event: "):
+                        kind = line.removeprefix("event: ")
+                        self.kinds.append(kind)
+                    elif line.startswith("data: ") and kind == "metric":
+                        self.steps.append(json.loads(line.removeprefix("data: "))["step"])
+                        if self.steps[-1] >= 2:
+                            self.following.set()
+        except BaseException as exc:  # noqa: BLE001  (reported by the test)
+            self.error = exc
+        finally:
+            self.ended.set()
+
+
+def process_tree(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
+
+
+def alive(process: psutil.Process) -> bool:
+    try:  # is_running also tells a reused pid from the process
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def describe(processes: list[psutil.Process]) -> list[str]:
+    described = []
+    for process in processes:
+        try:
+            described.append(f"{process.pid} {' '.join(process.cmdline())[:120]}")
+        except psutil.Error:
+            described.append(f"{process.pid} (gone)")
+    return described
+
+
+@contextmanager
+def killed_after(processes: list[psutil.Process]) -> Iterator[None]:
+    """Whatever the test finds, no process it signalled outlives it."""
+    try:
+        yield
+    finally:
+        for process in processes:
+            if alive(process):
+                process.kill()
+
+
+def job_row(url: str, job_id: str) -> Job:
+    engine = make_engine(url)
+    try:
+        with Session(engine) as session:
+            return session.get(Job, job_id)
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.parametrize(("target", "number"), [
+    ("main process", signal.SIGTERM),
+    ("process group", signal.SIGTERM),
+    ("process group", signal.SIGINT),  # Ctrl+C in the terminal running it
+])
+def test_a_stop_signal_stops_the_service_and_gives_the_running_job_back(
+        tmp_path, model_cache, deployment, target, number):
+    env, url = deployment
+    url = url or database_url(None, tmp_path / "data")
+    service = start_service(tmp_path, model_cache, env, own_group=True)
+    try:
+        dataset = service.upload("rows.jsonl", ROWS)[1]["id"]
+        # a checkpoint each step: an engine still in its step at its stop deadline (a host
+        # this busy) is killed, and the job resumes from its last step but one at worst
+        job = service.request("POST", "/v1/jobs", tiny_job(dataset, STEPS,
+                                                           checkpoint_every=1))[1]
+        stream = StreamFollower(service, job["id"])
+        stream.start()
+        assert stream.following.wait(120), f"no metric streamed: {stream.error}\n" \
+                                           f"{service.output.read_text()[-3000:]}"
+        processes = process_tree(service.process.pid)
+        assert any("worker.child" in line for line in describe(processes)), \
+            describe(processes)  # the job's engine is running
+    finally:
+        service.client.close()
+
+    with killed_after(processes):
+        signalled = time.monotonic()
+        if target == "main process":
+            os.kill(service.process.pid, number)
+        else:
+            os.killpg(service.process.pid, number)  # its own session: the group is its pid
+        deadline = signalled + STOP_BOUND_S
+        while any(alive(process) for process in processes) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        left = [process for process in processes if alive(process)]
+        assert not left, f"{len(left)} processes alive {STOP_BOUND_S:.0f} s after " \
+                         f"{number.name}: {describe(left)}\n{service.output.read_text()[-3000:]}"
+    service.process.wait(timeout=5)
+    assert stream.ended.wait(max(0.0, deadline - time.monotonic()) + 1), \
+        "the event stream outlived the service"
+    assert "end" not in stream.kinds  # ended by the stop, not by the job's end
+
+    row = job_row(url, job["id"])
+    state = job_dir(tmp_path / "data" / "storage", job["id"]) / "checkpoint" / "state.json"
+    assert row.status == "queued", (row.status, row.error_message)
+    saved = json.loads(state.read_text())["step"] if state.is_file() else None
+    assert saved is not None and saved >= max(stream.steps) - 1, (saved, stream.steps)
+
+    again = start_service(tmp_path, model_cache, env, own_group=True)
+    try:
+        done = again.finished(job["id"], timeout_s=600)
+        assert done["status"] == "succeeded" and done["attempts"] == 2, done
+        messages = [event["message"] for event in again.job_events(job["id"])]
+        assert any(m.startswith("re-queued: its worker stopped") for m in messages), messages
+        resumed = [m for m in messages if m.startswith("resuming from the checkpoint at step")]
+        assert resumed == [f"resuming from the checkpoint at step {saved}"], messages
+        steps = [m["step"] for m in
+                 again.request("GET", f"/v1/jobs/{job['id']}/metrics")[1]["data"]]
+        assert steps == list(range(1, STEPS + 1))  # every step once: none lost, none twice
+    finally:
+        stop_service(again)
