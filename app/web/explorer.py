@@ -12,21 +12,25 @@ from starlette.concurrency import run_in_threadpool
 
 from app.api.deps import SessionDep, SettingsDep
 from app.api.routes.plans import plan_for
+from app.comparison_schemas import DEFAULT_METHODS
 from app.schemas import Hyperparameters, PlanCreate
 from app.submit import submit_job
 from app.uploads import store_upload
 from app.web.auth import PagePrincipal
 from app.web.csrf import SameOrigin, require_form_token
+from app.web.explorer_comparison import latest_comparison
+from app.web.explorer_plans import METHOD_CHOICES, plan_view
 from app.web.job_form import JobForm, hyperparameter_inputs
-from app.web.knob_words import describe_knobs
 from app.web.measured import measured_points
 from app.web.templating import script_json, templates
+from mebp_core.plan.methods import METHOD_NAMES, METHODS
 from mebp_core.store.preset_configs import PRESET_CONFIGS
 from service.devices import all_devices
 from service.models import Dataset, RegisteredModel
 
 router = APIRouter(include_in_schema=False)
-DEFAULTS = {"model": "preset:qwen2.5-0.5b", "device": "iphone-15-pro-max", "seq_len": 256}
+DEFAULTS = {"model": "preset:qwen2.5-0.5b", "device": "iphone-15-pro-max", "seq_len": 256,
+            "method": "mebp"}
 
 
 def choices(session, tenant: str) -> dict:
@@ -44,45 +48,62 @@ def choices(session, tenant: str) -> dict:
 def explorer(request: Request, session: SessionDep, settings: SettingsDep,
              principal: PagePrincipal,
              model: str = DEFAULTS["model"], device: str = "", budget_mb: str = "",
-             seq_len: int = DEFAULTS["seq_len"], compare_device: str = "",
-             compare_seq_len: str = "") -> HTMLResponse:
+             seq_len: int = DEFAULTS["seq_len"], method: str = DEFAULTS["method"],
+             compare_device: str = "", compare_seq_len: str = "") -> HTMLResponse:
     device = device if device or budget_mb else DEFAULTS["device"]
     form = {"model": model, "device": device, "budget_mb": budget_mb, "seq_len": seq_len,
-            "compare_device": compare_device, "compare_seq_len": compare_seq_len}
-    plan, error, measured, compared = None, None, [], None
+            "method": method, "compare_device": compare_device,
+            "compare_seq_len": compare_seq_len}
+    view, error, measured, compared = None, None, [], None
     try:
-        plan, measured = _plan_and_measured(session, settings, principal, model, device,
-                                            budget_mb, seq_len)
+        view, measured = _plan_and_measured(session, settings, principal, model, device,
+                                            budget_mb, seq_len, method)
         if compare_device or compare_seq_len:  # the same query but for the device or length
             other_device = compare_device or device
-            compared = dict(zip(("plan", "measured"), _plan_and_measured(
+            compared = dict(zip(("view", "measured"), _plan_and_measured(
                 session, settings, principal, model, other_device,
                 "" if compare_device else budget_mb,
-                int(compare_seq_len) if compare_seq_len else seq_len), strict=True))
+                int(compare_seq_len) if compare_seq_len else seq_len, method), strict=True))
             compared["label"] = _label(other_device, budget_mb if not compare_device else "",
                                        int(compare_seq_len or seq_len))
     except (RequestValidationError, ValidationError, ValueError) as exc:
         error = _describe(exc)
-    recommended = None
-    if plan and plan["auto"]:
-        knobs = next(c["knobs"] for c in plan["configurations"] if c["id"] == plan["auto"])
-        recommended = describe_knobs(knobs)
-    charts = [] if plan is None else [
-        {"label": _label(device, budget_mb, seq_len), "plan": plan, "measured": measured}]
+    charts = [] if view is None else [
+        _chart(_label(device, budget_mb, seq_len), view, measured)]
     if compared is not None:
-        charts.append(compared)
+        charts.append(_chart(compared["label"], compared["view"], compared["measured"]))
     return templates.TemplateResponse(request, "explorer.html", {
-        "form": form, "plan": plan, "error": error, "recommended": recommended,
-        "compared": compared, **choices(session, principal.tenant),
+        "form": form, "view": view, "error": error, "compared": compared,
+        "methods": METHOD_CHOICES, "method_names": METHOD_NAMES,
+        "comparison_methods": comparison_methods(method),
+        "comparison": None if not device else latest_comparison(
+            session, tenant=principal.tenant, model=model, device=device),
+        **choices(session, principal.tenant),
         "chart": script_json({"charts": charts})})
 
 
 def _plan_and_measured(session, settings, principal, model: str, device: str, budget_mb: str,
-                       seq_len: int) -> tuple[dict, list[dict]]:
+                       seq_len: int, method: str) -> tuple[dict, list[dict]]:
     query = PlanCreate(model=model, seq_len=seq_len, device=device or None,
-                       memory_budget_mb=float(budget_mb) if budget_mb else None)
-    plan = plan_for(query, settings, session, "query").model_dump(mode="json")
-    return plan, measured_points(session, query, principal.tenant)
+                       memory_budget_mb=float(budget_mb) if budget_mb else None,
+                       method=method)
+    view = plan_view(plan_for(query, settings, session, "query").model_dump(mode="json"))
+    return view, measured_points(session, query, principal.tenant, tuple(view["plans"]))
+
+
+def _chart(label: str, view: dict, measured: list[dict]) -> dict:
+    recommendation = view["recommendation"]
+    return {"label": label, "plans": view["plans"], "names": view["names"],
+            "recommended": recommendation and recommendation["configuration"],
+            "measured": measured}
+
+
+def comparison_methods(method: str) -> list[str]:
+    """What the explorer's comparison button compares: every method under ``all``, else
+    MeBP against MeZO (the paper's question) and the method shown."""
+    if method == "all":
+        return list(METHODS)
+    return list(dict.fromkeys([*DEFAULT_METHODS, method]))
 
 
 def _label(device: str, budget_mb: str, seq_len: int) -> str:
@@ -94,10 +115,11 @@ def _label(device: str, budget_mb: str, seq_len: int) -> str:
 def job_form(request: Request, session: SessionDep, principal: PagePrincipal,
              model: str = DEFAULTS["model"],
              device: str = "", budget_mb: str = "", seq_len: int = DEFAULTS["seq_len"],
-             config: str = "auto", configuration: str = "auto") -> HTMLResponse:
+             method: str = DEFAULTS["method"], config: str = "auto",
+             configuration: str = "auto") -> HTMLResponse:
     try:
         form, error = JobForm(model=model, device=device, memory_budget_mb=budget_mb,
-                              config=config, configuration=configuration,
+                              method=method, config=config, configuration=configuration,
                               hyperparameters={"seq_len": str(seq_len)}), None
     except ValidationError as exc:  # a hand-edited link: start from the defaults, say why
         form, error = JobForm(model=model), _describe(exc)

@@ -5,9 +5,15 @@ from __future__ import annotations
 from mebp_core.units import MB
 
 
-def describe_knobs(knobs: dict) -> str:
+def describe_knobs(knobs: dict, method: str = "mebp") -> str:
     """``EngineKnobs`` as JSON -> one sentence: "weights decompressed per projection as
-    they are used, every block's input checkpointed in RAM, ..."."""
+    they are used, every block's input checkpointed in RAM, ...". MeZO keeps no activations
+    and plain backprop's knobs are fixed, so each method is said in its own terms."""
+    if method == "mezo":
+        return _mezo(knobs)
+    if method == "backprop":
+        return ("one autograd graph over the whole model and the full logits, every frozen "
+                "weight decompressed once and kept in RAM")
     parts = [_weights(knobs), _checkpoints(knobs),
              "the LoRA hidden state kept for the backward" if knobs["lora_hidden"] == "store"
              else "the LoRA hidden state recomputed in the backward"]
@@ -16,6 +22,15 @@ def describe_knobs(knobs: dict) -> str:
                      if knobs["share_decompression"] is True
                      else "weights decompressed in tiles of "
                      f"{knobs['decompress_tile_bytes'] / MB:g} MB")
+    if knobs.get("mlp_chunk_tokens"):
+        parts.append(f"the MLP run {knobs['mlp_chunk_tokens']} tokens at a time")
+    return ", ".join(parts)
+
+
+def _mezo(knobs: dict) -> str:
+    parts = ["two forward passes with a seeded perturbation and no backward", _weights(knobs)]
+    if knobs["frozen_weights"] != "resident" or knobs.get("resident_weight_bytes") is not None:
+        parts.append(f"weights decompressed in tiles of {knobs['decompress_tile_bytes'] / MB:g} MB")
     if knobs.get("mlp_chunk_tokens"):
         parts.append(f"the MLP run {knobs['mlp_chunk_tokens']} tokens at a time")
     return ", ".join(parts)

@@ -13,22 +13,23 @@ SAME_WORKLOAD = ("seq_len", "batch_size", "lora_rank", "optimizer", "compute_dty
 
 
 def measured_points(session: Session, query: PlanCreate, tenant: str,
-                    limit: int = 50) -> list[dict]:
-    """One point per succeeded mebp job of the query's workload: its peak memory as the
-    kernel counts it (anonymous + shared) and its measured step time (the median of the
-    steps after the first)."""
+                    methods: tuple[str, ...] = ("mebp",), limit: int = 50) -> list[dict]:
+    """One point per succeeded job of ``methods`` and the query's workload: its peak memory
+    as the kernel counts it (anonymous + shared) and its measured step time (the median of
+    the steps after the first)."""
     jobs = session.exec(select(Job).where(Job.tenant == tenant, Job.model == query.model,
                                           Job.status == "succeeded")
                         .order_by(Job.finished_at.desc()).limit(limit)).all()
     points = []
     for job in jobs:
         config, plan = job.train_config(), job.plan or {}
-        if config.method != "mebp" or not plan.get("planned") or job.peak_memory_bytes is None \
-                or job.step_time_s is None:
+        if config.method not in methods or not plan.get("planned") \
+                or job.peak_memory_bytes is None or job.step_time_s is None:
             continue
         if any(getattr(config, name) != getattr(query, name) for name in SAME_WORKLOAD):
             continue
-        points.append({"configuration": plan["configuration"], "job_id": job.id,
+        points.append({"configuration": plan["configuration"], "method": config.method,
+                       "job_id": job.id,
                        "peak_mb": round(job.peak_memory_bytes / MB, 1),
                        "step_time_s": job.step_time_s})
     return points

@@ -1,7 +1,13 @@
-// The trade-off chart: peak memory against seconds per step, one point per configuration;
-// a second chart beside it when another device or sequence length is compared, on the same
-// axes.
+// The trade-off chart: peak memory against seconds per step, one point per configuration,
+// of one method or of every method side by side; a second chart beside it when another
+// device or sequence length is compared, on the same axes.
 (function () {
+  // each method its own colour and marker shape (Okabe-Ito, distinct without colour too);
+  // a configuration predicted not to fit is drawn open
+  const METHOD_STYLE = {mebp: {color: "#0072b2", symbol: "circle"},
+                        mezo: {color: "#e69f00", symbol: "square"},
+                        backprop: {color: "#cc79a7", symbol: "triangle-up"}};
+
   const data = JSON.parse(document.getElementById("chart-data").textContent);
   if (!data.charts.length) return;
   const form = window.explorerForm;
@@ -25,39 +31,29 @@
   }
 
   function build(entry) {
-    const plan = entry.plan;
-    const configs = plan.configurations;
+    const plans = Object.values(entry.plans);
+    const configs = plans.flatMap((plan) => plan.configurations);
     const byId = Object.fromEntries(configs.map((c) => [c.id, c]));
-    // with a device the plan ranks by the phone's estimated time: that is the y axis, and
+    // with a device the plans rank by the phone's estimated time: that is the y axis, and
     // this host's predicted time is in the hover
-    const onDevice = plan.ranked_by === "device";
+    const onDevice = plans.every((plan) => plan.ranked_by === "device");
     const timeOf = (c) => onDevice ? c.device_step_time_s_estimate : c.step_time_s;
+    const several = plans.length > 1;
     const trace = (name, points, marker, extra) => Object.assign({
       name, type: "scatter", mode: "markers",
       x: points.map((c) => c.peak_mb), y: points.map(timeOf),
       customdata: points.map((c) => c.id),
-      text: points.map((c) => c.id + (c.reason ? "<br>" + c.reason : "") +
+      text: points.map((c) => (several ? entry.names[c.method] + " " : "") + c.id +
+        (c.reason ? "<br>" + c.reason : "") +
         (onDevice ? "<br>this host (predicted): " + c.step_time_s.toFixed(3) + " s/step" :
           (c.device_step_time_s_estimate != null ? "<br>on device (est.): " +
             c.device_step_time_s_estimate.toFixed(2) + " s/step" : ""))),
       hovertemplate: "%{text}<br>%{x:.0f} MB, %{y:.3f} s/step<extra>" + name + "</extra>",
       marker,
     }, extra || {});
-    const infeasible = configs.filter((c) => c.feasible === false);
-    const fits = configs.filter((c) => c.feasible !== false && !c.pareto);
-    const front = configs.filter((c) => c.pareto && c.feasible !== false)
-      .sort((a, b) => a.peak_mb - b.peak_mb);
-    const frontInfeasible = configs.filter((c) => c.pareto && c.feasible === false);
-    const traces = [
-      trace("does not fit", infeasible.filter((c) => !c.pareto), {color: "#bbb", size: 8}),
-      trace("fits", fits, {color: "#4c78a8", size: 9}),
-      trace("Pareto front", front, {color: "#f58518", size: 13, line: {color: "#333", width: 1}},
-            {mode: "lines+markers", line: {color: "#f58518", width: 1, dash: "dot"}}),
-      trace("Pareto front (does not fit)", frontInfeasible,
-            {color: "#bbb", size: 13, line: {color: "#f58518", width: 2}}),
-    ];
-    if (byId[plan.auto]) {
-      traces.push(trace("recommended", [byId[plan.auto]],
+    const traces = several ? methodTraces(entry, trace) : planTraces(configs, trace);
+    if (byId[entry.recommended]) {
+      traces.push(trace("recommended", [byId[entry.recommended]],
                         {symbol: "star", color: "#e45756", size: 20,
                          line: {color: "#333", width: 1}}));
     }
@@ -86,9 +82,49 @@
       });
     }
     const peaks = configs.map((c) => c.peak_mb).concat(measured.map((m) => m.peak_mb));
-    if (plan.budget_mb) peaks.push(plan.budget_mb);
-    return {entry, plan, byId, onDevice, traces, peaks,
+    const budget = plans[0].budget_mb;
+    if (budget) peaks.push(budget);
+    return {entry, plan: plans[0], byId, onDevice, traces, peaks,
             times: traces.flatMap((t) => t.y).filter((y) => y > 0)};
+  }
+
+  // one method: its front highlighted against its other configurations
+  function planTraces(configs, trace) {
+    const infeasible = configs.filter((c) => c.feasible === false);
+    const fits = configs.filter((c) => c.feasible !== false && !c.pareto);
+    const front = configs.filter((c) => c.pareto && c.feasible !== false)
+      .sort((a, b) => a.peak_mb - b.peak_mb);
+    const frontInfeasible = configs.filter((c) => c.pareto && c.feasible === false);
+    return [
+      trace("does not fit", infeasible.filter((c) => !c.pareto), {color: "#bbb", size: 8}),
+      trace("fits", fits, {color: "#4c78a8", size: 9}),
+      trace("Pareto front", front, {color: "#f58518", size: 13, line: {color: "#333", width: 1}},
+            {mode: "lines+markers", line: {color: "#f58518", width: 1, dash: "dot"}}),
+      trace("Pareto front (does not fit)", frontInfeasible,
+            {color: "#bbb", size: 13, line: {color: "#f58518", width: 2}}),
+    ];
+  }
+
+  // every method on the same axes: each front a line of its own colour and marker, the
+  // method's other configurations faint behind it
+  function methodTraces(entry, trace) {
+    return Object.entries(entry.plans).flatMap(([method, plan]) => {
+      const style = METHOD_STYLE[method], name = entry.names[method];
+      const shape = (c) => c.feasible === false ? style.symbol + "-open" : style.symbol;
+      const front = plan.configurations.filter((c) => c.pareto)
+        .sort((a, b) => a.peak_mb - b.peak_mb);
+      const rest = plan.configurations.filter((c) => !c.pareto);
+      return [
+        trace(name + " (other configurations)", rest,
+              {color: style.color, symbol: rest.map(shape), size: 7, opacity: 0.3},
+              {legendgroup: method}),
+        trace(name + " front", front,
+              {color: style.color, symbol: front.map(shape), size: 12,
+               line: {color: style.color, width: 2}},
+              {mode: "lines+markers", legendgroup: method,
+               line: {color: style.color, width: 1.5}}),
+      ];
+    });
   }
 
   function draw(id, b, peaks, times) {
@@ -118,7 +154,7 @@
       const config = b.byId[event.points[0].customdata];
       if (!config) return;
       const params = new URLSearchParams({
-        model: form.model, device: plan.device ? plan.device.id : "",
+        model: form.model, method: config.method, device: plan.device ? plan.device.id : "",
         budget_mb: plan.budget_mb || "",
         seq_len: plan.workload.seq_len, configuration: config.id,
         config: JSON.stringify(config.knobs),
