@@ -65,4 +65,6 @@ def serve(*, host: str | None, port: int | None, data_dir: Path | None,
         server.run()
     finally:
         stop.finish()
+        if stop.signal_number:  # also when it came before uvicorn ran
+            stop.exit(0)
     stop.exit(0 if server.started else STARTUP_FAILURE)  # as uvicorn.run: the address taken

@@ -3,13 +3,16 @@ give before their SIGKILL: with a job running and its event stream open, signall
 main process or at its whole process group, on the embedded deployment (SQLite and its own
 Redis) and on PostgreSQL + Redis. Every process of the service's tree exits, the stream
 ends, the job is back in the queue with its checkpoint, and a service started again on the
-same data resumes it from that checkpoint to success, every step trained once."""
+same data resumes it from that checkpoint to success, every step trained once. `mebp
+worker` on its own gives its job back the same way."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -23,6 +26,7 @@ from service_harness import (
     API_KEY,
     REDIS_TEST_URL,
     Service,
+    service_env,
     start_service,
     stop_service,
     temporary_postgres_database,
@@ -187,3 +191,44 @@ def test_a_stop_signal_stops_the_service_and_gives_the_running_job_back(
         assert steps == list(range(1, STEPS + 1))  # every step once: none lost, none twice
     finally:
         stop_service(again)
+
+
+def start_worker(root, cache, env: dict[str, str]) -> subprocess.Popen:
+    """`mebp worker` on its own, serving the embedded service's Redis and data dir."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "worker"], start_new_session=True,
+        env=service_env(cache, {**env, "MEBP_DATA_DIR": str(root / "data"),
+                                "REDIS_URL": f"unix://{root / 'data' / 'redis.socket'}"}))
+
+
+def test_a_worker_alone_gives_its_job_back_on_sigterm(tmp_path, model_cache):
+    service = start_service(tmp_path, model_cache, {}, workers=0)
+    worker = start_worker(tmp_path, model_cache, {})
+    try:
+        dataset = service.upload("rows.jsonl", ROWS)[1]["id"]
+        job = service.request("POST", "/v1/jobs", tiny_job(dataset, STEPS,
+                                                           checkpoint_every=1))[1]
+        running = service.wait_for(job["id"], lambda j: j["progress"]["step"] >= 2, 300)
+        processes = process_tree(worker.pid)
+        with killed_after(processes):
+            worker.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + STOP_BOUND_S
+            while any(alive(process) for process in processes) and \
+                    time.monotonic() < deadline:
+                time.sleep(0.1)
+            left = [process for process in processes if alive(process)]
+            assert not left, f"{len(left)} processes alive {STOP_BOUND_S:.0f} s after " \
+                             f"SIGTERM: {describe(left)}"
+        stopped = service.request("GET", f"/v1/jobs/{job['id']}")[1]
+        assert stopped["status"] == "queued", stopped
+        assert stopped["progress"]["step"] >= running["progress"]["step"]
+        worker = start_worker(tmp_path, model_cache, {})
+        done = service.finished(job["id"], timeout_s=600)
+        assert done["status"] == "succeeded" and done["attempts"] == 2, done
+        messages = [event["message"] for event in service.job_events(job["id"])]
+        assert any(m.startswith("re-queued: its worker stopped (SIGTERM)") for m in messages)
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        stop_service(service)
