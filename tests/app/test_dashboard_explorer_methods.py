@@ -72,6 +72,9 @@ def test_one_method_shows_only_its_configurations(page, service):
     sign_in(page, service.api_key)
     page.goto(EXPLORER + "&method=mezo")
     expect(page.locator("select[name=method]")).to_have_value("mezo")
+    # its steps span less than one of 1, 2, 5 x 10^k to the next: still two ticks to read by
+    ticks = page.evaluate("document.getElementById('tradeoff-chart').layout.yaxis.tickvals")
+    assert len(ticks) >= 2, ticks
     traces = drawn_traces(page)
     ids = [i for t in traces.values() for i in t["ids"]]
     assert ids and all(i.startswith("mezo-") for i in ids), ids

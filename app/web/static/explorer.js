@@ -17,15 +17,21 @@
                                peaks, times));
 
   // a log axis over the values with a little room, ticked at 1, 2 and 5 times powers of ten
+  // (at every digit when the values span too little for two of those)
   function logAxis(values, label) {
     const low = Math.min(...values) / 1.3, high = Math.max(...values) * 1.3;
-    const ticks = [];
-    for (let p = Math.floor(Math.log10(low)); p <= Math.ceil(Math.log10(high)); p++) {
-      for (const m of [1, 2, 5]) {
-        const v = m * 10 ** p;
-        if (v >= low && v <= high) ticks.push(Number(v.toPrecision(1)));
+    const ticksAt = (multiples) => {
+      const ticks = [];
+      for (let p = Math.floor(Math.log10(low)); p <= Math.ceil(Math.log10(high)); p++) {
+        for (const m of multiples) {
+          const v = m * 10 ** p;
+          if (v >= low && v <= high) ticks.push(Number(v.toPrecision(2)));
+        }
       }
-    }
+      return ticks;
+    };
+    let ticks = ticksAt([1, 2, 5]);
+    if (ticks.length < 2) ticks = ticksAt([1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9]);
     return {range: [Math.log10(low), Math.log10(high)], tickvals: ticks,
             ticktext: ticks.map(label)};
   }
