@@ -89,6 +89,10 @@ def _llama(**fields: Any) -> dict[str, Any]:
     }
 
 
+# Presets whose trained weights ship in mebp_core/store/shipped/<name>/ (the rest are
+# generated from a seed).
+SHIPPED_PRESETS = frozenset({"pycode-12m"})
+
 PRESET_CONFIGS: dict[str, dict[str, Any]] = {
     "qwen2.5-0.5b": _qwen2(896, 4864, 24, 14, 32768),
     "qwen2.5-1.5b": _qwen2(1536, 8960, 28, 12, 131072),
@@ -178,6 +182,24 @@ PRESET_CONFIGS: dict[str, dict[str, Any]] = {
         "use_sliding_window": False,
         "vocab_size": 151936,
     },
+    # Pretrained on the Python stdlib with the byte tokenizer (benchmarks/pretrain_pycode.py);
+    # its weights ship in mebp_core/store/shipped/, not generated.
+    "pycode-12m": _llama(
+        bos_token_id=256,
+        eos_token_id=257,
+        pad_token_id=258,
+        head_dim=64,
+        hidden_size=384,
+        intermediate_size=1024,
+        max_position_embeddings=1024,
+        num_attention_heads=6,
+        num_hidden_layers=8,
+        num_key_value_heads=2,
+        rope_scaling=None,
+        rope_theta=10000.0,
+        torch_dtype="float32",
+        vocab_size=320,
+    ),
     # For tests: qwen2-style, float32, 320 tokens so byte-level text (256 + specials) fits.
     "tiny": {
         **_qwen2(256, 768, 4, 4, 2048),

@@ -1,7 +1,9 @@
-"""Presets: public architectures with seeded synthetic weights, generated as a stream.
+"""Presets: public architectures with seeded synthetic weights, generated as a stream, and
+small models whose trained weights ship with the package (`SHIPPED_PRESETS`).
 
-Each tensor's values come from a generator seeded by (preset, seed, tensor name), in row
-chunks of a fixed size, so generation is deterministic and independent of tensor order.
+Each synthetic tensor's values come from a generator seeded by (preset, seed, tensor name),
+in row chunks of a fixed size, so generation is deterministic and independent of tensor
+order. A shipped preset's values are the dequantized rows of its shipped store.
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import torch
 from mebp_core.store.errors import PackError
 from mebp_core.store.format import DTYPES
 from mebp_core.store.hf_checkpoint import DEFAULT_SHARD_NBYTES, write_hf_checkpoint
-from mebp_core.store.preset_configs import PRESET_CONFIGS
+from mebp_core.store.preset_configs import PRESET_CONFIGS, SHIPPED_PRESETS
 from mebp_core.store.shapes import count_parameters, expected_shapes
+from mebp_core.store.shipped import iter_shipped_rows, shipped_sha256
 
 PRESET_SEED = 0
 CHUNK_ELEMENTS = 1 << 22  # fixed: chunking is part of what determines the values
@@ -83,16 +86,26 @@ class PresetSource:
         self.name = name
         self.seed = seed
         self.config = preset_config(name)
+        self.shipped = name in SHIPPED_PRESETS
+        if self.shipped and seed != PRESET_SEED:
+            raise PackError(f"preset {name!r} ships trained weights: it has no seed {seed}")
         self.shapes = expected_shapes(self.config)
         dtype = self.config.get("torch_dtype", "float32")
         self.specs = [(n, shape, dtype) for n, shape in self.shapes.items()]
-        self.description = {"kind": "preset", "name": name, "seed": seed}
+        self.description = (
+            {"kind": "preset", "name": name, "shipped_sha256": shipped_sha256(name)}
+            if self.shipped else {"kind": "preset", "name": name, "seed": seed}
+        )
         self.name_prefix_map: dict[str, str] = {}
         self.skipped: list[str] = []
         self.extra_files: list[Path] = []
 
     def iter_rows(self, tensor_name: str) -> Iterator[torch.Tensor]:
         shape = self.shapes[tensor_name]
+        if self.shipped:
+            dtype = DTYPES[self.config.get("torch_dtype", "float32")]
+            yield from iter_shipped_rows(self.name, tensor_name, dtype, chunk_rows_for(shape))
+            return
         yield from _iter_values(self.name, self.config, tensor_name, shape, self.seed)
 
     def close(self) -> None:

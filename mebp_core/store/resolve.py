@@ -13,7 +13,9 @@ from mebp_core.cache import default_cache_dir
 from mebp_core.store.errors import StoreError
 from mebp_core.store.format import FORMAT_VERSION, STORE_FILENAME
 from mebp_core.store.pack import PRESET_PREFIX, Progress, pack_model
+from mebp_core.store.preset_configs import SHIPPED_PRESETS
 from mebp_core.store.presets import preset_config
+from mebp_core.store.shipped import shipped_sha256
 
 CHILD_POLL_S = 0.5  # how often a silent packing child is checked for having died
 
@@ -44,6 +46,8 @@ def cache_key(spec: str | Path, quant: str, group_size: int) -> str:
         name = spec[len(PRESET_PREFIX) :]
         preset_config(name)  # unknown names fail here, before anything is created
         stem = f"preset-{name}"
+        if name in SHIPPED_PRESETS:  # new shipped weights must not reuse an old packing
+            stem += f"-{shipped_sha256(name)[:16]}"
     else:
         src = Path(spec)
         stem = f"hf-{src.resolve().name}-{_source_fingerprint(src)}"

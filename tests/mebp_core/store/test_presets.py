@@ -31,7 +31,7 @@ EXPECTED_PARAMS_M = {
 
 
 def test_required_presets_exist():
-    assert set(EXPECTED_PARAMS_M) | {"tiny"} == set(list_presets())
+    assert set(EXPECTED_PARAMS_M) | {"tiny", "pycode-12m"} == set(list_presets())
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED_PARAMS_M))
