@@ -120,6 +120,7 @@ def save_chart(url: str, key: str, comparison_id: str, png: Path) -> None:
         browser = playwright.chromium.launch(executable_path="/usr/bin/chromium",
                                              args=["--headless", "--no-sandbox"])
         page = browser.new_page(base_url=url, viewport={"width": 1280, "height": 900})
+        page.set_default_timeout(300_000)  # a loaded host: sign-in lands on the explorer
         page.goto("/signin")
         page.fill("input[name=api_key]", key)
         page.click("#signin button[type=submit]")
