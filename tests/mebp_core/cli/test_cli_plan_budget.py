@@ -37,7 +37,8 @@ def test_knob_flags_are_checked_before_anything_runs(tiny_hf, tmp_path,  # noqa:
     data = write_jsonl(tmp_path / "train.jsonl", token_rows(seed=5))
     common = ("train", "--model", tiny_hf, "--data", data, "--out", tmp_path / "c")
     for flags, message in [
-        (("--method", "mezo", "--plan-budget-mb", "900"), "does not use them"),
+        (("--method", "mezo", "--optimizer", "adamw", "--plan-budget-mb", "900"),
+         "method mezo trains with sgd only"),
         (("--checkpoint-blocks", "0"),
          "--checkpoint-blocks: Input should be greater than or equal to 1, or Input should "
          "be 'none'"),
