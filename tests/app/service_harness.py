@@ -36,6 +36,18 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 # a lost worker noticed within seconds, for the tests that kill one
 FAST_RECOVERY = {"MEBP_HEARTBEAT_TIMEOUT_S": "3", "MEBP_RECONCILE_INTERVAL_S": "0.5"}
 
+def poll_until(probe, done, timeout_s: float, failure, interval_s: float = 0.2):
+    """``probe()`` again every ``interval_s`` until ``done(value)``; the value, or an
+    AssertionError with ``failure(value)`` once ``timeout_s`` has passed: the one way these
+    tests wait on a service's state."""
+    deadline = time.monotonic() + timeout_s
+    while not done(value := probe()):
+        if time.monotonic() > deadline:
+            raise AssertionError(failure(value))
+        time.sleep(interval_s)
+    return value
+
+
 
 @dataclass
 class Service:
@@ -71,15 +83,10 @@ class Service:
     def wait_for(self, job_id: str, predicate, timeout_s: float = 120,
                  client: httpx.Client | None = None) -> dict:
         """Poll the job (as ``client``'s tenant if given) until ``predicate`` holds."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            job = (client or self.client).get(f"/v1/jobs/{job_id}").json()
-            if predicate(job):
-                return job
-            if time.monotonic() > deadline:
-                raise AssertionError(f"job never reached the state wanted: {job}\n"
-                                     f"{self.output.read_text()[-3000:]}")
-            time.sleep(0.2)
+        return poll_until(lambda: (client or self.client).get(f"/v1/jobs/{job_id}").json(),
+                          predicate, timeout_s,
+                          lambda job: f"job never reached the state wanted: {job}\n"
+                                      f"{self.output.read_text()[-3000:]}")
 
     def base(self, model: str, timeout_s: float = 120, **params) -> httpx.Response:
         """``GET /v1/models/{model}/base``, asked again while it answers 202 (exporting)."""

@@ -9,7 +9,7 @@ import json
 import time
 
 import pytest
-from service_harness import create_key, in_process_service
+from service_harness import create_key, in_process_service, poll_until
 
 from mebp_core.config import MAX_STEPS
 
@@ -195,16 +195,15 @@ def test_more_jobs_than_the_tenant_may_queue_is_a_422(tmp_path, model_cache, mod
 
 def comparison_when_done(service, comparison_id: str, timeout_s: float = 300) -> dict:
     """Poll the comparison until every job has ended."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def read() -> dict:
         status, body = service.request("GET", f"/v1/comparisons/{comparison_id}")
         assert status == 200, body
-        if body["status"] == "done":
-            return body
-        if time.monotonic() > deadline:
-            raise AssertionError(f"comparison {comparison_id} not done in {timeout_s} s: "
-                                 f"{body['summary']}\n{service.output.read_text()[-3000:]}")
-        time.sleep(0.5)
+        return body
+
+    return poll_until(read, lambda body: body["status"] == "done", timeout_s,
+                      lambda body: f"comparison {comparison_id} not done in {timeout_s} s: "
+                                   f"{body['summary']}\n{service.output.read_text()[-3000:]}",
+                      interval_s=0.5)
 
 
 def test_a_comparison_runs_and_shows_curves_in_phone_time(any_service):

@@ -25,6 +25,7 @@ from rq import Queue
 from service_harness import (
     REDIS_TEST_URL,
     Service,
+    poll_until,
     start_service,
     stop_service,
     temporary_postgres_database,
@@ -125,11 +126,9 @@ def upload(client: httpx.Client, content: bytes = ROWS) -> str:
 
 def prepared(client: httpx.Client, fleet_id: str, timeout_s: float = 120) -> dict:
     """The fleet once it is no longer preparing."""
-    deadline = time.monotonic() + timeout_s
-    while (fleet := client.get(f"/v1/fleets/{fleet_id}").json())["status"] == "preparing":
-        assert time.monotonic() < deadline, f"fleet {fleet_id} still preparing"
-        time.sleep(0.2)
-    return fleet
+    return poll_until(lambda: client.get(f"/v1/fleets/{fleet_id}").json(),
+                      lambda fleet: fleet["status"] != "preparing", timeout_s,
+                      lambda _: f"fleet {fleet_id} still preparing")
 
 
 def cancel_all(client: httpx.Client, job_ids: list[str]) -> None:
@@ -219,12 +218,14 @@ def test_a_lost_preparation_is_asked_again_then_given_up(busy):
                               client=holder)
         doomed = client.post("/v1/fleets", json=body)
         assert doomed.status_code == 202, doomed.text
-        deadline = time.monotonic() + 60
-        while (fleet := client.get(f"/v1/fleets/{doomed.json()['id']}").json())["status"] \
-                == "preparing":
-            assert time.monotonic() < deadline, f"{fleet['id']} still preparing"
+        def preparing_without_its_job() -> dict:
+            fleet = client.get(f"/v1/fleets/{doomed.json()['id']}").json()
             busy.empty_queue()
-            time.sleep(0.2)
+            return fleet
+
+        fleet = poll_until(preparing_without_its_job,
+                           lambda fleet: fleet["status"] != "preparing", 60,
+                           lambda fleet: f"{fleet['id']} still preparing")
         assert fleet["status"] == "failed", fleet
         assert "preparation was lost on each of its 3 tries" in fleet["error"], fleet["error"]
         assert busy.fleet_row(fleet["id"]).reserved_jobs == 0
@@ -321,10 +322,8 @@ def test_a_fleets_later_round_stays_within_its_tenants_queued_limit(deployment, 
             gap = client.post("/v1/jobs", json=tiny_job(source, 1, seq_len=16))
             if gap.status_code == 201:
                 jobs.append(gap.json()["id"])
-            deadline = time.monotonic() + 120
-            while len((fleet := client.get(f"/v1/fleets/{fleet['id']}").json())["rounds"]) < 2:
-                assert time.monotonic() < deadline, fleet
-                time.sleep(0.2)
+            fleet = poll_until(lambda: client.get(f"/v1/fleets/{fleet['id']}").json(),
+                               lambda fleet: len(fleet["rounds"]) >= 2, 120, str)
             jobs.append(fleet["rounds"][1]["participants"][0]["job_id"])
             queued = client.get("/v1/jobs", params={"status": "queued"}).json()["count"]
             assert queued <= QUEUE_LIMIT, (queued, gap.text)

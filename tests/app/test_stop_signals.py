@@ -26,6 +26,7 @@ from service_harness import (
     API_KEY,
     REDIS_TEST_URL,
     Service,
+    poll_until,
     service_env,
     start_service,
     stop_service,
@@ -162,11 +163,11 @@ def test_a_stop_signal_stops_the_service_and_gives_the_running_job_back(
         else:
             os.killpg(service.process.pid, number)  # its own session: the group is its pid
         deadline = signalled + STOP_BOUND_S
-        while any(alive(process) for process in processes) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        left = [process for process in processes if alive(process)]
-        assert not left, f"{len(left)} processes alive {STOP_BOUND_S:.0f} s after " \
-                         f"{number.name}: {describe(left)}\n{service.output.read_text()[-3000:]}"
+        poll_until(lambda: [process for process in processes if alive(process)],
+                   lambda left: not left, deadline - time.monotonic(),
+                   lambda left: f"{len(left)} processes alive {STOP_BOUND_S:.0f} s after "
+                                f"{number.name}: {describe(left)}\n"
+                                f"{service.output.read_text()[-3000:]}", interval_s=0.1)
     service.process.wait(timeout=5)
     assert stream.ended.wait(max(0.0, deadline - time.monotonic()) + 1), \
         "the event stream outlived the service"
@@ -212,13 +213,10 @@ def test_a_worker_alone_gives_its_job_back_on_sigterm(tmp_path, model_cache):
         processes = process_tree(worker.pid)
         with killed_after(processes):
             worker.send_signal(signal.SIGTERM)
-            deadline = time.monotonic() + STOP_BOUND_S
-            while any(alive(process) for process in processes) and \
-                    time.monotonic() < deadline:
-                time.sleep(0.1)
-            left = [process for process in processes if alive(process)]
-            assert not left, f"{len(left)} processes alive {STOP_BOUND_S:.0f} s after " \
-                             f"SIGTERM: {describe(left)}"
+            poll_until(lambda: [process for process in processes if alive(process)],
+                       lambda left: not left, STOP_BOUND_S,
+                       lambda left: f"{len(left)} processes alive {STOP_BOUND_S:.0f} s after "
+                                    f"SIGTERM: {describe(left)}", interval_s=0.1)
         stopped = service.request("GET", f"/v1/jobs/{job['id']}")[1]
         assert stopped["status"] == "queued", stopped
         assert stopped["progress"]["step"] >= running["progress"]["step"]
