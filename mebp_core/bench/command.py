@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from mebp_core.bench.convergence import ConvergenceSpec
-from mebp_core.bench.side_by_side import METHODS, SideBySideSpec
+from mebp_core.bench.side_by_side import BASELINE, METHODS, SideBySideSpec
 
 DEFAULT_WORK_DIR = Path("bench-out/convergence")
 
@@ -36,6 +36,8 @@ def add_bench_arguments(parser: argparse.ArgumentParser) -> None:
     check = parser.add_argument_group("plan check")
     check.add_argument("--plan-check", action="store_true",
                        help="measure the planner's Pareto configurations against predictions")
+    check.add_argument("--method", choices=[m for m in METHODS if m != BASELINE],
+                       default="mebp", help="the method whose front is checked (default mebp)")
     check.add_argument("--models", nargs="+", default=["preset:qwen2.5-0.5b"],
                        help="models to check (default preset:qwen2.5-0.5b)")
     check.add_argument("--seq-lens", nargs="+", type=int, default=[128, 256])
@@ -91,7 +93,8 @@ def run_bench(args: argparse.Namespace) -> int:
         from mebp_core.bench.plan_check import PlanCheckSpec, format_plan_check, run_plan_check
 
         report = run_plan_check(PlanCheckSpec(
-            models=tuple(args.models), seq_lens=tuple(args.seq_lens), steps=args.steps,
+            models=tuple(args.models), seq_lens=tuple(args.seq_lens), method=args.method,
+            steps=args.steps,
             compute_dtype=args.compute_dtype or "float32", quant=args.quant,
             group_size=args.group_size, threads=args.threads, max_configs=args.max_configs,
             with_peft=args.with_peft, seed=args.seed, learn=args.learn))

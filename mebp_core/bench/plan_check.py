@@ -1,5 +1,6 @@
-"""``mebp bench --plan-check``: run each Pareto configuration the planner predicts and print
-predicted against measured peak memory and step time.
+"""``mebp bench --plan-check``: run each Pareto configuration the planner predicts for one
+method (MeBP, MeZO or plain backprop) and print predicted against measured peak memory and
+step time.
 
 Every configuration runs in a fresh worker process, one at a time (the machine is shared:
 nothing else of ours runs meanwhile). Optionally transformers + PEFT runs once per model and
@@ -21,6 +22,7 @@ from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.calibration import calibration_path, load_calibration
 from mebp_core.plan.correction import record_run
+from mebp_core.plan.methods import method_config
 from mebp_core.plan.on_host import plan_on_host
 from mebp_core.plan.workload import matmul_dtype_of
 from mebp_core.units import MB
@@ -33,6 +35,7 @@ TIME_TOLERANCE = 0.25
 class PlanCheckSpec:
     models: tuple[str, ...]
     seq_lens: tuple[int, ...]
+    method: str = "mebp"
     steps: int = 3
     compute_dtype: str = "float32"
     quant: str = "int4"
@@ -63,9 +66,9 @@ def _run_plan_check(spec: PlanCheckSpec, cache: Path) -> dict:
         packed = resolve_model(model, quant=spec.quant, group_size=spec.group_size)
         arch = load_architecture(model)
         for seq_len in spec.seq_lens:
-            config = TrainConfig(seq_len=seq_len, compute_dtype=spec.compute_dtype,
-                                 quant=spec.quant, group_size=spec.group_size,
-                                 knobs=EngineKnobs(threads=spec.threads))
+            config = method_config(TrainConfig(
+                seq_len=seq_len, compute_dtype=spec.compute_dtype, quant=spec.quant,
+                group_size=spec.group_size, knobs=EngineKnobs(threads=spec.threads)), spec.method)
             plan = plan_on_host(arch, config, cache_dir=cache)
             calibration = plan.calibration
             for entry in _spread(plan.pareto, spec.max_configs):
@@ -79,9 +82,10 @@ def _run_plan_check(spec: PlanCheckSpec, cache: Path) -> dict:
                 if spec.threads:
                     options += ["--threads", str(spec.threads)]
                 print(f"{model} seq {seq_len}: {entry.id}", file=sys.stderr, flush=True)
-                measured = run_worker(worker_argv("mebp", packed, *options))
+                measured = run_worker(worker_argv(spec.method, packed, *options))
                 matmul_dtype = matmul_dtype_of(plan.workload, entry.knobs)
-                rows.append(_row(model, seq_len, entry.id, matmul_dtype, prediction, measured))
+                rows.append(_row(model, seq_len, spec.method, entry.id, matmul_dtype,
+                                 prediction, measured))
                 print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
                 if spec.learn:
                     # the time-corrections file records against the calibration's own stamp
@@ -104,7 +108,8 @@ def _run_plan_check(spec: PlanCheckSpec, cache: Path) -> dict:
                 baselines.append({"model": model, "seq_len": seq_len,
                                   "s_per_step": peft["s_per_step"],
                                   "peak_mb": peft["peak_mb"]})
-    report = {"rows": rows, "peft": baselines, "calibration": calibration,
+    report = {"method": spec.method, "rows": rows, "peft": baselines,
+              "calibration": calibration,
               "compute_dtype": spec.compute_dtype, "quant": spec.quant, "learn": spec.learn,
               "memory_within": _share(rows, "memory_error", MEMORY_TOLERANCE),
               "time_within": _share(rows, "time_error", TIME_TOLERANCE)}
@@ -135,13 +140,14 @@ def _spread(front: list, limit: int | None) -> list:
     return [front[i] for i in sorted(picks)]
 
 
-def _row(model: str, seq_len: int, config: str, matmul_dtype: str, prediction,
+def _row(model: str, seq_len: int, method: str, config: str, matmul_dtype: str, prediction,
          measured: dict) -> dict:
     predicted_mb = prediction.peak_bytes / MB
     predicted_s = prediction.step_time_s
     # what the prior alone (one factor for every part) would have predicted
     prior = 1.0 if prediction.correction is None else prediction.correction.factor
-    return {"model": model, "seq_len": seq_len, "config": config, "matmul_dtype": matmul_dtype,
+    return {"model": model, "seq_len": seq_len, "method": method, "config": config,
+            "matmul_dtype": matmul_dtype,
             "time_correction": round(prediction.time_factor, 4),
             "modelled_time_s": {k: round(v, 4) for k, v in prediction.modelled_time.items()},
             # the engine's own clock on its dequantization, beside the modelled part
@@ -165,7 +171,8 @@ def _share(rows: list[dict], key: str, tolerance: float) -> str:
 
 
 def format_plan_check(report: dict) -> str:
-    lines = [f"{'model':<22} {'seq':>5} {'configuration':<46} {'MB pred':>8} {'MB meas':>8} "
+    lines = [f"method {report['method']}",
+             f"{'model':<22} {'seq':>5} {'configuration':<46} {'MB pred':>8} {'MB meas':>8} "
              f"{'err':>6} {'s pred':>7} {'s meas':>7} {'err':>6}"]
     for r in report["rows"]:
         lines.append(f"{r['model']:<22} {r['seq_len']:>5} {r['config']:<46} "
