@@ -133,6 +133,11 @@ class CalibrationPublic(BaseModel):
     spread: dict[str, float] = Field(
         description="per kind of figure, the upper quartile of its repeats over the lower")
     max_spread: float | None
+    steady: bool = Field(description=(
+        "its repeats agreed within spread_bound; false on a busy host: its time figures are "
+        "provisional until a steadier measurement replaces it (memory figures are not "
+        "affected)"))
+    spread_bound: float
     time_correction: dict[str, dict] = Field(default_factory=dict, description=(
         "per matmul dtype, what measured runs on this host say of its step-time predictions: "
         "the median ratio of measured to modelled step time over its latest runs (factor, "
@@ -342,6 +347,10 @@ class ModelPublic(BaseModel):
     source: Literal["preset", "registered"]
     model_type: str
     parameters: int
+    pretrained: bool | None = Field(description=(
+        "true: weights trained on text (a shipped preset, e.g. preset:pycode-12m); false: "
+        "seeded random weights for simulation; null: a registered model, whose weights the "
+        "service does not judge"))
 
 
 class ModelsPublic(BaseModel):

@@ -40,8 +40,12 @@ def test_only_admins_register_models_and_only_from_the_model_roots(api, user, mo
     assert status == 201, model
     assert model["source"] == "registered" and model["parameters"] > 0
     assert api.request("POST", "/v1/models", good)[0] == 409
-    names = {m["name"]: m["source"] for m in user.get("/v1/models").json()["data"]}
-    assert names["my-tiny"] == "registered" and names["preset:tiny"] == "preset"
+    listed = {m["name"]: m for m in user.get("/v1/models").json()["data"]}
+    assert listed["my-tiny"]["source"] == "registered"
+    assert listed["preset:tiny"]["source"] == "preset"
+    # the shipped preset is the one that learned something; the rest are seeded noise
+    assert {name for name, m in listed.items() if m["pretrained"]} == {"preset:pycode-12m"}
+    assert listed["preset:tiny"]["pretrained"] is False and listed["my-tiny"]["pretrained"] is None
     dataset = user.post("/v1/datasets", files={"file": ("r.jsonl", ROWS)}).json()["id"]
     response = user.post("/v1/jobs", json={"model": "nobody-registered-me",
                                            "training_file": dataset, "device": "pixel-8"})

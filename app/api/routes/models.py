@@ -21,7 +21,7 @@ from app.schemas import BaseExporting, ModelCreate, ModelPublic, ModelsPublic
 from mebp_core.config import GroupSize, Quant, TrainConfig
 from mebp_core.plan.arch import PlanInputError, load_architecture
 from mebp_core.store.export_base import BASE_DTYPES
-from mebp_core.store.preset_configs import PRESET_CONFIGS
+from mebp_core.store.preset_configs import PRESET_CONFIGS, SHIPPED_PRESETS
 from service.models import RegisteredModel
 from service.registry import PRESET
 
@@ -35,10 +35,11 @@ def list_models(session: SessionDep) -> ModelsPublic:
         arch = load_architecture(PRESET + name)
         models.append(ModelPublic(name=PRESET + name, source="preset",
                                   model_type=arch.model_type,
-                                  parameters=arch.parameter_count()))
+                                  parameters=arch.parameter_count(),
+                                  pretrained=name in SHIPPED_PRESETS))
     for row in session.exec(select(RegisteredModel).order_by(RegisteredModel.name)):
         models.append(ModelPublic(name=row.name, source="registered", model_type=row.model_type,
-                                  parameters=row.parameters))
+                                  parameters=row.parameters, pretrained=None))
     return ModelsPublic(data=models, count=len(models))
 
 
@@ -58,7 +59,7 @@ def register_model(body: ModelCreate, session: SessionDep, settings: SettingsDep
     session.add(row)
     session.commit()
     return ModelPublic(name=row.name, source="registered", model_type=row.model_type,
-                       parameters=row.parameters)
+                       parameters=row.parameters, pretrained=None)
 
 
 _DEFAULTS = TrainConfig.model_fields
