@@ -2,8 +2,8 @@
 // per method at its best learning rate, the other rates faint, failed runs marked), peak
 // memory per method, and its tables; polled from GET /v1/comparisons/{id} until done.
 (function () {
-  const COLORS = {mebp: "#4c78a8", mezo: "#f58518", backprop: "#54a24b"};
-  const NAMES = {mebp: "MeBP", mezo: "MeZO", backprop: "backprop"};
+  const METHODS = window.MEBP_METHODS;
+  const NAMES = Object.fromEntries(Object.entries(METHODS).map(([k, m]) => [k, m.name]));
   const FAILED = "#e45756";
   const POLL_MS = 3000;
   const config = {displaylogo: false, responsive: true};
@@ -33,8 +33,9 @@
           showlegend: best || run.status === "failed", opacity: best ? 1 : 0.3,
           x: points.map((p) => p.device_time_s), y: points.map((p) => p.val_loss),
           customdata: points.map((p) => [p.step, p.host_time_s == null ? NaN : p.host_time_s]),
-          line: {color: COLORS[method.method], width: best ? 3 : 1, dash: best ? "solid" : "dot"},
-          marker: {size: best ? 7 : 4},
+          line: {color: METHODS[method.method].color, width: best ? 3 : 1,
+                 dash: best ? "solid" : "dot"},
+          marker: {size: best ? 7 : 4, symbol: METHODS[method.method].symbol},
           hovertemplate: `${name}<br>loss %{y:.4f} at %{x:.0f} s of phone time (est.)` +
             "<br>step %{customdata[0]}, %{customdata[1]:.1f} s on this host<extra></extra>",
         });
@@ -78,7 +79,7 @@
       {type: "bar", name: "predicted", x: names, y: methods.map((m) => m.predicted_peak_mb),
        marker: {color: "#bbbbbb"}, hovertemplate: "%{x}: %{y:.0f} MB predicted<extra></extra>"},
       {type: "bar", name: "measured", x: names, y: methods.map((m) => m.measured_peak_mb),
-       marker: {color: methods.map((m) => COLORS[m.method])},
+       marker: {color: methods.map((m) => METHODS[m.method].color)},
        hovertemplate: "%{x}: %{y:.0f} MB measured (its jobs' highest)<extra></extra>"},
     ], {
       margin: {t: 20, r: 20}, barmode: "group", legend: {orientation: "h", y: -0.2},

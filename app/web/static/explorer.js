@@ -2,11 +2,9 @@
 // of one method or of every method side by side; a second chart beside it when another
 // device or sequence length is compared, on the same axes.
 (function () {
-  // each method its own colour and marker shape (Okabe-Ito, distinct without colour too);
-  // a configuration predicted not to fit is drawn open
-  const METHOD_STYLE = {mebp: {color: "#0072b2", symbol: "circle"},
-                        mezo: {color: "#e69f00", symbol: "square"},
-                        backprop: {color: "#cc79a7", symbol: "triangle-up"}};
+  // each method its own colour and marker shape (methods.js); a configuration predicted not
+  // to fit is drawn open
+  const METHOD_STYLE = window.MEBP_METHODS;
 
   const data = JSON.parse(document.getElementById("chart-data").textContent);
   if (!data.charts.length) return;
