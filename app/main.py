@@ -26,6 +26,7 @@ from app.api.events import StreamSlots
 from app.api.request_sessions import SessionSlots
 from app.api.routes import adapters, comparisons, datasets, devices, fleets, jobs, models, plans
 from app.api.url_guard import RefuseNulInUrl
+from app.calibration_gate import RETRY_AFTER_S, CalibrationGate
 from app.keys import ensure_bootstrap_key
 from app.reconciler import Reconciler
 from app.schemas import ErrorMessage
@@ -34,6 +35,7 @@ from app.web import auth, base_page, comparison_pages, explorer, monitor
 from app.web.auth import SignInRequired
 from app.web.templating import PLOTLY_JS, STATIC_DIR
 from mebp_core.cache import default_cache_dir
+from mebp_core.plan.on_host import CalibrationUnavailableError
 from service.bases import BaseExports
 from service.db import database_url, make_engine
 from service.devices import sync_builtin_devices
@@ -74,9 +76,11 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        calibration.start()  # ready means calibrated: no request waits on a measurement
         reconciler = Reconciler(engine, queue, settings).start() if reconcile else None
         event_hub.start()  # one poller feeds every event stream of this process
         yield
+        calibration.stop()
         await event_hub.stop()
         if reconciler is not None:
             reconciler.stop()
@@ -99,6 +103,8 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
                                               settings.max_base_exports_per_tenant_per_hour)
     app.state.event_hub = event_hub = EventHub(engine)
     app.state.stream_slots = StreamSlots(settings.max_streams_per_key)
+    app.state.calibration = calibration = CalibrationGate(
+        settings.cache_dir or default_cache_dir(), settings.plan_threads)
 
     @app.get("/favicon.ico", include_in_schema=False)
     def favicon() -> FileResponse:
@@ -116,6 +122,10 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
     for error, message in UNAVAILABLE.items():
         app.add_exception_handler(error, _unavailable(message))
     app.add_exception_handler(RequestValidationError, validation_error_response)
+    app.add_exception_handler(CalibrationUnavailableError, lambda request, exc: JSONResponse(
+        {"detail": calibration.unavailable_detail(), "calibration": calibration.state()},
+        status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
+        headers={"Retry-After": str(RETRY_AFTER_S)}))
     app.add_exception_handler(OSError, _storage_full)
     app.add_middleware(RefuseNulInUrl)
     app.add_middleware(BodyLimit, settings=settings)  # before anything reads a body
@@ -128,20 +138,24 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
         v1.include_router(module.router)
     app.include_router(v1)
 
-    @app.get("/v1/health", tags=["health"], responses={503: {"description": "degraded"}})
+    @app.get("/v1/health", tags=["health"],
+             responses={503: {"description": "starting (calibration measuring) or degraded"}})
     @app.get("/healthz", include_in_schema=False)
     async def health() -> JSONResponse:
-        """Unauthenticated: the database, Redis, free storage and how many workers are
-        listening."""
+        """Unauthenticated: the database, Redis, free storage, this host's calibration
+        (``measuring`` while the service starts; ``provisional`` when unsteady) and how many
+        workers are listening. 200 only when every request can be answered now."""
         async with app.state.session_slots.hold():
             report = await run_in_threadpool(check_health)
-        healthy = report["database"] == report["redis"] == report["storage"] == "ok"
-        return JSONResponse({"status": "ok" if healthy else "degraded", **report},
-                            status_code=200 if healthy else 503)
+        reachable = report["database"] == report["redis"] == report["storage"] == "ok"
+        healthy = reachable and report["calibration"] in ("ready", "provisional")
+        state = "ok" if healthy else "starting" if reachable and \
+            report["calibration"] == "measuring" else "degraded"
+        return JSONResponse({"status": state, **report}, status_code=200 if healthy else 503)
 
     def check_health() -> dict:
         report = {"database": "ok", "redis": "ok", "storage": storage_state(settings),
-                  "workers": None}
+                  "calibration": calibration.state(), "workers": None}
         try:
             with engine.connect() as connection:
                 connection.execute(text("select 1"))

@@ -68,7 +68,8 @@ def plan_job(body: JobCreate, settings: Settings, session: Session) -> PlannedJo
         update={"threads": settings.plan_threads})})
     runs, summary, plan = plan_job_run(
         arch, here, budget_bytes=budget_bytes, device=device,
-        chosen_by="auto" if body.config == "auto" else "request", cache_dir=settings.cache_dir)
+        chosen_by="auto" if body.config == "auto" else "request", cache_dir=settings.cache_dir,
+        measure=False)  # measured when the service started (``app.calibration_gate``)
     config = runs.model_copy(update={"knobs": runs.knobs.model_copy(update={"threads": None})})
     return PlannedJob(config, device, budget_bytes, summary, feasible=plan.auto is not None)
 

@@ -6,7 +6,6 @@ key, stopped whole by SIGTERM or SIGINT (``app.stopping``); ``mebp keys`` and ``
 from __future__ import annotations
 
 import signal
-import threading
 from pathlib import Path
 
 import uvicorn
@@ -16,8 +15,6 @@ from app.connection_guard import connection_limits, guarded_protocol, raise_desc
 from app.keys import bootstrap_key
 from app.main import create_app
 from app.stopping import GRACEFUL_S, ServiceStop, StoppingServer
-from mebp_core.cache import default_cache_dir
-from mebp_core.plan.calibration import load_calibration
 from service.db import database_url, upgrade_database
 from service.queue import EmbeddedRedis
 from service.settings import load_settings
@@ -46,10 +43,6 @@ def serve(*, host: str | None, port: int | None, data_dir: Path | None,
         if settings.redis_url is None:
             stop.redis = EmbeddedRedis(settings.data_dir)
             settings = settings.model_copy(update={"redis_url": stop.redis.url})
-        # measure this host for the planner now, not on the first request
-        threading.Thread(target=load_calibration, name="mebp-calibration", daemon=True,
-                         args=(settings.cache_dir or default_cache_dir(),
-                               settings.plan_threads)).start()
         stop.workers = WorkerPool(settings)
         print(f"mebp: serving on http://{settings.host}:{settings.port} (OpenAPI at /docs) "
               f"with {settings.workers} worker(s), Redis at {settings.redis_url}; "

@@ -1,10 +1,11 @@
 """This host's throughputs, measured (in a subprocess that imports torch) and cached.
 
-The cache key names the CPU, the core count, the thread count, the torch version and the
-dequantization kernel, so a different machine, or a different setting, is measured afresh.
-A measurement whose repeats spread too wide is taken again before it is cached; every
-calibration records when, under what load and with which dequantization kernel it was
-taken, and plans say so.
+The cache key names the CPU, the core count, the thread count, the torch version, the
+dequantization kernel and the measuring code, so a different machine, setting or measurement
+is measured afresh. A measurement whose repeats spread too wide is taken again before it is
+cached; one that stays that wide is *unsteady*: it is replaced by the next steadier one, and
+plans made with it say they are provisional. Every calibration records when, under what load
+and with which dequantization kernel it was taken, and plans say so.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from mebp_core.atomic import exclusive_lock, write_json_atomically
+from mebp_core.code_version import PACKAGE_DIR, source_digest
 from mebp_core.cpu import cpu_model
 from mebp_core.errors import MebpError
 from mebp_core.plan.correction import TimeCorrection, load_corrections
@@ -74,12 +76,18 @@ class HostCalibration:
     def max_spread(self) -> float | None:
         return max(self.spread.values()) if self.spread else None
 
+    @property
+    def steady(self) -> bool:
+        """Its repeats agreed within MAX_SPREAD; if not, its time figures are provisional."""
+        return (self.max_spread or 1.0) <= MAX_SPREAD
+
     def provenance(self) -> dict:
         """What a plan says about the calibration it used."""
         return {"host": self.host, "threads": self.threads, "torch": self.torch,
                 "kernel": self.kernel, "measured_at": self.measured_at or None,
                 "load_average": [self.load_before, self.load_after],
                 "spread": self.spread, "max_spread": self.max_spread,
+                "steady": self.steady, "spread_bound": MAX_SPREAD,
                 "time_correction": {dtype: c.to_json()
                                     for dtype, c in self.time_corrections.items()}}
 
@@ -122,14 +130,15 @@ def _interpolate_tokens(rates: dict[str, float], tokens: int) -> float:
 
 
 def host_key(threads: int | None) -> str:
-    """Names what the figures depend on: CPU, cores, threads, Python, torch's version and the
-    dequantization kernel."""
+    """Names what the figures depend on: CPU, cores, threads, Python, torch's version, the
+    dequantization kernel and the code that measures."""
     try:
         torch_version = importlib.metadata.version("torch")  # read without importing torch
     except importlib.metadata.PackageNotFoundError:
         torch_version = None
     text = json.dumps([CALIBRATION_VERSION, cpu_model(), os.cpu_count(), threads,
-                       platform.python_version(), torch_version, kernel_digest()])
+                       platform.python_version(), torch_version, kernel_digest(),
+                       source_digest(PACKAGE_DIR / "measure_host.py")])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -175,17 +184,22 @@ def _read_calibration(path: Path) -> HostCalibration:
                                "measure again") from None
 
 
-def _due_again(calibration: HostCalibration) -> bool:
-    """An unsteady calibration (every attempt spread wider than MAX_SPREAD: the host was
-    busy) is measured again once RETRY_UNSTEADY_S have passed since it was last tried."""
-    if (calibration.max_spread or 1.0) <= MAX_SPREAD:
-        return False
+def due_again_in(calibration: HostCalibration) -> float | None:
+    """Seconds until an unsteady calibration (every attempt spread wider than MAX_SPREAD: the
+    host was busy) is measured again, RETRY_UNSTEADY_S after it was last tried (0: due);
+    None for a steady one."""
+    if calibration.steady:
+        return None
     last = calibration.retried_at or calibration.measured_at
     try:
         age = (datetime.now(UTC) - datetime.fromisoformat(last)).total_seconds()
     except ValueError:
-        return True
-    return age >= RETRY_UNSTEADY_S
+        return 0.0
+    return max(0.0, RETRY_UNSTEADY_S - age)
+
+
+def _due_again(calibration: HostCalibration) -> bool:
+    return due_again_in(calibration) == 0.0
 
 
 def _now() -> str:

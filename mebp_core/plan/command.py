@@ -112,4 +112,10 @@ def format_plan(plan: Plan, show_all: bool = False) -> str:
     if plan.auto is not None and plan.auto.device_step_time_s is not None:
         lines.append(f"{plan.device.name}: about {plan.auto.device_step_time_s:.2f} s/step "
                      "(the device model's estimate)")
+    calibration = plan.calibration or {}
+    if calibration.get("steady") is False:
+        lines.append(f"provisional: this host's calibration is unsteady (its repeats spread "
+                     f"{calibration['max_spread']:.1f}x, over the {calibration['spread_bound']:g}x"
+                     " bound: a busy host), so s/step here is rough until it is measured again"
+                     " on a quieter host; peak MB is unaffected")
     return "\n".join(lines)

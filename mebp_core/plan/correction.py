@@ -36,6 +36,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from mebp_core.atomic import exclusive_lock, write_json_atomically
+from mebp_core.code_version import engine_code_digest
 
 RECENT_RUNS = 5  # the prior is the median over this many latest runs
 # a configuration's part factors: from this many runs of the mix most like its own, among
@@ -121,7 +122,10 @@ def _mix_distance(a: dict[str, float], b: dict[str, float],
 
 
 def correction_path(calibration_file: Path) -> Path:
-    return calibration_file.with_name(calibration_file.stem + "-time-correction.json")
+    """Runs of another version of the engine (another checkout sharing the cache, or this one
+    before an edit) measured other code: each version learns its own correction."""
+    return calibration_file.with_name(
+        f"{calibration_file.stem}-time-correction-{engine_code_digest()}.json")
 
 
 def steady_step_time(step_times: list[float]) -> float | None:

@@ -77,10 +77,10 @@ def _fits(entry: PlanEntry, plan: Plan) -> str:
 
 def plan_methods_on_host(arch: Architecture, config: TrainConfig, methods=METHODS, *,
                          budget_bytes: int | None = None, device: DeviceProfile | None = None,
-                         margin: float = DEFAULT_MARGIN, cache_dir: Path | None = None
-                         ) -> MethodPlans:
+                         margin: float = DEFAULT_MARGIN, cache_dir: Path | None = None,
+                         measure: bool = True) -> MethodPlans:
     """Each method's plan of ``config``'s setting; a method the setting does not apply to
-    (MeZO with AdamW) is skipped with the reason."""
+    (MeZO with AdamW) is skipped with the reason. ``measure`` as for ``plan_on_host``."""
     plans, skipped = {}, {}
     for method in methods:
         try:
@@ -91,5 +91,6 @@ def plan_methods_on_host(arch: Architecture, config: TrainConfig, methods=METHOD
             skipped[method] = str(exc)
             continue
         plans[method] = plan_on_host(arch, method_setting, budget_bytes=budget_bytes,
-                                     device=device, margin=margin, cache_dir=cache_dir)
+                                     device=device, margin=margin, cache_dir=cache_dir,
+                                     measure=measure)
     return MethodPlans(plans, skipped)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from mebp_core.cache import default_cache_dir
 from mebp_core.config import EngineKnobs, TrainConfig
-from mebp_core.plan.arch import Architecture, PlanInputError
-from mebp_core.plan.calibration import load_calibration
+from mebp_core.plan.arch import Architecture
+from mebp_core.plan.calibration import CalibrationError, load_calibration
 from mebp_core.plan.devices import DeviceProfile
 from mebp_core.plan.planner import (
     DEFAULT_MARGIN,
@@ -23,8 +23,9 @@ from mebp_core.plan.workload import Workload, matmul_dtype_of
 from mebp_core.units import MB
 
 
-class CalibrationUnavailableError(PlanInputError):
-    """This host is not calibrated yet and may not be measured here (inside a memory cap)."""
+class CalibrationUnavailableError(CalibrationError):
+    """This host is not calibrated yet and may not be measured here (inside a memory cap, or
+    on a request: the service measures when it starts)."""
 
 
 def plan_on_host(arch: Architecture, config: TrainConfig, *, budget_bytes: int | None = None,
@@ -87,15 +88,15 @@ def plan_summary(plan: Plan, chosen: PlanEntry, *, chosen_by: str) -> dict:
 
 
 def plan_job_run(arch: Architecture, config: TrainConfig, *, budget_bytes: int | None,
-                 device: DeviceProfile | None, chosen_by: str, cache_dir: Path | None
-                 ) -> tuple[TrainConfig, dict, Plan]:
+                 device: DeviceProfile | None, chosen_by: str, cache_dir: Path | None,
+                 measure: bool = True) -> tuple[TrainConfig, dict, Plan]:
     """A service job's plan on this host, at ``config``'s thread count: ``config`` with the
     knobs it runs (the fastest configuration predicted to fit, or the smallest when none
     does; with ``chosen_by="request"``, its own knobs), the summary the job records, and
     the plan."""
     plan = plan_on_host(arch, config, budget_bytes=budget_bytes, device=device,
                         candidates=[config.knobs] if chosen_by == "request" else None,
-                        cache_dir=cache_dir)
+                        cache_dir=cache_dir, measure=measure)
     chosen = chosen_entry(plan)
     runs = config.model_copy(update={"knobs": chosen.knobs.model_copy(
         update={"threads": config.knobs.threads})})

@@ -192,16 +192,17 @@ def service_env(cache: Path, extra_env: dict[str, str]) -> dict[str, str]:
 
 
 def start_service(root: Path, cache: Path, extra_env: dict[str, str], *,
-                  workers: int = 1, own_group: bool = False) -> Service:
+                  workers: int = 1, own_group: bool = False, ready: bool = True) -> Service:
     """``mebp serve`` on a free port, once more on another if another process took that
     port between its pick and the server's bind; ``own_group``: in a session (and process
-    group) of its own, which a test may signal whole."""
+    group) of its own, which a test may signal whole. Returned once its health is 200 with
+    ``workers`` listening, or with ``ready=False`` once it answers at all."""
     for _ in range(2):
         with suppress(PortTakenError):
             return start_service_on(free_port(), root, cache, extra_env, workers=workers,
-                                    own_group=own_group)
+                                    own_group=own_group, ready=ready)
     return start_service_on(free_port(), root, cache, extra_env, workers=workers,
-                            own_group=own_group)
+                            own_group=own_group, ready=ready)
 
 
 class PortTakenError(RuntimeError):
@@ -209,7 +210,7 @@ class PortTakenError(RuntimeError):
 
 
 def start_service_on(port: int, root: Path, cache: Path, extra_env: dict[str, str], *,
-                     workers: int, own_group: bool = False) -> Service:
+                     workers: int, own_group: bool = False, ready: bool = True) -> Service:
     env = service_env(cache, extra_env)
     root.mkdir(parents=True, exist_ok=True)
     output = root / "serve.log"
@@ -222,7 +223,9 @@ def start_service_on(port: int, root: Path, cache: Path, extra_env: dict[str, st
     deadline = time.monotonic() + 60
     while True:
         try:
-            if httpx.get(service.url + "/v1/health", timeout=2).json()["workers"] >= workers:
+            health = httpx.get(service.url + "/v1/health", timeout=2)
+            if not ready or (health.status_code == 200 and
+                             health.json()["workers"] >= workers):
                 return service
         except (httpx.HTTPError, ValueError, KeyError):
             pass

@@ -1,7 +1,7 @@
 """``/v1/plans``: every trade-off configuration for a model on a device or budget.
 
-Sync on purpose: the first call on a host measures its calibration (~10 s) in a subprocess,
-which must not block the event loop."""
+Sync on purpose: planning reads this host's calibration from disk. It never measures it
+here: the service does when it starts, and a plan before that is a 503."""
 
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ def plan_for(body: PlanCreate, settings: Settings, session: Session, where: str)
     methods = METHODS if body.method == "all" else (body.method,)
     try:
         plans = plan_methods_on_host(arch, config, methods, budget_bytes=budget, device=device,
-                                     margin=body.margin, cache_dir=settings.cache_dir)
+                                     margin=body.margin, cache_dir=settings.cache_dir,
+                                     measure=False)
     except MethodSettingError as exc:
         raise invalid("method", str(exc), body.method, where=where) from None
     except PlanInputError as exc:

@@ -4,9 +4,15 @@ per matmul dtype and per calibration, applied by every plan made with that calib
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
+import mebp_core
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.calibration import calibration_path, load_calibration
@@ -163,3 +169,38 @@ def test_a_jobs_timed_decompression_is_recorded_with_its_run(tmp_path, seed_cali
         "matmul": pytest.approx(2.0), "decompress": pytest.approx(3.0)}
     [kept] = json.loads(correction_path(calibration_path(cache, None)).read_text())
     assert kept["measured_parts"] == {"decompress": 3.0}  # only what the engine times
+
+
+def test_runs_of_another_checkout_never_correct_this_ones_plans(tmp_path, seed_calibration,
+                                                                host):
+    """Another checkout of the engine (one line of its training step changed) shares this
+    host's cache and calibration, but not its correction."""
+    cache = seed_calibration(tmp_path / "cache")
+    other = tmp_path / "other-checkout"
+    shutil.copytree(Path(mebp_core.__file__).parent, other / "mebp_core",
+                    ignore=shutil.ignore_patterns("__pycache__", "shipped"))
+    with open(other / "mebp_core" / "engine" / "mebp.py", "a") as f:
+        f.write("\n# another version of the training step\n")
+    script = (
+        "import json, sys, mebp_core\n"
+        "from pathlib import Path\n"
+        "from mebp_core.plan.calibration import calibration_path, load_calibration\n"
+        "from mebp_core.plan.correction import record_run\n"
+        "cache = Path(sys.argv[1])\n"
+        "record_run(calibration_path(cache, None), sys.argv[2], matmul_dtype='float32',\n"
+        "           modelled_s=2.0, measured_s=6.0, label='other checkout')\n"
+        "factor = load_calibration(cache, measure=False).time_corrections['float32'].factor\n"
+        "print(json.dumps({'package': mebp_core.__file__, 'factor': factor,\n"
+        "                  'calibration': str(calibration_path(cache, None))}))\n")
+    done = subprocess.run([sys.executable, "-c", script, str(cache), host.measured_at],
+                          capture_output=True, text=True, timeout=120, cwd=other,
+                          env={**os.environ, "PYTHONPATH": str(other)})
+    assert done.returncode == 0, done.stderr
+    ran = json.loads(done.stdout)
+    assert Path(ran["package"]).is_relative_to(other)  # the other code ran
+    assert ran["factor"] == pytest.approx(3.0)  # and learned from its own run
+    # the same calibration (its figures are the hardware's) ...
+    assert ran["calibration"] == str(calibration_path(cache, None))
+    # ... but this checkout's plans are not corrected by the other's run
+    assert load_calibration(cache).time_corrections == {}
+    assert record(cache, host.measured_at, 1.5).factor == pytest.approx(1.5)
