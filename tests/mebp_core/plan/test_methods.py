@@ -50,7 +50,7 @@ def test_backprop_holds_every_activation_the_whole_model_and_the_full_logits(hos
     backprop, mebp = default_prediction("backprop", host), default_prediction("mebp", host)
     arch = load_architecture(QWEN)
     assert backprop.memory["loss_chunk"] == full_logits_bytes(
-        Workload(arch=arch, seq_len=256, method="backprop"), 4)
+        Workload(arch=arch, seq_len=256, method="backprop"))
     assert backprop.memory["loss_chunk"] > 3 * 256 * arch.vocab_size * 4 - 1
     frozen = sum(params for _, params in arch.frozen_weights()) * 4
     assert backprop.memory["weights"] >= frozen  # all of it resident
