@@ -43,8 +43,8 @@ def free_port() -> int:
 
 def start_service(data_dir: Path, workers: int, key: str,
                   timeout_s: float = 120) -> tuple[subprocess.Popen, str]:
-    """``mebp serve`` once ``workers`` are listening (a worker measures this host's
-    calibration first where the cache has none: minutes on a busy host)."""
+    """``mebp serve`` once ready (health 200: this host's calibration measured, minutes on a
+    busy host where the cache has none) with ``workers`` listening."""
     port = free_port()
     env = {**os.environ, "MEBP_API_KEY": key, "HF_HUB_OFFLINE": "1"}
     process = subprocess.Popen(
@@ -55,9 +55,10 @@ def start_service(data_dir: Path, workers: int, key: str,
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            if httpx.get(url + "/v1/health", timeout=2).json().get("workers", 0) >= workers:
+            health = httpx.get(url + "/v1/health", timeout=2)
+            if health.status_code == 200 and health.json()["workers"] >= workers:
                 return process, url
-        except (httpx.HTTPError, ValueError):
+        except (httpx.HTTPError, ValueError, KeyError):
             pass
         if process.poll() is not None:
             break
