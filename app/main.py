@@ -18,7 +18,7 @@ from sqlalchemy.exc import IntegrityError, InterfaceError, OperationalError
 from sqlmodel import Session
 from starlette.concurrency import run_in_threadpool
 
-from app.api.body_limit import BodyLimit
+from app.api.body_limit import BodyLimits
 from app.api.deps import require_api_key
 from app.api.errors import validation_error_response
 from app.api.event_hub import EventHub
@@ -85,10 +85,11 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
         if reconciler is not None:
             reconciler.stop()
 
+    body_limits = BodyLimits(settings)
     # /docs with its scripts served from the fastapi-offline package (no /redoc: its
     # bundle fetches a logo from a CDN)
     app = FastAPIOffline(title="mebp", version="0.1.0", lifespan=lifespan, redoc_url=None,
-                         favicon_url=FAVICON_URL,
+                         favicon_url=FAVICON_URL, max_body_size=body_limits.request_bytes,
                          description="Exact, memory-efficient LoRA fine-tuning under "
                          "phone-sized memory budgets: datasets, jobs run under kernel-enforced "
                          "memory caps, adapters, fleets, device profiles and the memory/time "
@@ -117,6 +118,7 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
     for module in (auth, explorer, monitor, comparison_pages, base_page):
         app.include_router(module.router)
+    app.include_router(explorer.uploads, max_body_size=body_limits.upload_bytes)
     app.add_exception_handler(SignInRequired, lambda request, exc: RedirectResponse(
         "/signin", status_code=status.HTTP_303_SEE_OTHER))
     for error, message in UNAVAILABLE.items():
@@ -128,7 +130,7 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
         headers={"Retry-After": str(RETRY_AFTER_S)}))
     app.add_exception_handler(OSError, _storage_full)
     app.add_middleware(RefuseNulInUrl)
-    app.add_middleware(BodyLimit, settings=settings)  # before anything reads a body
+    app.add_exception_handler(status.HTTP_413_CONTENT_TOO_LARGE, body_limits.handle)
     app.add_exception_handler(IntegrityError, lambda request, exc: JSONResponse(
         {"detail": "it conflicts with what exists (made at the same moment?); retry"},
         status_code=status.HTTP_409_CONFLICT))
@@ -136,6 +138,7 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=ERRORS)
     for module in (devices, models, plans, datasets, jobs, adapters, fleets, comparisons):
         v1.include_router(module.router)
+    v1.include_router(datasets.uploads, max_body_size=body_limits.upload_bytes)
     app.include_router(v1)
 
     @app.get("/v1/health", tags=["health"],

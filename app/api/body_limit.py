@@ -1,71 +1,36 @@
-"""``BodyLimit``: every request body is capped before anything reads it, authentication
-included: a declared ``Content-Length`` over the cap is a 413 at once, and a body of unknown
-length is counted as it arrives and cut off with a 413 once past the cap. JSON and form
-bodies get ``max_request_bytes``; dataset uploads ``max_upload_bytes`` plus the multipart
-framing (their gzip is measured again after decompression, by ``app.uploads``)."""
+"""Request bodies are capped by FastAPI's ``max_body_size``: the app's limit,
+``max_request_bytes``, covers every body; the routers that take dataset uploads are included
+with ``max_upload_bytes`` plus the multipart framing (their gzip is measured again after
+decompression, by ``app.uploads``). A body is counted as it arrives and refused with a 413
+once past its route's limit, without the rest being read; a declared ``Content-Length`` over
+it is refused before a byte is read, by Starlette itself, with a bare "Content Too Large" in
+place of whatever the route answers (no handler sees that one). ``BodyLimits`` holds the two
+limits and names the one a counted body went past, and the setting that sets it."""
 
 from __future__ import annotations
 
-from starlette.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from fastapi import HTTPException, Request, status
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import Response
+from starlette.middleware.body_limit import MAX_BODY_SIZE_SCOPE_KEY, _RequestBodyTooLarge
 
 from app.uploads import MULTIPART_OVERHEAD_BYTES
 from service.settings import Settings
 
-UPLOAD_ROUTES = {("POST", "/v1/datasets"), ("POST", "/jobs/new")}  # the dashboard's form too
 
-
-class BodyLimit:
-    def __init__(self, app: ASGIApp, *, settings: Settings) -> None:
-        self.app = app
+class BodyLimits:
+    def __init__(self, settings: Settings) -> None:
         self.request_bytes = settings.max_request_bytes
         self.upload_bytes = settings.max_upload_bytes + MULTIPART_OVERHEAD_BYTES
+        self._settings = {self.request_bytes: "MEBP_MAX_REQUEST_BYTES",
+                          self.upload_bytes: "MEBP_MAX_UPLOAD_BYTES"}
 
-    def limit_for(self, scope: Scope) -> tuple[int, str]:
-        if (scope["method"], scope["path"]) in UPLOAD_ROUTES:
-            return self.upload_bytes, "MEBP_MAX_UPLOAD_BYTES"
-        return self.request_bytes, "MEBP_MAX_REQUEST_BYTES"
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        limit, setting = self.limit_for(scope)
-        declared = dict(scope["headers"]).get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > limit:
-            await _too_large(limit, setting)(scope, receive, send)
-            return
-        received = 0
-        started = answered = False  # the app's response began; the 413 was sent instead
-
-        async def capped_receive() -> Message:
-            nonlocal received, answered
-            if answered:
-                return {"type": "http.disconnect"}
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > limit:
-                    if not started:
-                        await _too_large(limit, setting)(scope, receive, send)
-                        answered = True
-                    return {"type": "http.disconnect"}  # the app stops reading here
-            return message
-
-        async def guarded_send(message: Message) -> None:
-            nonlocal started
-            if answered:
-                return  # the 413 is the answer; what the app makes of the cut is dropped
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, capped_receive, guarded_send)
-        except Exception:
-            if not answered:
-                raise
-
-
-def _too_large(limit: int, setting: str) -> JSONResponse:
-    return JSONResponse({"detail": f"the request body is larger than the limit of {limit} "
-                                   f"bytes ({setting})"}, 413)
+    async def handle(self, request: Request, exc: HTTPException) -> Response:
+        """The 413s: Starlette's (a body went past its route's limit) with the limit named;
+        the routes' own as they are."""
+        if isinstance(exc, _RequestBodyTooLarge):  # Starlette has no public name for it
+            limit = request.scope[MAX_BODY_SIZE_SCOPE_KEY]  # the route's, set by FastAPI
+            exc = HTTPException(status.HTTP_413_CONTENT_TOO_LARGE,
+                                f"the request body is larger than the limit of {limit} bytes "
+                                f"({self._settings[limit]})")
+        return await http_exception_handler(request, exc)

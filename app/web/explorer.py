@@ -30,6 +30,7 @@ from service.devices import all_devices
 from service.models import Dataset, RegisteredModel
 
 router = APIRouter(include_in_schema=False)
+uploads = APIRouter(include_in_schema=False)  # the job form takes a dataset: the upload limit
 DEFAULTS = {"model": "preset:qwen2.5-0.5b", "device": "iphone-15-pro-max", "seq_len": 256,
             "method": "mebp"}
 
@@ -129,7 +130,7 @@ def job_form(request: Request, session: SessionDep, principal: PagePrincipal,
     return _render_form(request, session, principal, form.model_dump(), error)
 
 
-@router.post("/jobs/new", response_class=HTMLResponse, dependencies=[SameOrigin])
+@uploads.post("/jobs/new", response_class=HTMLResponse, dependencies=[SameOrigin])
 async def submit_form(request: Request, session: SessionDep, settings: SettingsDep,
                       principal: PagePrincipal):
     """No form parameters: FastAPI would read (and spool) the body before the origin and the

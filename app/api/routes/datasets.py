@@ -18,6 +18,8 @@ from app.uploads import CHUNK_BYTES, DatasetUpload
 from service.models import Dataset
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
+# routes whose body is a dataset upload: create_app includes them with the upload limit
+uploads = APIRouter(prefix="/datasets", tags=["datasets"])
 
 # the body is read by the route itself (after the key is checked), so it is documented here
 UPLOAD_BODY = {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": {
@@ -28,7 +30,7 @@ VALIDATION_ERROR = {422: {"description": "Validation Error", "content": {"applic
     "schema": {"$ref": "#/components/schemas/HTTPValidationError"}}}}}
 
 
-@router.post("", response_model=DatasetPublic, status_code=status.HTTP_201_CREATED,
+@uploads.post("", response_model=DatasetPublic, status_code=status.HTTP_201_CREATED,
              openapi_extra=UPLOAD_BODY, responses=VALIDATION_ERROR)
 async def upload_dataset(request: Request, session: SessionDep, settings: SettingsDep,
                          principal: PrincipalDep) -> Dataset:
