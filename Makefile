@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml
 # most tests first, left the long files for last).
 TEST_WORKERS ?= 2
 test: setup browser llama-cpp
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25 \
+	HF_HUB_OFFLINE=1 MEBP_TESTS_REQUIRE_ALL=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25 \
 		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 lint: setup

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -86,6 +86,21 @@ def shared_service(tmp_path_factory, model_cache) -> Iterator[Service]:
             "MEBP_QUEUE_NAME": f"mebp-test-{uuid.uuid4().hex[:8]}"})
         yield service
         stop_service(service)
+
+
+@pytest.fixture
+def cancel_at_end() -> Iterator[Callable[[Service, str], str]]:
+    """``cancel_at_end(service, job_id)``: the job is cancelled when the test ends, however it
+    ends, so a failing test never leaves a long job holding a shared service's worker for
+    the tests after it. Returns the id."""
+    started: list[tuple[Service, str]] = []
+
+    def register(service: Service, job_id: str) -> str:
+        started.append((service, job_id))
+        return job_id
+    yield register
+    for service, job_id in started:
+        service.request("POST", f"/v1/jobs/{job_id}/cancel")  # a 409 once it has ended
 
 
 @pytest.fixture(params=["embedded", "shared"])

@@ -178,12 +178,15 @@ def test_a_budget_too_small_is_refused_then_killed_by_the_kernel_cap(any_service
     assert after["status"] == "succeeded", after
 
 
-def test_cancel_stops_a_running_job_keeping_its_adapter_and_drops_a_queued_one(any_service):
+def test_cancel_stops_a_running_job_keeping_its_adapter_and_drops_a_queued_one(any_service,
+                                                                              cancel_at_end):
     service = any_service
     dataset_id = upload_rows(service)
     long_job = {**SMALL_JOB, "hyperparameters": {"steps": 100_000, "seq_len": 64}}
     running = submit(service, long_job, dataset_id)
+    cancel_at_end(service, running["id"])
     queued = submit(service, long_job, dataset_id)  # behind it: one worker
+    cancel_at_end(service, queued["id"])
     service.wait_for(running["id"], lambda job: job["progress"]["step"] >= 2)
 
     status, cancelled = service.request("POST", f"/v1/jobs/{queued['id']}/cancel")

@@ -9,11 +9,13 @@ import io
 import json
 import zipfile
 
-import llama_cpp
 import numpy as np
 import torch
+from built_by_make import import_built
 from peft import AutoPeftModelForCausalLM
 from transformers import AutoTokenizer
+
+llama_cpp = import_built("llama_cpp", "llama-cpp")
 
 ROWS = b"".join(json.dumps({"text": f"the quick brown fox {i} jumps over the lazy dog"})
                 .encode() + b"\n" for i in range(32))

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import json
 
-import llama_cpp
 import numpy as np
 import pytest
 import torch
+from built_by_make import import_built
 from peft import PeftModel
 from tiny_models import VOCAB, save_text_model, trained_engine
 from transformers import AutoModelForCausalLM
@@ -17,6 +17,8 @@ from transformers import AutoModelForCausalLM
 from mebp_core.lora.export import export_adapter
 from mebp_core.store.export_base import export_base
 from mebp_core.store.pack import pack_model
+
+llama_cpp = import_built("llama_cpp", "llama-cpp")
 
 # float32 weights and, asked for, a float32 KV cache (llama.cpp's default is float16, which
 # alone costs ~2e-4); llama.cpp still sums in another order and ropes in its own layout
