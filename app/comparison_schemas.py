@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, create_model
 from app.api.request_model import RequestModel
 from app.schemas import Hyperparameters, JobError, Metadata, Name
 from mebp_core.config import MAX_STEPS, Method, TrainConfig
+from service.comparison_spec import MethodVerdict
 
 MAX_LEARNING_RATES = 8
 # SGD on LoRA (the default optimizer): MeZO's estimate of the gradient is noisy, so it
@@ -106,21 +107,9 @@ class ComparisonRun(BaseModel):
     curve: list[CurvePoint]
 
 
-Verdict = Literal["runs", "does_not_fit", "no_device_estimate"]
-
-
-class MethodOutcome(BaseModel):
+class MethodOutcome(MethodVerdict):
     """A method's runs, and the learning rate that reached the lowest validation loss."""
 
-    method: Method
-    verdict: Verdict = Field(description=(
-        "runs; does_not_fit (predicted over the budget: no job); no_device_estimate "
-        "(max_device_time_s cannot be turned into steps: no job)"))
-    reason: str | None
-    smallest_budget_mb: float | None
-    steps: int | None = Field(description="steps each of its jobs trains")
-    device_step_time_s_estimate: float | None
-    predicted_peak_mb: float | None
     measured_peak_mb: float | None = Field(description="the highest of its jobs' peaks")
     best_learning_rate: float | None
     best_job_id: str | None

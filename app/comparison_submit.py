@@ -32,6 +32,7 @@ from app.submit import (
 )
 from mebp_core.config import MAX_STEPS, Method, TrainConfig
 from mebp_core.units import MB
+from service.comparison_spec import ComparisonRequest, ComparisonSpec, MethodRecord
 from service.models import Comparison, Job
 from service.settings import Settings
 from service.storage import new_id
@@ -61,14 +62,14 @@ class MethodPlan:
     steps: int | None
     reason: str | None = None
 
-    def record(self) -> dict:
-        """What the comparison keeps of it (``Comparison.spec["methods"]``)."""
+    def record(self) -> MethodRecord:
+        """What the comparison keeps of it (``Comparison.spec.methods``)."""
         plan = self.planned.plan
-        return {"method": self.method, "verdict": self.verdict, "reason": self.reason,
-                "steps": self.steps, "budget_mb": round(self.planned.budget_bytes / MB, 1),
-                "smallest_budget_mb": plan.get("smallest_budget_mb"),
-                "predicted_peak_mb": plan.get("predicted_peak_mb"),
-                "device_step_time_s_estimate": plan.get("device_step_time_s_estimate")}
+        return MethodRecord(method=self.method, verdict=self.verdict, reason=self.reason,
+                            steps=self.steps, budget_mb=round(self.planned.budget_bytes / MB, 1),
+                            smallest_budget_mb=plan.get("smallest_budget_mb"),
+                            predicted_peak_mb=plan.get("predicted_peak_mb"),
+                            device_step_time_s_estimate=plan.get("device_step_time_s_estimate"))
 
 
 def plan_method(session: Session, settings: Settings, body: ComparisonCreate,
@@ -164,10 +165,10 @@ def submit_comparison(session: Session, body: ComparisonCreate, settings: Settin
     require_queue_room(session, settings, tenant=tenant, adding=count)
     methods = [plan_method(session, settings, body, method) for method in body.methods]
     refuse_when_none_runs(body, methods)
+    request = ComparisonRequest.model_validate(body.model_dump(mode="json"))
     comparison = Comparison(
         id=new_id("cmp"), tenant=tenant, model=body.model, device_id=device.id,
-        spec={"request": body.model_dump(mode="json"),
-              "methods": [plan.record() for plan in methods]},
+        spec=ComparisonSpec(request=request, methods=[plan.record() for plan in methods]),
         idempotency_key=idempotency_key,
         request_sha256=None if idempotency_key is None else body_sha256(body))
     lock_queue(session, tenant)

@@ -10,6 +10,7 @@ from app.comparison_schemas import ComparisonPublic, ComparisonRun, CurvePoint, 
 from app.comparison_sentence import TERMINAL, summarize
 from app.schemas import JobError
 from mebp_core.units import MB
+from service.comparison_spec import MethodRecord
 from service.models import Comparison, Job, Metric
 
 
@@ -17,18 +18,18 @@ def comparison_public(session: Session, comparison: Comparison) -> ComparisonPub
     jobs = session.exec(select(Job).where(Job.comparison_id == comparison.id)
                         .order_by(col(Job.created_at), col(Job.id))).all()
     runs = [run_of(session, job) for job in jobs]
-    methods = [_outcome(record, [run for run in runs if run.method == record["method"]])
-               for record in comparison.spec["methods"]]
-    request = comparison.spec["request"]
+    methods = [_outcome(record, [run for run in runs if run.method == record.method])
+               for record in comparison.spec.methods]
+    request = comparison.spec.request
     statuses = {run.status for run in runs}
     state = "done" if statuses <= TERMINAL else \
         "queued" if statuses <= {"queued", "validating"} else "running"
     return ComparisonPublic(
         id=comparison.id, status=state, model=comparison.model, device=comparison.device_id,
-        memory_budget_mb=comparison.spec["methods"][0]["budget_mb"],
-        training_file=request["training_file"], validation_file=request["validation_file"],
-        max_steps=request["max_steps"], max_device_time_s=request["max_device_time_s"],
-        summary=summarize(methods), methods=methods, metadata=request["metadata"],
+        memory_budget_mb=comparison.spec.budget_mb,
+        training_file=request.training_file, validation_file=request.validation_file,
+        max_steps=request.max_steps, max_device_time_s=request.max_device_time_s,
+        summary=summarize(methods), methods=methods, metadata=request.metadata,
         created_at=comparison.created_at)
 
 
@@ -74,15 +75,12 @@ def validation_curve(session: Session, job: Job, every: int,
         for step, data, at in rows if data.get("val_loss") is not None]
 
 
-def _outcome(record: dict, runs: list[ComparisonRun]) -> MethodOutcome:
+def _outcome(record: MethodRecord, runs: list[ComparisonRun]) -> MethodOutcome:
     scored = [run for run in runs if run.best_val_loss is not None]
     best = min(scored, key=lambda run: (run.best_val_loss, run.learning_rate), default=None)
     peaks = [run.measured_peak_mb for run in runs if run.measured_peak_mb is not None]
     return MethodOutcome(
-        method=record["method"], verdict=record["verdict"], reason=record["reason"],
-        smallest_budget_mb=record["smallest_budget_mb"], steps=record["steps"],
-        device_step_time_s_estimate=record["device_step_time_s_estimate"],
-        predicted_peak_mb=record["predicted_peak_mb"], measured_peak_mb=max(peaks, default=None),
+        **record.model_dump(exclude={"budget_mb"}), measured_peak_mb=max(peaks, default=None),
         best_learning_rate=None if best is None else best.learning_rate,
         best_job_id=None if best is None else best.job_id,
         best_val_loss=None if best is None else best.best_val_loss,

@@ -13,6 +13,7 @@ from app.planning import PlannedJob, device_or_422, plan_job
 from app.schemas import JobCreate
 from mebp_core.config import MAX_STEPS
 from mebp_core.federated.rounds import reference_steps, selected_count
+from service.fleet_spec import FleetMemberSpec, JobTemplate
 from service.models import Dataset
 from service.settings import Settings
 
@@ -33,7 +34,7 @@ def member_job_body(body: FleetCreate, device: str, training_file: str) -> JobCr
 
 
 def plan_members(session: Session, settings: Settings, body: FleetCreate, devices: list[str],
-                 source: Dataset) -> list[dict]:
+                 source: Dataset) -> list[FleetMemberSpec]:
     """One member per device: its plan and, if it runs (it fits, or ``allow_infeasible``),
     its job's row as a template. A device with its own shard has no training file yet (its
     shard is written only if it gets a job) nor a row count until the rows are dealt."""
@@ -44,25 +45,25 @@ def plan_members(session: Session, settings: Settings, body: FleetCreate, device
     for index, device in enumerate(devices):
         planned = plans[device]
         training_file = None if body.shards_data else source.id
-        template = None if not (planned.feasible or body.allow_infeasible) else {
-            "model": body.model,
-            "device_id": None if planned.device is None else planned.device.id,
-            "memory_budget_bytes": planned.budget_bytes, "plan": planned.plan,
-            "config": planned.config.model_dump(mode="json"), "training_file": training_file,
-            "validation_file": body.validation_file, "metadata_": body.metadata}
-        members.append({"device": device, "shard": index if body.shards_data else None,
-                        "training_file": training_file, "fits": planned.feasible,
-                        "examples": None if body.shards_data else source.rows,
-                        "plan": planned.plan, "job": template, "job_id": None})
+        template = None if not (planned.feasible or body.allow_infeasible) else JobTemplate(
+            model=body.model, device_id=None if planned.device is None else planned.device.id,
+            memory_budget_bytes=planned.budget_bytes, plan=planned.plan, config=planned.config,
+            training_file=training_file, validation_file=body.validation_file,
+            metadata_=body.metadata)
+        members.append(FleetMemberSpec(
+            device=device, shard=index if body.shards_data else None,
+            training_file=training_file, fits=planned.feasible,
+            examples=None if body.shards_data else source.rows, plan=planned.plan,
+            job=template))
     return members
 
 
-def seats_needed(body: FleetCreate, members: list[dict]) -> int:
+def seats_needed(body: FleetCreate, members: list[FleetMemberSpec]) -> int:
     """The most jobs the fleet has queued at once: one per device that runs; federated, its
     largest round (the devices a round selects, at most those that run) and its
     references. Held in the tenant's queue from its creation until its last round is
     queued, so no round passes the tenant's limit."""
-    runs = sum(member["job"] is not None for member in members)
+    runs = sum(member.job is not None for member in members)
     if not body.federated:
         return runs
     references = runs + 1 if body.references and runs else 0

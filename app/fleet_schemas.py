@@ -11,8 +11,10 @@ from pydantic import BaseModel, Field, model_validator
 from app.api.request_model import RequestModel
 from app.schemas import EngineKnobs, Hyperparameters, Metadata, Name
 from mebp_core.config import Method, TrainConfig
+from service.fleet_spec import Aggregation, FleetRequest, ReferenceRecord, RoundSeat
 
-MAX_ROUNDS = 100
+# the round settings are the stored request's own fields (``service.fleet_spec``)
+ROUND = FleetRequest.model_fields
 
 
 class SimulatedDevices(RequestModel):
@@ -61,28 +63,16 @@ class FleetCreate(RequestModel):
     metadata: Metadata = Field(default_factory=dict)
     allow_infeasible: bool = Field(default=False, description="also run the devices the "
                                    "planner predicts will not fit (the kernel cap decides)")
-    aggregation: Literal["none", "fedavg", "ffa"] = Field(default="none", description=(
-        "none: independent jobs; fedavg: each round averages the devices' LoRA A and B "
-        "weighted by their examples; ffa: A frozen at a shared seeded init, only B trained "
-        "and averaged (the average is exact)"))
-    rounds: int = Field(default=1, ge=1, le=MAX_ROUNDS, description="federated rounds")
-    local_steps: int | None = Field(default=None, ge=1, le=100_000, description=(
-        "steps each device trains per round (default: hyperparameters.steps)"))
-    participation: float = Field(default=1.0, gt=0, le=1, description=(
-        "the fraction of devices selected each round, sampled with the fleet's seed"))
+    aggregation: Aggregation = copy.copy(ROUND["aggregation"])
+    rounds: int = copy.copy(ROUND["rounds"])
+    local_steps: int | None = copy.copy(ROUND["local_steps"])
+    participation: float = copy.copy(ROUND["participation"])
     data_split: DataSplit | None = Field(default=None, description=(
         "how rows are dealt to devices (default iid for simulated and federated fleets; "
         "a fleet of profiles without aggregation trains every device on all rows)"))
-    dropout: float = Field(default=0.0, ge=0, lt=1, description=(
-        "the probability a selected device goes offline mid-round; its update is lost"))
-    deadline_s: float | None = Field(default=None, gt=0, le=1e7, description=(
-        "simulated on-device seconds a round may take; slower devices are stragglers and "
-        "left out of the round"))
-    references: bool = Field(default=False, description=(
-        "also train, from scratch and scored on validation_file, every device alone on its "
-        "shard for as many steps as the rounds give it (local-only) and one run on the whole "
-        "training file seeing as many examples as all the rounds' devices together "
-        "(centralized): what the fleet's global adapter is measured against"))
+    dropout: float = copy.copy(ROUND["dropout"])
+    deadline_s: float | None = copy.copy(ROUND["deadline_s"])
+    references: bool = copy.copy(ROUND["references"])
 
     @model_validator(mode="after")
     def _one_way_to_name_devices(self) -> FleetCreate:
@@ -149,18 +139,10 @@ class FleetSummary(BaseModel):
                                                 "succeeded jobs")
 
 
-class RoundParticipant(BaseModel):
-    member: int = Field(description="index into the fleet's members")
+class RoundParticipant(RoundSeat):
+    """A round's seat as stored, with its device's name."""
+
     device: str
-    job_id: str | None = Field(description="none when the device did not train this round")
-    outcome: Literal["training", "trained", "dropped", "out_of_memory", "straggler",
-                     "does_not_fit", "failed", "cancelled"]
-    examples: int | None = Field(description="rows in the device's shard: its weight in the "
-                                 "average (none when no device ran, so no rows were dealt)")
-    offline_after_step: int | None = Field(description="dropout: the device went offline "
-                                           "after this many local steps")
-    device_time_s: float | None = Field(description="estimated on-device time of the round's "
-                                        "local steps")
 
 
 class FleetRoundPublic(BaseModel):
@@ -177,11 +159,7 @@ class FleetRoundPublic(BaseModel):
     finished_at: datetime | None
 
 
-class ReferenceRun(BaseModel):
-    kind: Literal["local_only", "centralized"]
-    member: int | None = Field(description="local-only: the device, as an index into the "
-                               "fleet's members")
-    job_id: str
+class ReferenceRun(ReferenceRecord):
     steps: int
     status: str
     eval_loss: float | None = Field(description="the validation loss after its last step, "

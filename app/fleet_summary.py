@@ -18,19 +18,20 @@ from app.fleet_schemas import (
 )
 from mebp_core.units import MB
 from service.crud import TERMINAL
-from service.federation import is_federated, rounds_of, steps_per_round
+from service.federation import rounds_of
 from service.fleet_shards import PREPARING
+from service.fleet_spec import FleetMemberSpec, ReferenceRecord
 from service.models import Fleet, FleetRound, Job, Metric
 
 
 def fleet_public(session: Session, fleet: Fleet) -> FleetPublic:
     jobs = {job.id: job for job in session.exec(select(Job).where(Job.fleet_id == fleet.id))}
     rounds = rounds_of(session, fleet.id)
-    latest = {seat["member"]: seat["job_id"] for r in rounds for seat in r.participants
-              if seat["job_id"] is not None}  # a federated device's latest round's job
+    latest = {seat.member: seat.job_id for r in rounds for seat in r.participants
+              if seat.job_id is not None}  # a federated device's latest round's job
     preparing = fleet.status == PREPARING
-    members = [_member(spec, jobs.get(spec["job_id"] or latest.get(index)), preparing)
-               for index, spec in enumerate(fleet.spec["members"])]
+    members = [_member(spec, jobs.get(spec.job_id or latest.get(index)), preparing)
+               for index, spec in enumerate(fleet.spec.members)]
     losses = [m.final_loss for m in members if m.status == "succeeded" and m.final_loss]
     summary = FleetSummary(
         devices=len(members), fit=sum(m.fits for m in members),
@@ -38,38 +39,37 @@ def fleet_public(session: Session, fleet: Fleet) -> FleetPublic:
         failures_by_code=dict(Counter(m.error_code for m in members if m.error_code)),
         final_loss=None if not losses else {"mean": mean(losses), "min": min(losses),
                                             "max": max(losses)})
-    request = fleet.spec["request"]
-    federated = is_federated(fleet)
-    return FleetPublic(id=fleet.id, model=fleet.model, method=request["method"],
-                       aggregation=request.get("aggregation", "none"),
-                       planned_rounds=request["rounds"] if federated else None,
-                       local_steps=steps_per_round(request) if federated else None,
+    request = fleet.spec.request
+    return FleetPublic(id=fleet.id, model=fleet.model, method=request.method,
+                       aggregation=request.aggregation,
+                       planned_rounds=request.rounds if request.federated else None,
+                       local_steps=request.steps_per_round if request.federated else None,
                        created_at=fleet.created_at, status=fleet.status, error=fleet.error,
                        members=members, summary=summary,
-                       rounds=[_round(r, fleet.spec["members"]) for r in rounds],
-                       references=_references(session, fleet.spec.get("references"), jobs),
-                       metadata=request["metadata"])
+                       rounds=[_round(r, fleet.spec.members) for r in rounds],
+                       references=_references(session, fleet.spec.references, jobs),
+                       metadata=request.metadata)
 
 
-def _round(current: FleetRound, members: list[dict]) -> FleetRoundPublic:
+def _round(current: FleetRound, members: list[FleetMemberSpec]) -> FleetRoundPublic:
     host_wall_s = None if current.finished_at is None else \
         (current.finished_at - current.started_at).total_seconds()
     return FleetRoundPublic(
         index=current.index, status=current.status, eval_loss=current.eval_loss,
         simulated_wall_s=current.simulated_wall_s, host_wall_s=host_wall_s,
         started_at=current.started_at, finished_at=current.finished_at,
-        participants=[RoundParticipant(**seat, device=members[seat["member"]]["device"])
+        participants=[RoundParticipant(**dict(seat), device=members[seat.member].device)
                       for seat in current.participants])
 
 
-def _references(session: Session, references: list[dict] | None, jobs: dict[str, Job]
-                ) -> FleetReferences | None:
+def _references(session: Session, references: list[ReferenceRecord] | None,
+                jobs: dict[str, Job]) -> FleetReferences | None:
     if references is None:
         return None
     runs = []
     for reference in references:
-        job = jobs[reference["job_id"]]
-        runs.append(ReferenceRun(**reference, steps=job.total_steps, status=job.status,
+        job = jobs[reference.job_id]
+        runs.append(ReferenceRun(**dict(reference), steps=job.total_steps, status=job.status,
                                  eval_loss=final_validation_loss(session, job)))
     local = [run for run in runs if run.kind == "local_only"]
     local_losses = [run.eval_loss for run in local if run.eval_loss is not None]
@@ -89,13 +89,13 @@ def final_validation_loss(session: Session, job: Job) -> float | None:
     return None if last is None else last.get("val_loss")
 
 
-def _member(spec: dict, job: Job | None, preparing: bool) -> FleetMember:
-    plan = spec["plan"] if job is None or not job.plan else job.plan  # what ran, once it did
+def _member(spec: FleetMemberSpec, job: Job | None, preparing: bool) -> FleetMember:
+    plan = spec.plan if job is None or not job.plan else job.plan  # what ran, once it did
     peak = None if job is None or job.peak_memory_bytes is None else \
         round(job.peak_memory_bytes / MB, 1)
     return FleetMember(
-        device=spec["device"], shard=spec["shard"], training_file=spec["training_file"],
-        fits=spec["fits"], budget_mb=plan["budget_mb"],
+        device=spec.device, shard=spec.shard, training_file=spec.training_file,
+        fits=spec.fits, budget_mb=plan["budget_mb"],
         smallest_budget_mb=plan.get("smallest_budget_mb"),
         configuration=plan.get("configuration"),
         predicted_peak_mb=plan.get("predicted_peak_mb"), measured_peak_mb=peak,
@@ -107,7 +107,7 @@ def _member(spec: dict, job: Job | None, preparing: bool) -> FleetMember:
         error_code=None if job is None else job.error_code)
 
 
-def _status(spec: dict, job: Job | None, preparing: bool) -> str:
+def _status(spec: FleetMemberSpec, job: Job | None, preparing: bool) -> str:
     if job is not None:
         return job.status
-    return "preparing" if preparing and spec["job"] is not None else "not_run"
+    return "preparing" if preparing and spec.job is not None else "not_run"

@@ -33,6 +33,7 @@ from mebp_core.lora.peft_io import (
     save_peft_adapter,
 )
 from service.crud import TERMINAL, create_queued_jobs, latest_adapter
+from service.fleet_spec import ReferenceRecord, RoundSeat
 from service.models import Fleet, FleetRound, Job, utc_now
 from service.storage import coordinator_lock_path, round_adapter_dir
 
@@ -44,15 +45,6 @@ TRAINING, TRAINED, DROPPED, OUT_OF_MEMORY, STRAGGLER, DOES_NOT_FIT = (
 Evaluate = Callable[[Fleet, Path], float | None]
 
 
-def steps_per_round(request: dict) -> int:
-    """Each selected device's local steps in a round, from a fleet's stored request."""
-    return request["local_steps"] or request["hyperparameters"]["steps"]
-
-
-def is_federated(fleet: Fleet) -> bool:
-    return fleet.spec.get("request", {}).get("aggregation", "none") != "none"
-
-
 def rounds_of(session: Session, fleet_id: str) -> list[FleetRound]:
     return list(session.exec(select(FleetRound).where(FleetRound.fleet_id == fleet_id)
                              .order_by(FleetRound.index)))
@@ -61,39 +53,36 @@ def rounds_of(session: Session, fleet_id: str) -> list[FleetRound]:
 def start_round(session: Session, fleet: Fleet, index: int, storage_root: Path) -> list[str]:
     """Add round ``index`` and the jobs of its selected devices; the caller commits, then
     enqueues the returned job ids."""
-    request, members = fleet.spec["request"], fleet.spec["members"]
-    local_steps = steps_per_round(request)
+    request, members = fleet.spec.request, fleet.spec.members
+    local_steps = request.steps_per_round
     init = None if index == 0 else str(round_adapter_dir(storage_root, fleet.id, index - 1))
     if init is not None and not Path(init).is_dir():
         init = _last_global_adapter(session, fleet, storage_root)
     seats, rows = [], []
-    for member in participants(len(members), request["participation"], request["seed"],
-                               index):
+    for member in participants(len(members), request.participation, request.seed, index):
         spec = members[member]
-        estimate = spec["plan"].get("device_step_time_s_estimate")
+        estimate = spec.plan.get("device_step_time_s_estimate")
         device_time_s = None if estimate is None else estimate * local_steps
-        offline = fate(request["seed"], index, member, request["dropout"],
+        offline = fate(request.seed, index, member, request.dropout,
                        local_steps).offline_after_step
-        seat = {"member": member, "job_id": None, "examples": spec["examples"],
-                "offline_after_step": offline, "device_time_s": device_time_s}
-        if spec["job"] is None:
-            seat["outcome"] = DOES_NOT_FIT
-        elif is_straggler(device_time_s, request["deadline_s"]):
-            seat["outcome"] = STRAGGLER
+        if spec.job is None:
+            outcome = DOES_NOT_FIT
+        elif is_straggler(device_time_s, request.deadline_s):
+            outcome = STRAGGLER
         elif offline == 0:
-            seat["outcome"] = DROPPED
+            outcome = DROPPED
         else:
-            config = {**spec["job"]["config"], "steps": offline or local_steps}
-            rows.append({**spec["job"], "config": config})
-            seat["outcome"] = TRAINING
-        seats.append(seat)
-    jobs = create_queued_jobs(session, rows, tenant=fleet.tenant, fleet_id=fleet.id,
-                              init_adapter=init)
-    for seat, job in zip([seat for seat in seats if seat["outcome"] == TRAINING], jobs,
-                         strict=True):
-        seat["job_id"] = job.id
+            outcome = TRAINING
+            rows.append(spec.job.job_row(steps=offline or local_steps))
+        seats.append(RoundSeat(member=member, job_id=None, outcome=outcome,
+                               examples=spec.examples, offline_after_step=offline,
+                               device_time_s=device_time_s))
+    jobs = iter(create_queued_jobs(session, rows, tenant=fleet.tenant, fleet_id=fleet.id,
+                                   init_adapter=init))
+    seats = [seat.model_copy(update={"job_id": next(jobs).id})
+             if seat.outcome == TRAINING else seat for seat in seats]
     session.add(FleetRound(fleet_id=fleet.id, index=index, status=RUNNING, participants=seats))
-    return [job.id for job in jobs]
+    return [seat.job_id for seat in seats if seat.outcome == TRAINING]
 
 
 def queue_references(session: Session, fleet: Fleet) -> list[str]:
@@ -101,24 +90,22 @@ def queue_references(session: Session, fleet: Fleet) -> list[str]:
     alone on its shard (local-only) and one run on the whole training file (centralized,
     with the first such device's configuration and cap); records them in the fleet's spec
     and returns the job ids. The caller commits, then enqueues."""
-    request, members = fleet.spec["request"], fleet.spec["members"]
+    request, members = fleet.spec.request, fleet.spec.members
     local_steps, central_steps = reference_steps(
-        len(members), request["participation"], request["rounds"], steps_per_round(request))
-    runs = [{"kind": "local_only", "member": index, "template": spec["job"],
-             "training_file": spec["training_file"], "steps": local_steps}
-            for index, spec in enumerate(members) if spec["job"] is not None]
-    if runs:
-        runs.append({**runs[0], "kind": "centralized", "member": None,
-                     "training_file": request["training_file"], "steps": central_steps})
-    jobs = create_queued_jobs(session, [
-        {**run["template"], "config": {**run["template"]["config"], "steps": run["steps"]},
-         "training_file": run["training_file"]} for run in runs],
-        tenant=fleet.tenant, fleet_id=fleet.id)
-    references = [{"kind": run["kind"], "member": run["member"], "job_id": job.id}
-                  for run, job in zip(runs, jobs, strict=True)]
-    fleet.spec = {**fleet.spec, "references": references}
+        len(members), request.participation, request.rounds, request.steps_per_round)
+    templates = [(index, member.job) for index, member in enumerate(members)
+                 if member.job is not None]
+    runs = [("local_only", index, job.job_row(steps=local_steps)) for index, job in templates]
+    if templates:  # with the first such device's configuration and cap
+        runs.append(("centralized", None, templates[0][1].job_row(
+            steps=central_steps, training_file=request.training_file)))
+    jobs = create_queued_jobs(session, [row for _, _, row in runs], tenant=fleet.tenant,
+                              fleet_id=fleet.id)
+    references = [ReferenceRecord(kind=kind, member=member, job_id=job.id)
+                  for (kind, member, _), job in zip(runs, jobs, strict=True)]
+    fleet.spec = fleet.spec.model_copy(update={"references": references})
     session.add(fleet)
-    return [reference["job_id"] for reference in references]
+    return [reference.job_id for reference in references]
 
 
 def advance(session: Session, fleet_id: str, storage_root: Path, evaluate: Evaluate
@@ -138,7 +125,7 @@ def advance(session: Session, fleet_id: str, storage_root: Path, evaluate: Evalu
 def _advance(session: Session, fleet_id: str, storage_root: Path, evaluate: Evaluate
              ) -> list[str]:
     fleet = session.exec(select(Fleet).where(Fleet.id == fleet_id).with_for_update()).first()
-    if fleet is None or not is_federated(fleet):
+    if fleet is None or not fleet.spec.request.federated:
         return []
     while True:
         rounds = rounds_of(session, fleet_id)
@@ -147,11 +134,11 @@ def _advance(session: Session, fleet_id: str, storage_root: Path, evaluate: Eval
         current = rounds[-1]
         if current.status == RUNNING:
             seats = _outcomes(session, current)
-            if any(seat["outcome"] == TRAINING for seat in seats):
+            if any(seat.outcome == TRAINING for seat in seats):
                 session.rollback()
                 return []
             _finish_round(session, fleet, current, seats, storage_root, evaluate)
-        last = fleet.spec["request"]["rounds"] - 1
+        last = fleet.spec.request.rounds - 1
         if current.index >= last or fleet.cancel_requested:
             _release_seats(session, fleet)
             session.commit()
@@ -181,8 +168,8 @@ def stalled(session: Session, grace_s: float) -> list[str]:
     fleets = []
     cutoff = utc_now() - timedelta(seconds=grace_s)
     for current in session.exec(select(FleetRound).where(FleetRound.status == RUNNING)):
-        jobs = [session.get(Job, seat["job_id"]) for seat in current.participants
-                if seat["outcome"] == TRAINING]
+        jobs = [session.get(Job, seat.job_id) for seat in current.participants
+                if seat.outcome == TRAINING]
         if any(job.status not in TERMINAL for job in jobs):
             continue
         ended = max([_aware(job.finished_at or current.started_at) for job in jobs],
@@ -197,37 +184,35 @@ def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
-def _outcomes(session: Session, current: FleetRound) -> list[dict]:
+def _outcomes(session: Session, current: FleetRound) -> list[RoundSeat]:
     seats = []
     for seat in current.participants:
-        seat = dict(seat)
-        if seat["outcome"] == TRAINING:
-            job = session.get(Job, seat["job_id"])
+        if seat.outcome == TRAINING:
+            job = session.get(Job, seat.job_id)
             if job.status in TERMINAL:
-                seat["outcome"] = _outcome(job, seat)
+                seat = seat.model_copy(update={"outcome": _outcome(job, seat)})
         seats.append(seat)
     return seats
 
 
-def _outcome(job: Job, seat: dict) -> str:
+def _outcome(job: Job, seat: RoundSeat) -> str:
     if job.status == "succeeded":
-        return DROPPED if seat["offline_after_step"] is not None else TRAINED
+        return DROPPED if seat.offline_after_step is not None else TRAINED
     if job.error_code == "memory_budget_exceeded":
         return OUT_OF_MEMORY
     return job.status  # failed or cancelled
 
 
-def _finish_round(session: Session, fleet: Fleet, current: FleetRound, seats: list[dict],
+def _finish_round(session: Session, fleet: Fleet, current: FleetRound, seats: list[RoundSeat],
                   storage_root: Path, evaluate: Evaluate) -> None:
-    trained = [seat for seat in seats if seat["outcome"] == TRAINED]
+    trained = [seat for seat in seats if seat.outcome == TRAINED]
     out = round_adapter_dir(storage_root, fleet.id, current.index)
     if trained:
-        adapters = {seat["member"]: latest_adapter(session, seat["job_id"]).path
-                    for seat in trained}
-        combine(adapters, [seat["examples"] for seat in trained],
-                fleet.spec["request"]["aggregation"], out)
+        adapters = {seat.member: latest_adapter(session, seat.job_id).path for seat in trained}
+        combine(adapters, [seat.examples for seat in trained], fleet.spec.request.aggregation,
+                out)
         current.eval_loss = evaluate(fleet, out)
-        current.simulated_wall_s = max((seat["device_time_s"] or 0.0) for seat in trained)
+        current.simulated_wall_s = max((seat.device_time_s or 0.0) for seat in trained)
     current.participants = seats
     current.status = DONE if trained else FAILED
     current.finished_at = utc_now()

@@ -8,6 +8,7 @@ nothing slow runs inside a transaction: dealing and writing come first, the rows
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from sqlmodel import Session
 from mebp_core.federated.split import SplitSpec, read_rows, split_rows
 from service.crud import create_queued_jobs
 from service.federation import queue_references, start_round
+from service.fleet_spec import FleetMemberSpec
 from service.models import Dataset, Fleet
 from service.settings import Settings
 from service.storage import dataset_path, new_id, write_shards
@@ -50,12 +52,10 @@ def shard_id(fleet_id: str, index: int) -> str:
 def deal_shards(storage_root: Path, source: Dataset, fleet: Fleet) -> Shards:
     """Deal the source's rows by the fleet's data split (iid by default) and write the
     shard of each member that has a job. ``SplitError`` names the line or field."""
-    request, members = fleet.spec["request"], fleet.spec["members"]
-    split = request.get("data_split") or {"kind": "iid"}
+    request, members = fleet.spec.request, fleet.spec.members
     dealt = split_rows(read_rows(Path(source.path).read_bytes()), len(members),
-                       SplitSpec(split["kind"], split.get("field"), split.get("alpha")),
-                       request["seed"])
-    wanted = [index for index, member in enumerate(members) if member["job"] is not None]
+                       request.data_split or SplitSpec(), request.seed)
+    wanted = [index for index, member in enumerate(members) if member.job is not None]
     ids = [shard_id(fleet.id, index) for index in wanted]
     paths = [dataset_path(storage_root, shard) for shard in ids]
     try:
@@ -80,31 +80,37 @@ def make_fleet_jobs(session: Session, fleet: Fleet, shards: Shards | None,
     references), and mark it ready; returns the job ids to enqueue once the caller has
     committed. The jobs take the seats the fleet holds; a federated fleet keeps holding
     seats for its later rounds."""
-    request = fleet.spec["request"]
-    members = [dict(member) for member in fleet.spec["members"]]
+    request, members = fleet.spec.request, fleet.spec.members
     if shards is not None:
         session.add_all(shards.datasets)
         written = iter(shards.datasets)
-        for member, rows in zip(members, shards.rows, strict=True):
-            member["examples"] = rows
-            if member["job"] is not None:
-                member["training_file"] = next(written).id
-                member["job"] = {**member["job"], "training_file": member["training_file"]}
-    federated = request["aggregation"] != "none"
-    runs = [] if federated else [member for member in members if member["job"] is not None]
-    for member in runs:
-        member["job_id"] = new_id("job")
+        members = [_dealt(member, rows, written) for member, rows in zip(members, shards.rows,
+                                                                        strict=True)]
+    if not request.federated:
+        members = [member if member.job is None else
+                   member.model_copy(update={"job_id": new_id("job")}) for member in members]
     # all set before the fleet's row is written (with the jobs' rows)
-    fleet.spec = {**fleet.spec, "members": members}
+    fleet.spec = fleet.spec.model_copy(update={"members": members})
     fleet.status = READY
-    if not federated or request["rounds"] == 1:
+    if not request.federated or request.rounds == 1:
         fleet.reserved_jobs = 0  # every job it will make is made here
     session.add(fleet)
-    jobs = [job.id for job in create_queued_jobs(
-        session, [{**member["job"], "id": member["job_id"]} for member in runs],
-        tenant=fleet.tenant, fleet_id=fleet.id)]
-    if federated:
+    runs = [] if request.federated else [member.job.job_row(id=member.job_id)
+                                         for member in members if member.job is not None]
+    jobs = [job.id for job in create_queued_jobs(session, runs, tenant=fleet.tenant,
+                                                 fleet_id=fleet.id)]
+    if request.federated:
         jobs = start_round(session, fleet, 0, storage_root)
-        if request["references"]:
+        if request.references:
             jobs += queue_references(session, fleet)
     return jobs
+
+
+def _dealt(member: FleetMemberSpec, rows: int, written: Iterator[Dataset]) -> FleetMemberSpec:
+    """A member once its rows are dealt: its count, and its shard if it has a job."""
+    if member.job is None:
+        return member.model_copy(update={"examples": rows})
+    shard = next(written).id
+    return member.model_copy(update={
+        "examples": rows, "training_file": shard,
+        "job": member.job.model_copy(update={"training_file": shard})})

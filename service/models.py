@@ -8,6 +8,9 @@ from sqlalchemy import JSON, BigInteger, Column, Index
 from sqlmodel import Field, SQLModel
 
 from mebp_core.config import TrainConfig
+from service.comparison_spec import ComparisonSpec
+from service.fleet_spec import FleetSpec, RoundSeat
+from service.json_column import ModelJSON, check_on_load
 
 
 def utc_now() -> datetime:
@@ -55,13 +58,14 @@ class Dataset(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utc_now)
 
 
+@check_on_load
 class Fleet(SQLModel, table=True):
     __tablename__ = "fleets"
 
     id: str = Field(primary_key=True, max_length=40)
     tenant: str = Field(index=True, max_length=64)
     model: str = Field(max_length=255)
-    spec: dict = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    spec: FleetSpec = Field(sa_column=Column(ModelJSON(FleetSpec), nullable=False))
     # federated fleets stop after the round in progress once asked to
     cancel_requested: bool = False
     # preparing (a worker deals its rows and makes its jobs), ready, failed (``error`` says
@@ -77,6 +81,7 @@ class Fleet(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utc_now)
 
 
+@check_on_load
 class Comparison(SQLModel, table=True):
     """Methods side by side on one model, dataset and device: one job per method and
     learning rate (``Job.comparison_id``); ``spec`` keeps the request and each method's plan
@@ -90,12 +95,13 @@ class Comparison(SQLModel, table=True):
     tenant: str = Field(index=True, max_length=64)
     model: str = Field(max_length=255)
     device_id: str = Field(foreign_key="devices.id", max_length=64)
-    spec: dict = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    spec: ComparisonSpec = Field(sa_column=Column(ModelJSON(ComparisonSpec), nullable=False))
     idempotency_key: str | None = Field(default=None, max_length=128)
     request_sha256: str | None = Field(default=None, max_length=64)
     created_at: datetime = Field(default_factory=utc_now)
 
 
+@check_on_load
 class FleetRound(SQLModel, table=True):
     """One round of a federated fleet: who was selected and what became of each, and the
     global adapter the finished updates were combined into (kept under the storage root)."""
@@ -105,10 +111,8 @@ class FleetRound(SQLModel, table=True):
     fleet_id: str = Field(foreign_key="fleets.id", primary_key=True, max_length=40)
     index: int = Field(primary_key=True)
     status: str = Field(max_length=16)  # running, done, failed (no update to combine)
-    # [{"member", "job_id", "outcome", "examples", "offline_after_step",
-    #   "device_time_s"}]; outcome: training, trained, dropped, out_of_memory, straggler,
-    # failed, cancelled
-    participants: list = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    participants: list[RoundSeat] = Field(
+        default_factory=list, sa_column=Column(ModelJSON(list[RoundSeat]), nullable=False))
     eval_loss: float | None = None
     simulated_wall_s: float | None = None  # the slowest participant's on-device estimate
     started_at: datetime = Field(default_factory=utc_now)

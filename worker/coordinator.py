@@ -10,12 +10,12 @@ import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from sqlmodel import Session
 
 from mebp_core.cache import default_cache_dir
-from mebp_core.config import TrainConfig
 from mebp_core.proc import die_with_parent
 from mebp_core.store.resolve import resolve_model
 from service.db import database_url, make_engine
@@ -36,30 +36,54 @@ def advance_fleet(fleet_id: str) -> list[str]:
     try:
         with Session(engine) as session:
             jobs = advance(session, fleet_id, settings.storage_root,
-                           lambda fleet, adapter: evaluate(session, settings, fleet, adapter))
+                           Scorer(session, settings).evaluate)
     finally:
         engine.dispose()
     enqueue_from_this_job(jobs)
     return jobs
 
 
-def evaluate(session: Session, settings: Settings, fleet: Fleet, adapter: Path
-             ) -> float | None:
-    """The global adapter's loss on the fleet's validation set (none without one), by
-    ``mebp eval`` in a child process: the coordinator keeps no model in memory."""
-    request = fleet.spec["request"]
-    if request["validation_file"] is None:
-        return None
-    config = TrainConfig.model_validate(next(m["job"]["config"] for m in fleet.spec["members"]
-                                             if m["job"] is not None))
+@dataclass(frozen=True)
+class Scoring:
+    """What scoring a fleet's global adapters takes: its model resolved (a registered name
+    to its path, packed at the fleet's quantization), its validation rows and the options."""
+
+    model_dir: Path
+    data: str
+    options: list[str]
+
+
+class Scorer:
+    """The global adapters' loss on the fleet's validation set (none without one), by
+    ``mebp eval`` in a child process: the coordinator keeps no model in memory. The model is
+    resolved once per coordinator run, however many rounds it ends."""
+
+    def __init__(self, session: Session, settings: Settings) -> None:
+        self.session, self.settings = session, settings
+        self._scoring: Scoring | None = None
+
+    def evaluate(self, fleet: Fleet, adapter: Path) -> float | None:
+        if fleet.spec.request.validation_file is None:
+            return None
+        if self._scoring is None:
+            self._scoring = scoring(self.session, self.settings, fleet)
+        return evaluate(self._scoring, adapter)
+
+
+def scoring(session: Session, settings: Settings, fleet: Fleet) -> Scoring:
+    config = next(member.job.config for member in fleet.spec.members if member.job is not None)
     model_dir = resolve_model(model_source(session, fleet.model), quant=config.quant,
                               group_size=config.group_size,
                               cache_dir=settings.cache_dir or default_cache_dir(), isolated=True)
-    data = session.get(Dataset, request["validation_file"]).path
-    options = [f"--{name.replace('_', '-')}={getattr(config, name)}" for name in EVAL_FIELDS]
+    data = session.get(Dataset, fleet.spec.request.validation_file).path
+    return Scoring(model_dir, data, [f"--{name.replace('_', '-')}={getattr(config, name)}"
+                                     for name in EVAL_FIELDS])
+
+
+def evaluate(scoring: Scoring, adapter: Path) -> float:
     child = subprocess.run(
-        [sys.executable, "-m", "mebp_core.cli", "eval", "--model", str(model_dir),
-         "--data", data, "--adapter", str(adapter), "--json", *options],
+        [sys.executable, "-m", "mebp_core.cli", "eval", "--model", str(scoring.model_dir),
+         "--data", scoring.data, "--adapter", str(adapter), "--json", *scoring.options],
         capture_output=True, text=True, check=False, env=dict(os.environ),
         preexec_fn=lambda: die_with_parent(signal.SIGKILL))  # a stopped worker leaves none
     if child.returncode != 0:

@@ -45,7 +45,7 @@ def prepare(session: Session, fleet_id: str, settings: Settings) -> list[str]:
     fleet = session.get(Fleet, fleet_id)
     if fleet is None or fleet.status != PREPARING:
         return []
-    source = session.get(Dataset, fleet.spec["request"]["training_file"])
+    source = session.get(Dataset, fleet.spec.request.training_file)
     # detached, they keep what was read: the split reads them with no transaction open
     session.expunge_all()
     session.commit()

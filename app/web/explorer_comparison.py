@@ -26,13 +26,13 @@ def latest_comparison(session: Session, *, tenant: str, model: str,
     for comparison in newest:
         public = comparison_public(session, comparison)
         if public.status in SHOWN:
-            return _shown(public, comparison.spec["request"]["hyperparameters"])
+            return _shown(public, comparison.spec.request.hyperparameters.seq_len)
     return None
 
 
-def _shown(public: ComparisonPublic, shared: dict) -> dict:
+def _shown(public: ComparisonPublic, seq_len: int | None) -> dict:
     return {"id": public.id, "status": public.status, "summary": public.summary,
-            "budget_mb": public.memory_budget_mb, "seq_len": shared.get("seq_len"),
+            "budget_mb": public.memory_budget_mb, "seq_len": seq_len,
             "methods": [_method(outcome) for outcome in public.methods]}
 
 

@@ -36,6 +36,7 @@ from mebp_core.lora.peft_io import save_peft_adapter
 from mebp_core.lora.spec import LoraSpec
 from mebp_core.store.resolve import source_config
 from service.db import POOL_CONNECTIONS, make_engine
+from service.fleet_spec import FleetRequest, FleetSpec
 from service.models import Adapter, Fleet, FleetRound, Job, utc_now
 from service.storage import (
     base_config_path,
@@ -211,7 +212,9 @@ def round_adapter_path(download_service) -> str:
     engine = make_engine(service.url_db)
     try:
         with Session(engine) as session:
-            session.add(Fleet(id=fleet_id, tenant=BOOTSTRAP_TENANT, model="preset:tiny"))
+            request = FleetRequest(training_file="none", hyperparameters={"steps": 1})
+            session.add(Fleet(id=fleet_id, tenant=BOOTSTRAP_TENANT, model="preset:tiny",
+                              spec=FleetSpec(request=request, members=[])))
             session.flush()
             session.add(FleetRound(fleet_id=fleet_id, index=0, status="done",
                                    finished_at=utc_now()))

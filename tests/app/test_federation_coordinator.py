@@ -18,6 +18,7 @@ from mebp_core.lora.peft_io import load_peft_adapter, save_peft_adapter
 from mebp_core.lora.spec import LoraSpec
 from service.db import database_url, make_engine, upgrade_database
 from service.federation import _finish_round, advance, rounds_of, stalled, start_round
+from service.fleet_spec import FleetMemberSpec, FleetRequest, FleetSpec, JobTemplate
 from service.models import Adapter, Dataset, Fleet, FleetRound, Job
 from service.storage import new_id, round_adapter_dir
 
@@ -25,22 +26,30 @@ SPEC = LoraSpec(rank=2, alpha=4.0, targets="all")
 EXAMPLES = (10, 30, 60)
 
 
+def plan(device_step_time_s: float) -> dict:
+    """A plan summary as the planner records one, with the device's seconds per step."""
+    return {"planned": True, "configuration": "int4/g64", "feasible": True, "budget_mb": 1024.0,
+            "margin": 0.1, "predicted_peak_mb": 100.0, "predicted_memory_mb": {"weights": 50.0},
+            "predicted_step_time_s": 0.5, "device_step_time_s_estimate": device_step_time_s,
+            "smallest_budget_mb": 120, "smallest_configuration": "int4/g64",
+            "dominant_component": "weights"}
+
+
 def federated_fleet(session: Session, rounds: int = 3, deadline_s=None) -> Fleet:
     session.add(Dataset(id="d", tenant="t", filename="d.jsonl", path="/dev/null", bytes=0,
                         rows=100, sha256="0" * 64))
-    config = TrainConfig(steps=2, seq_len=32).model_dump(mode="json")
-    members = [{"device": "pixel-8", "shard": i, "training_file": "d", "fits": True,
-                "examples": examples, "job_id": None,
-                "plan": {"device_step_time_s_estimate": 1.0 + i},
-                "job": {"model": "preset:tiny", "device_id": None,
-                        "memory_budget_bytes": 1 << 30, "plan": {}, "config": config,
-                        "training_file": "d", "validation_file": None, "metadata_": {}}}
-               for i, examples in enumerate(EXAMPLES)]
-    request = {"aggregation": "fedavg", "rounds": rounds, "local_steps": None,
-               "participation": 1.0, "dropout": 0.0, "deadline_s": deadline_s, "seed": 0,
-               "hyperparameters": {"steps": 2}, "validation_file": None}
+    config = TrainConfig(steps=2, seq_len=32)
+    members = [FleetMemberSpec(
+        device="pixel-8", shard=i, training_file="d", fits=True, examples=examples,
+        plan=plan(1.0 + i),
+        job=JobTemplate(model="preset:tiny", device_id=None, memory_budget_bytes=1 << 30,
+                        plan=plan(1.0 + i), config=config, training_file="d",
+                        validation_file=None))
+        for i, examples in enumerate(EXAMPLES)]
+    request = FleetRequest(training_file="d", aggregation="fedavg", rounds=rounds,
+                           deadline_s=deadline_s, hyperparameters={"steps": 2})
     fleet = Fleet(id=new_id("fleet"), tenant="t", model="preset:tiny",
-                  spec={"request": request, "members": members})
+                  spec=FleetSpec(request=request, members=members))
     session.add(fleet)
     session.flush()
     return fleet
@@ -64,7 +73,7 @@ def finish_jobs(session: Session, tmp_path, index: int) -> dict[str, tuple]:
 
 
 def expected_average(session: Session, current: FleetRound, trained: dict) -> torch.Tensor:
-    seats = [(trained[s["job_id"]], s["examples"]) for s in current.participants]
+    seats = [(trained[s.job_id], s.examples) for s in current.participants]
     total = sum(examples for _, examples in seats)
     return sum(t["model.layers.0.self_attn.q_proj"][1].double() * e / total for t, e in seats)
 
@@ -81,7 +90,7 @@ def test_a_coordinator_killed_before_its_commit_runs_again_to_the_same_round(tmp
         trained = finish_jobs(session, tmp_path, 0)
         first = rounds_of(session, fleet.id)[0]
         # the coordinator writes round 0's adapter, then dies before committing
-        _finish_round(session, fleet, first, [{**s, "outcome": "trained"}
+        _finish_round(session, fleet, first, [s.model_copy(update={"outcome": "trained"})
                                               for s in first.participants], tmp_path, evaluate)
         session.rollback()
         assert rounds_of(session, fleet.id)[0].status == "running"
@@ -94,12 +103,12 @@ def test_a_coordinator_killed_before_its_commit_runs_again_to_the_same_round(tmp
     with Session(engine) as session:
         done, second = rounds_of(session, fleet.id)
         assert (done.status, second.status) == ("done", "running")
-        assert [s["outcome"] for s in done.participants] == ["trained"] * 3
+        assert [s.outcome for s in done.participants] == ["trained"] * 3
         assert done.simulated_wall_s == 2 * 3.0  # the slowest device: 3 s/step, 2 steps
         _, combined = load_peft_adapter(round_adapter_dir(tmp_path, fleet.id, 0))
         torch.testing.assert_close(combined["model.layers.0.self_attn.q_proj"][1].double(),
                                    expected_average(session, done, trained))
-        second_jobs = {s["job_id"] for s in second.participants}
+        second_jobs = {s.job_id for s in second.participants}
         assert second_jobs == set(jobs)
         assert all(session.get(Job, j).init_adapter == str(round_adapter_dir(
             tmp_path, fleet.id, 0)) for j in second_jobs)
@@ -124,7 +133,7 @@ def test_a_round_nobody_trains_in_ends_failed_and_the_next_starts_from_the_last_
         jobs = advance(session, fleet.id, tmp_path, lambda f, a: None)
         rounds = rounds_of(session, fleet.id)
         assert [r.status for r in rounds] == ["done", "failed", "running"]
-        assert {s["outcome"] for s in rounds[1].participants} == {"out_of_memory"}
+        assert {s.outcome for s in rounds[1].participants} == {"out_of_memory"}
         assert all(session.get(Job, j).init_adapter == str(round_adapter_dir(
             tmp_path, fleet.id, 0)) for j in jobs)  # round 0's: round 1 combined nothing
 
@@ -137,8 +146,8 @@ def test_stragglers_past_the_deadline_get_no_job(tmp_path):
         jobs = start_round(session, fleet, 0, tmp_path)
         session.commit()
         seats = rounds_of(session, fleet.id)[0].participants
-        assert [s["outcome"] for s in seats] == ["training", "training", "straggler"]
-        assert len(jobs) == 2 and seats[2]["job_id"] is None
+        assert [s.outcome for s in seats] == ["training", "training", "straggler"]
+        assert len(jobs) == 2 and seats[2].job_id is None
 
 
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])

@@ -20,7 +20,7 @@ from app.fleet_members import (
     plan_members,
     seats_needed,
 )
-from app.fleet_schemas import MAX_ROUNDS, DataSplit, FleetCreate, FleetPublic, FleetsPublic
+from app.fleet_schemas import DataSplit, FleetCreate, FleetPublic, FleetsPublic
 from app.fleet_summary import fleet_public
 from app.schemas import JobCreate
 from app.submit import check_references, lock_queue, require_queue, require_queue_room
@@ -37,6 +37,7 @@ from service.fleet_shards import (
     make_fleet_jobs,
     splits_in_request,
 )
+from service.fleet_spec import MAX_ROUNDS, FleetRequest, FleetSpec
 from service.models import Dataset, Fleet, FleetRound, Job
 from service.queue import enqueue_prepare, job_queue
 from service.registry import model_source
@@ -71,8 +72,9 @@ def create_fleet(body: FleetCreate, request: Request, response: Response, sessio
     session.commit()  # no transaction open while the shards are dealt and written
     deal = body.shards_data and seats > 0
     on_worker = deal and not splits_in_request(source, settings)
+    stored = FleetRequest.model_validate(body.model_dump(mode="json"))
     fleet = Fleet(id=new_id("fleet"), tenant=principal.tenant, model=body.model,
-                  spec={"request": body.model_dump(mode="json"), "members": members},
+                  spec=FleetSpec(request=stored, members=members),
                   status=PREPARING if on_worker else READY, reserved_jobs=seats)
     shards = _deal(settings, source, fleet, body) if deal and not on_worker else None
     try:
@@ -161,9 +163,9 @@ def cancel_fleet(fleet_id: str, session: SessionDep, principal: PrincipalDep) ->
     if fleet.status == PREPARING:
         fleet.status = CANCELLED
     session.add(fleet)
-    for reference in fleet.spec.get("references", []):
-        if session.get(Job, reference["job_id"]).status not in TERMINAL:
-            request_cancel(session, reference["job_id"])
+    for reference in fleet.spec.references or []:
+        if session.get(Job, reference.job_id).status not in TERMINAL:
+            request_cancel(session, reference.job_id)
     session.commit()
     return fleet_public(session, fleet)
 
