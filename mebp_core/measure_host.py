@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import tempfile
 import time
@@ -20,6 +21,7 @@ from datetime import UTC, datetime
 from mebp_core.cache import default_cache_dir
 from mebp_core.kernel_memory import read_memory
 from mebp_core.plan.calibration import DECOMPRESS_PROJECTION_PARAMS, DECOMPRESS_SIZES
+from mebp_core.proc import die_with_parent
 
 MATMUL_TOKENS = (64, 256, 1024)  # tokens per matmul: short batches to long ones (flat beyond)
 MATMUL_OUTS = (256, 1024, 4096)  # output widths: small tiles to whole MLP projections
@@ -201,7 +203,11 @@ def _disk_read_rate(nbytes: int = 64 << 20) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--threads", type=int)
+    parser.add_argument("--parent-pid", type=int,
+                        help="exit when this process (the one waiting for the figures) does")
     args = parser.parse_args()
+    if args.parent_pid is not None:  # a service stopped mid-measurement leaves no child
+        die_with_parent(signal.SIGKILL, args.parent_pid)
     print(json.dumps(measure(args.threads)))
 
 

@@ -227,8 +227,9 @@ def measure_steady_host(threads: int | None = None) -> HostCalibration:
 
 
 def measure_host(threads: int | None = None) -> HostCalibration:
-    """Run ``mebp_core.measure_host`` in a subprocess (about 15 s)."""
-    command = [sys.executable, "-m", "mebp_core.measure_host"]
+    """Run ``mebp_core.measure_host`` in a subprocess (about 15 s), which dies with this
+    process."""
+    command = [sys.executable, "-m", "mebp_core.measure_host", "--parent-pid", str(os.getpid())]
     if threads:
         command += ["--threads", str(threads)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
