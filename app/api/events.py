@@ -20,8 +20,8 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import aclosing
 
 from fastapi import HTTPException, status
+from fastapi.sse import KEEPALIVE_COMMENT, EventSourceResponse, format_sse_event
 from starlette.concurrency import run_in_threadpool
-from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from app.api.event_hub import Batch, EventHub, Subscription, read_batches
@@ -64,12 +64,15 @@ class StreamSlots:
                 del self._open[key]
 
 
-class EventStreamResponse(StreamingResponse):
-    """Gives back its slot however it ends: the job ended, the client left, or an error."""
+class EventStreamResponse(EventSourceResponse):
+    """Gives back its slot however it ends: the job ended, the client left, or an error.
+    (FastAPI's own SSE routes are generators of events: this route answers a page of JSON
+    or a stream by the ``Accept`` header, and refuses a stream over the key's bound with a
+    429 before any of it is sent.)"""
 
-    def __init__(self, content: AsyncIterator[str], release: Callable[[], None]) -> None:
-        super().__init__(content, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache"})
+    def __init__(self, content: AsyncIterator[bytes], release: Callable[[], None]) -> None:
+        super().__init__(content, headers={"Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"})  # as FastAPI's
         self._release = release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -95,16 +98,16 @@ def open_event_stream(state, job_id: str, key: str,
 
 
 async def stream_events(hub: EventHub, slots: SessionSlots, job_id: str,
-                        last_event_id: str | None) -> AsyncIterator[str]:
+                        last_event_id: str | None) -> AsyncIterator[bytes]:
     """The job's messages from the client's cursor until its end."""
     cursor = _Cursor(*parse_cursor(last_event_id))
     with hub.subscribe(job_id) as subscription:
         async with aclosing(_batches(hub, subscription, slots, job_id, cursor)) as batches:
             async for batch in batches:
                 if batch is None:
-                    yield ": keep-alive\n\n"
+                    yield KEEPALIVE_COMMENT
                     continue
-                page = "".join(cursor.render(batch))  # one write, not hundreds
+                page = b"".join(cursor.render(batch))  # one write, not hundreds
                 if page:
                     yield page
                 if batch.status is not None:
@@ -157,7 +160,7 @@ class _Cursor:
     def id(self) -> str:
         return f"{self.event_id}.{self.metric_id}"
 
-    def render(self, batch: Batch) -> Iterator[str]:
+    def render(self, batch: Batch) -> Iterator[bytes]:
         for message in batch.messages:
             if message.metric_id:
                 if message.metric_id <= self.metric_id:
@@ -170,5 +173,7 @@ class _Cursor:
             yield _message(message.kind, message.data, self.id)
 
 
-def _message(kind: str, data: str, cursor: str) -> str:
-    return f"id: {cursor}\nevent: {kind}\ndata: {data}\n\n"
+def _message(kind: str, data: str, cursor: str) -> bytes:
+    # the id line first, as the stream always had it (FastAPI writes it last): a client that
+    # reads line by line takes a message's id from the line before its data
+    return f"id: {cursor}\n".encode() + format_sse_event(event=kind, data_str=data)
