@@ -31,6 +31,7 @@ from app.submit import (
     require_queue_room,
 )
 from mebp_core.config import MAX_STEPS, Method, TrainConfig
+from mebp_core.plan.arch import Architecture
 from mebp_core.units import MB
 from service.comparison_spec import ComparisonRequest, ComparisonSpec, MethodRecord
 from service.models import Comparison, Job
@@ -67,25 +68,25 @@ class MethodPlan:
         plan = self.planned.plan
         return MethodRecord(method=self.method, verdict=self.verdict, reason=self.reason,
                             steps=self.steps, budget_mb=round(self.planned.budget_bytes / MB, 1),
-                            smallest_budget_mb=plan.get("smallest_budget_mb"),
-                            predicted_peak_mb=plan.get("predicted_peak_mb"),
-                            device_step_time_s_estimate=plan.get("device_step_time_s_estimate"))
+                            smallest_budget_mb=plan.smallest_budget_mb,
+                            predicted_peak_mb=plan.predicted_peak_mb,
+                            device_step_time_s_estimate=plan.device_step_time_s_estimate)
 
 
 def plan_method(session: Session, settings: Settings, body: ComparisonCreate,
-                method: Method) -> MethodPlan:
+                method: Method, arch: Architecture) -> MethodPlan:
     """The method planned once (the learning rate changes neither memory nor time), and
     the steps its jobs train under the comparison's limit."""
     planned = plan_job(job_body(body, method, body.rates_of(method)[0], body.max_steps or 1,
-                                None), settings, session)
+                                None), arch, settings, session)
     budget_mb = planned.budget_bytes / MB
     if not planned.feasible and not body.allow_infeasible:
         return MethodPlan(method, planned, "does_not_fit", None, (
             f"{method} is predicted not to fit {budget_mb:.0f} MB; its smallest budget is "
-            f"{planned.plan['smallest_budget_mb']} MB"))
+            f"{planned.plan.smallest_budget_mb} MB"))
     if body.max_steps is not None:
         return MethodPlan(method, planned, "runs", body.max_steps)
-    estimate = planned.plan.get("device_step_time_s_estimate")
+    estimate = planned.plan.device_step_time_s_estimate
     if not estimate:
         return MethodPlan(method, planned, "no_device_estimate", None, (
             f"no on-device step-time estimate for {method} on {body.device}: "
@@ -99,7 +100,7 @@ def refuse_when_none_runs(body: ComparisonCreate, methods: list[MethodPlan]) -> 
         return
     if all(plan.verdict == "no_device_estimate" for plan in methods):
         raise invalid("max_device_time_s", methods[0].reason, body.max_device_time_s)
-    smallest = {plan.method: plan.planned.plan.get("smallest_budget_mb") for plan in methods}
+    smallest = {plan.method: plan.planned.plan.smallest_budget_mb for plan in methods}
     needs = ", ".join(f"{method} {mb} MB" for method, mb in smallest.items())
     raise invalid("methods", f"no method is predicted to fit "
                   f"{methods[0].planned.budget_bytes / MB:.0f} MB (the smallest budgets: "
@@ -158,12 +159,12 @@ def submit_comparison(session: Session, body: ComparisonCreate, settings: Settin
                       idempotency_key: str | None = None) -> Comparison:
     """Plan each method and queue its jobs with the comparison, all or nothing."""
     check_fields(body)
-    check_references(session, job_body(body, body.methods[0], 1e-3, 1, None), tenant)
+    arch = check_references(session, job_body(body, body.methods[0], 1e-3, 1, None), tenant)
     device = device_or_422(session, body.device)
     count = check_job_count(body, settings)
     require_queue(redis)
     require_queue_room(session, settings, tenant=tenant, adding=count)
-    methods = [plan_method(session, settings, body, method) for method in body.methods]
+    methods = [plan_method(session, settings, body, method, arch) for method in body.methods]
     refuse_when_none_runs(body, methods)
     request = ComparisonRequest.model_validate(body.model_dump(mode="json"))
     comparison = Comparison(

@@ -35,8 +35,8 @@ def comparison_public(session: Session, comparison: Comparison) -> ComparisonPub
 
 def run_of(session: Session, job: Job) -> ComparisonRun:
     config = job.train_config()
-    plan = job.plan or {}
-    estimate = plan.get("device_step_time_s_estimate")
+    planned = job.planned()
+    estimate = None if job.plan is None else job.plan.device_step_time_s_estimate
     curve = validation_curve(session, job, config.eval_every or job.total_steps, estimate)
     losses = [point.val_loss for point in curve]
     finished = curve and curve[-1].step == job.total_steps
@@ -45,7 +45,7 @@ def run_of(session: Session, job: Job) -> ComparisonRun:
         error=None if job.error_code is None else JobError(
             code=job.error_code, message=job.error_message or "", detail=job.error_detail),
         step=job.step, total_steps=job.total_steps,
-        predicted_peak_mb=plan.get("predicted_peak_mb"),
+        predicted_peak_mb=None if planned is None else planned.predicted_peak_mb,
         measured_peak_mb=measured_peak_mb(job),
         device_step_time_s_estimate=estimate, best_val_loss=min(losses, default=None),
         final_val_loss=losses[-1] if finished else None, curve=curve)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from sqlmodel import Session
 
 from app.api.errors import invalid
+from app.api.model_lookup import model_architecture_or_422
 from app.fleet_schemas import FleetCreate
 from app.planning import PlannedJob, device_or_422, plan_job
 from app.schemas import JobCreate
@@ -39,22 +40,24 @@ def plan_members(session: Session, settings: Settings, body: FleetCreate, device
     its job's row as a template. A device with its own shard has no training file yet (its
     shard is written only if it gets a job) nor a row count until the rows are dealt."""
     plans: dict[str, PlannedJob] = {}
+    arch = model_architecture_or_422(session, body.model)
     for device in dict.fromkeys(devices):
-        plans[device] = plan_job(member_job_body(body, device, source.id), settings, session)
+        plans[device] = plan_job(member_job_body(body, device, source.id), arch, settings,
+                                 session)
     members = []
     for index, device in enumerate(devices):
         planned = plans[device]
         training_file = None if body.shards_data else source.id
+        plan = planned.plan.model_dump(mode="json")
         template = None if not (planned.feasible or body.allow_infeasible) else JobTemplate(
             model=body.model, device_id=None if planned.device is None else planned.device.id,
-            memory_budget_bytes=planned.budget_bytes, plan=planned.plan, config=planned.config,
+            memory_budget_bytes=planned.budget_bytes, plan=plan, config=planned.config,
             training_file=training_file, validation_file=body.validation_file,
             metadata_=body.metadata)
         members.append(FleetMemberSpec(
             device=device, shard=index if body.shards_data else None,
             training_file=training_file, fits=planned.feasible,
-            examples=None if body.shards_data else source.rows, plan=planned.plan,
-            job=template))
+            examples=None if body.shards_data else source.rows, plan=plan, job=template))
     return members
 
 

@@ -90,7 +90,8 @@ def final_validation_loss(session: Session, job: Job) -> float | None:
 
 
 def _member(spec: FleetMemberSpec, job: Job | None, preparing: bool) -> FleetMember:
-    plan = spec.plan if job is None or not job.plan else job.plan  # what ran, once it did
+    # what ran, once it did
+    plan = spec.plan if job is None or not job.plan else job.plan.model_dump(mode="json")
     peak = None if job is None or job.peak_memory_bytes is None else \
         round(job.peak_memory_bytes / MB, 1)
     return FleetMember(

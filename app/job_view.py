@@ -8,6 +8,7 @@ from service.models import Adapter, Job
 
 
 def job_public(job: Job, adapter: Adapter | None) -> JobPublic:
+    planned = job.planned()
     error = None if job.error_code is None else JobError(
         code=job.error_code, message=job.error_message or "", detail=job.error_detail)
     return JobPublic(
@@ -21,9 +22,10 @@ def job_public(job: Job, adapter: Adapter | None) -> JobPublic:
                              peak_anon_mb=_mb(job.peak_anon_bytes),
                              cgroup_peak_usage_mb=_mb(job.cgroup_peak_bytes),
                              step_time_s=job.step_time_s,
-                             predicted_peak_mb=(job.plan or {}).get("predicted_peak_mb"),
-                             predicted_step_time_s=(job.plan or {})
-                             .get("predicted_step_time_s")),
+                             predicted_peak_mb=None if planned is None
+                             else planned.predicted_peak_mb,
+                             predicted_step_time_s=None if planned is None
+                             else planned.predicted_step_time_s),
         error=error,
         adapter=None if adapter is None else {
             "id": adapter.id, "sha256": adapter.sha256, "bytes": adapter.bytes,

@@ -13,12 +13,12 @@ from pydantic import ValidationError
 from sqlmodel import Session
 
 from app.api.errors import invalid, invalid_from
-from app.api.model_lookup import model_architecture_or_422
 from app.schemas import JobCreate
 from mebp_core.config import EngineKnobs, TrainConfig
-from mebp_core.plan.arch import PlanInputError
+from mebp_core.plan.arch import Architecture, PlanInputError
 from mebp_core.plan.devices import DeviceProfile
 from mebp_core.plan.on_host import plan_job_run
+from mebp_core.plan.summary import PlanSummary
 from mebp_core.plan.workload import Workload
 from mebp_core.units import MB
 from service.devices import find_device
@@ -30,28 +30,29 @@ class PlannedJob:
     config: TrainConfig
     device: DeviceProfile | None
     budget_bytes: int
-    plan: dict  # what the planner predicted for the chosen configuration
+    plan: PlanSummary  # what the planner predicted for the chosen configuration
     feasible: bool = True  # False: predicted not to fit; `infeasible_error` explains
 
     def infeasible_error(self) -> RequestValidationError:
         """The 422 for a budget too small, with the smallest budget that fits."""
-        smallest = self.plan["smallest_budget_mb"]
+        smallest = self.plan.smallest_budget_mb
         return invalid(
             "memory_budget_mb",
-            f"{'no configuration' if self.plan['chosen_by'] == 'auto' else 'the config given'}"
+            f"{'no configuration' if self.plan.chosen_by == 'auto' else 'the config given'}"
             f" is predicted to fit {self.budget_bytes / MB:.0f} MB (with the "
-            f"{self.plan['margin']:.0%} margin); the smallest budget that fits is "
-            f"{smallest} MB ({self.plan['dominant_component']} dominates). Raise the budget, "
+            f"{self.plan.margin:.0%} margin); the smallest budget that fits is "
+            f"{smallest} MB ({self.plan.dominant_component} dominates). Raise the budget, "
             f"or set allow_infeasible to run it under the kernel cap anyway",
             round(self.budget_bytes / MB, 1), smallest_budget_mb=smallest)
 
 
-def plan_job(body: JobCreate, settings: Settings, session: Session) -> PlannedJob:
+def plan_job(body: JobCreate, arch: Architecture, settings: Settings,
+             session: Session) -> PlannedJob:
     """The job's config with the knobs it runs with, and the planner's verdict on its budget
-    (the fastest configuration that fits, or the smallest one when none does)."""
+    (the fastest configuration that fits, or the smallest one when none does); ``arch`` is
+    ``body.model``'s, resolved once by the caller (``app.submit.check_references``)."""
     device = device_or_422(session, body.device)
     budget_bytes = _budget_bytes(body, device)
-    arch = model_architecture_or_422(session, body.model)
     hyper = body.hyperparameters.model_dump()  # by TrainConfig's names
     hyper["checkpoint_every"] = body.hyperparameters.checkpoint_every or settings.checkpoint_every
     knobs = EngineKnobs() if body.config == "auto" else body.config

@@ -18,6 +18,7 @@ from pydantic.fields import FieldInfo
 from app.api.request_model import RequestModel
 from mebp_core import config as core
 from mebp_core.plan.workload import PLAN_QUERY_FIELDS
+from service.job_plan import JobPlan
 
 Name = Annotated[str, StringConstraints(min_length=1, max_length=256)]
 MetadataKey = Annotated[str, StringConstraints(min_length=1, max_length=64)]
@@ -266,7 +267,9 @@ class JobPublic(BaseModel):
     memory_budget_mb: float | None
     method: str
     config: dict = Field(description="the full training configuration, knobs included")
-    plan: dict | None
+    plan: JobPlan | None = Field(description=(
+        "what the planner predicted for the configuration the job runs, beside the smallest "
+        "budget that fits"))
     training_file: str
     validation_file: str | None
     fleet_id: str | None

@@ -13,23 +13,25 @@ from sqlalchemy import case, func, text
 from sqlmodel import Session, col, select
 
 from app.api.errors import invalid
-from app.api.model_lookup import model_source_or_422
+from app.api.model_lookup import model_architecture_or_422
 from app.planning import PlannedJob, plan_job
 from app.schemas import JobCreate
+from mebp_core.plan.arch import Architecture
 from service.crud import create_queued_job
 from service.models import Dataset, Fleet, Job
 from service.settings import Settings
 
 
-def check_references(session: Session, body: JobCreate, tenant: str) -> None:
-    """422 unless the datasets exist and the model is one the service can run."""
+def check_references(session: Session, body: JobCreate, tenant: str) -> Architecture:
+    """422 unless the datasets exist and the model is one the service can run; the model's
+    architecture, resolved once for the request's plans."""
     for field in ("training_file", "validation_file"):
         dataset_id = getattr(body, field)
         dataset = None if dataset_id is None else session.get(Dataset, dataset_id)
         if dataset_id is not None and (dataset is None or dataset.tenant != tenant):
             raise invalid(field, "no such dataset (upload it with POST /v1/datasets)",
                           dataset_id)
-    model_source_or_422(session, body.model)
+    return model_architecture_or_422(session, body.model)
 
 
 def require_queue(redis: Redis) -> None:
@@ -96,7 +98,7 @@ def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *, tenant
     return create_queued_job(
         session, plan=planned.plan, tenant=tenant, model=body.model,
         device_id=None if planned.device is None else planned.device.id,
-        memory_budget_bytes=planned.budget_bytes, config=planned.config.model_dump(mode="json"),
+        memory_budget_bytes=planned.budget_bytes, config=planned.config,
         training_file=body.training_file, validation_file=body.validation_file,
         fleet_id=fleet_id, comparison_id=comparison_id, metadata_=body.metadata,
         idempotency_key=idempotency_key,
@@ -109,10 +111,10 @@ def submit_job(session: Session, body: JobCreate, settings: Settings,
     """Plan ``body`` and queue it; a 422 (``RequestValidationError``) when a field is wrong or
     the budget is predicted too small without ``allow_infeasible``, a 429 when the tenant's
     queue is full."""
-    check_references(session, body, tenant)
+    arch = check_references(session, body, tenant)
     require_queue(redis)
     require_queue_room(session, settings, tenant=tenant)
-    planned = plan_job(body, settings, session)
+    planned = plan_job(body, arch, settings, session)
     if not planned.feasible and not body.allow_infeasible:
         raise planned.infeasible_error()
     lock_queue(session, tenant)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from sqlmodel import Session, col, select, update
 
 from mebp_core.config import TrainConfig
+from mebp_core.plan.summary import PlanSummary
+from service.job_plan import UnplannedJob, load_plan
 from service.models import Adapter, Event, Job, Metric, utc_now
 from service.storage import new_id
 
@@ -31,28 +33,39 @@ def set_status(session: Session, job: Job, status: str, message: str, *,
               data={"status": status, **(data or {})})
 
 
-def create_queued_job(session: Session, *, plan: dict | None, **fields) -> Job:
+def create_queued_job(session: Session, *, plan: PlanSummary, config: TrainConfig,
+                      **fields) -> Job:
     """A new job row with its first events, queued; the caller commits, then enqueues.
-    ``fields`` are the Job's (tenant, model, config, training_file, ...)."""
-    return create_queued_jobs(session, [{"plan": plan, **fields}])[0]
+    ``fields`` are the Job's (tenant, model, training_file, ...)."""
+    return create_queued_jobs(session, [{"plan": plan, "config": config, **fields}])[0]
 
 
 def create_queued_jobs(session: Session, rows: list[dict], **common) -> list[Job]:
     """``create_queued_job`` for each of ``rows`` (with the fields in ``common``; a row may
     bring its own ``id``): every row built before anything is written, then written in two
-    flushes, so a fleet's hundreds of jobs keep its transaction short."""
-    jobs = [Job(**{"id": new_id("job"), **row}, status="queued",
-                total_steps=TrainConfig.model_validate(row["config"]).steps, **common)
-            for row in rows]
+    flushes, so a fleet's hundreds of jobs keep its transaction short. A row's config and
+    plan may be the models, or their JSON (a fleet's job template): validated here."""
+    jobs = [_queued_job(row, common) for row in rows]
     events = [Event(job_id=job.id, kind="status", message=message, data=data) for job in jobs
               for message, data in (("validated and planned",
-                                     {"status": "validating", "plan": job.plan}),
+                                     {"status": "validating", "plan": _json(job.plan)}),
                                     ("queued", {"status": "queued"}))]
     session.flush()  # what the jobs refer to (a fleet, its shards) goes first
     session.add_all(jobs)
     session.flush()  # then the rows the events refer to
     session.add_all(events)
     return jobs
+
+
+def _queued_job(row: dict, common: dict) -> Job:
+    config = TrainConfig.model_validate(row["config"])  # a TrainConfig passes as it is
+    return Job(**{"id": new_id("job"), **row, "config": config.model_dump(mode="json"),
+                  "plan": load_plan(row["plan"])},
+               status="queued", total_steps=config.steps, **common)
+
+
+def _json(plan: PlanSummary | UnplannedJob | None) -> dict | None:
+    return None if plan is None else plan.model_dump(mode="json")
 
 
 def request_cancel(session: Session, job_id: str) -> None:

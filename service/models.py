@@ -8,8 +8,10 @@ from sqlalchemy import JSON, BigInteger, Column, Index
 from sqlmodel import Field, SQLModel
 
 from mebp_core.config import TrainConfig
+from mebp_core.plan.summary import PlanSummary
 from service.comparison_spec import ComparisonSpec
 from service.fleet_spec import FleetSpec, RoundSeat
+from service.job_plan import JobPlan, UnplannedJob
 from service.json_column import ModelJSON, check_on_load
 
 
@@ -119,6 +121,7 @@ class FleetRound(SQLModel, table=True):
     finished_at: datetime | None = None
 
 
+@check_on_load
 class Job(SQLModel, table=True):
     __tablename__ = "jobs"
     # a repeated Idempotency-Key finds the job the first request made
@@ -133,7 +136,8 @@ class Job(SQLModel, table=True):
     device_id: str | None = Field(default=None, foreign_key="devices.id", max_length=64)
     memory_budget_bytes: int | None = Field(default=None, sa_column=Column(BigInteger))
     config: dict = Field(sa_column=Column(JSON, nullable=False))  # TrainConfig, dumped
-    plan: dict | None = Field(default=None, sa_column=Column(JSON))
+    plan: PlanSummary | UnplannedJob | None = Field(default=None,
+                                                    sa_column=Column(ModelJSON(JobPlan)))
     training_file: str = Field(foreign_key="datasets.id", max_length=40)
     validation_file: str | None = Field(default=None, foreign_key="datasets.id", max_length=40)
     fleet_id: str | None = Field(default=None, foreign_key="fleets.id", index=True,
@@ -174,6 +178,10 @@ class Job(SQLModel, table=True):
         """The stored config, validated (its schema version included): every reader uses
         this, never the raw dict."""
         return TrainConfig.model_validate(self.config)
+
+    def planned(self) -> PlanSummary | None:
+        """The job's plan summary; None for a job recorded unplanned (``UnplannedJob``)."""
+        return self.plan if isinstance(self.plan, PlanSummary) else None
 
 
 class Event(SQLModel, table=True):

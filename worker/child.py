@@ -1,7 +1,8 @@
 """The engine process of one job: ``python -m worker.child JOB_DIR``, run inside the job's
 memory cap. It never touches the database or Redis (their clients would count against the
 budget); it reads ``request.json`` and writes ``metrics.jsonl``, ``adapter/`` and, last,
-``result.json``. A kill by the kernel leaves no result: the worker reads the cgroup then.
+``result.json`` (``worker.engine_files``). A kill by the kernel leaves no result: the worker
+reads the cgroup then.
 
 Its first acts, before any import that allocates: enter the cap, tie its life to the
 worker's, and turn SIGTERM (a cancel) into "stop after this step".
@@ -9,12 +10,12 @@ worker's, and turn SIGTERM (a cancel) into "stop after this step".
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
 import traceback
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mebp_core.engine.memory import track_memory
 from mebp_core.engine.stop import StopOnSignals
@@ -23,33 +24,32 @@ from mebp_core.proc import die_with_parent
 from mebp_core.units import MB
 from worker.memory_cap import join_from_env
 
-REQUEST, RESULT, METRICS = "request.json", "result.json", "metrics.jsonl"
+if TYPE_CHECKING:  # imported once the cap is joined, as is everything that allocates
+    from worker.engine_files import EngineFailed, EngineFinished
+
+METRICS = "metrics.jsonl"
 ADAPTER, CHECKPOINT = "adapter", "checkpoint"
 ALLOCATION_FAILURES = ("can't allocate memory", "not enough memory", "out of memory")
 EXIT_STORAGE_FULL = 28  # ENOSPC: the result itself may not fit on the disk, so say it so
 PARENT_ENV = "MEBP_ENGINE_PARENT_PID"
 
 
-def run(job_dir: Path, stop: StopOnSignals) -> dict:
-    from mebp_core.config import TrainConfig
+def run(job_dir: Path, stop: StopOnSignals) -> EngineFinished:
     from mebp_core.engine.train import train
+    from worker.engine_files import EngineFinished, read_request
 
-    request = json.loads((job_dir / REQUEST).read_text())
-    config = TrainConfig.model_validate(request["config"])
+    request = read_request(job_dir)
     with track_memory() as memory:
-        validation = request.get("validation_data")
-        result = train(config, model_dir=Path(request["model_dir"]),
-                       data=Path(request["data"]), out=job_dir / ADAPTER, memory=memory,
-                       validation_data=None if validation is None else Path(validation),
+        result = train(request.config, model_dir=request.model_dir, data=request.data,
+                       out=job_dir / ADAPTER, memory=memory,
+                       validation_data=request.validation_data,
                        metrics_path=job_dir / METRICS, checkpoint_dir=job_dir / CHECKPOINT,
-                       resume=request.get("resume", False),
-                       init_adapter=None if request.get("init_adapter") is None
-                       else Path(request["init_adapter"]),
+                       resume=request.resume, init_adapter=request.init_adapter,
                        stop_requested=stop.is_set)
-    return {"status": "cancelled" if result.interrupted else "succeeded",
-            "steps": result.steps, "final_loss": result.final_loss,
-            "peak_mb": result.peak_mb, "peak_anon_mb": result.peak_anon_mb,
-            "footprint_mb": result.footprint_mb, "memory_method": result.memory_method}
+    return EngineFinished(status="cancelled" if result.interrupted else "succeeded",
+                          steps=result.steps, final_loss=result.final_loss,
+                          peak_mb=result.peak_mb, peak_anon_mb=result.peak_anon_mb,
+                          footprint_mb=result.footprint_mb, memory_method=result.memory_method)
 
 
 def read_peak_rss_bytes() -> int:
@@ -58,12 +58,6 @@ def read_peak_rss_bytes() -> int:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
     return 0
-
-
-def write_result(job_dir: Path, result: dict) -> None:
-    staging = job_dir / f".{RESULT}.tmp"
-    staging.write_text(json.dumps(result))
-    os.replace(staging, job_dir / RESULT)
 
 
 def main(argv: list[str]) -> int:
@@ -79,24 +73,28 @@ def main(argv: list[str]) -> int:
             print(f"mebp: storage full: {exc}", file=sys.stderr)
             return EXIT_STORAGE_FULL
         result = failure(exc)
+    from worker.engine_files import write_result
+
     write_result(job_dir, result)
-    return 0 if result["status"] != "failed" else 1
+    return 0 if result.status != "failed" else 1
 
 
-def failure(exc: Exception) -> dict:
+def failure(exc: Exception) -> EngineFailed:
     """The result of a run that failed in a way the user can act on; anything else (a bug)
     propagates with its traceback, and the worker reports the engine crashed."""
+    from worker.engine_files import EngineFailed
+
     if isinstance(exc, MebpError):
-        return {"status": "failed", "code": exc.code, "message": str(exc)}
+        return EngineFailed(code=exc.code, message=str(exc))
     allocation = isinstance(exc, MemoryError) or (
         isinstance(exc, RuntimeError) and any(text in str(exc).lower()
                                               for text in ALLOCATION_FAILURES))
     if not allocation:
         raise exc
     traceback.print_exc()
-    return {"status": "failed", "code": "memory_budget_exceeded",
-            "message": f"an allocation failed under the memory limit: {exc}",
-            "peak_rss_mb": read_peak_rss_bytes() / MB}
+    return EngineFailed(code="memory_budget_exceeded",
+                        message=f"an allocation failed under the memory limit: {exc}",
+                        peak_rss_mb=read_peak_rss_bytes() / MB)
 
 
 if __name__ == "__main__":

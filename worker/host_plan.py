@@ -26,6 +26,7 @@ from mebp_core.cpu import idle_cores, matmul_dtype, threads_for_idle_cores
 from mebp_core.plan.arch import Architecture, load_architecture
 from mebp_core.plan.on_host import chosen_entry, plan_on_host, plan_summary
 from mebp_core.plan.planner import Plan, PlanEntry
+from mebp_core.plan.summary import PlanSummary, Replanned
 from mebp_core.units import MB
 from service.crud import add_event
 from service.devices import find_device
@@ -33,30 +34,30 @@ from service.models import Job
 from service.settings import Settings
 
 
-def plan_on_this_worker(session: Session, job: Job, source: str, settings: Settings,
-                        worker: str) -> TrainConfig:
-    """The config this attempt runs: the job's recorded configuration at this attempt's
-    threads, planned afresh only if predicted not to fit here. The job's config and plan are
-    updated to match (the plan with this host's predictions)."""
-    config = job.train_config()
+def plan_on_this_worker(session: Session, job: Job, config: TrainConfig, source: str,
+                        settings: Settings, worker: str) -> TrainConfig:
+    """The config this attempt runs: the job's recorded configuration (``config``) at this
+    attempt's threads, planned afresh only if predicted not to fit here. The job's config
+    and plan are updated to match (the plan with this host's predictions)."""
     threads = attempt_threads(session, job, settings)
     here = config.model_copy(update={"knobs": fixed_bf16_path(config).model_copy(
         update={"threads": threads})})
-    if (job.plan or {}).get("planned"):  # a job recorded unplanned keeps its knobs as asked
-        here = _predict_here(session, job, here, load_architecture(source), settings, worker)
+    planned = job.planned()
+    if planned is not None:  # a job recorded unplanned keeps its knobs as asked
+        here = _predict_here(session, job, planned, here, load_architecture(source), settings,
+                             worker)
     job.config = here.model_dump(mode="json")
     session.add(job)
     return here
 
 
-def _predict_here(session: Session, job: Job, here: TrainConfig, arch: Architecture,
-                  settings: Settings, worker: str) -> TrainConfig:
+def _predict_here(session: Session, job: Job, planned: PlanSummary, here: TrainConfig,
+                  arch: Architecture, settings: Settings, worker: str) -> TrainConfig:
     """``here`` predicted on this host and recorded as the job's plan; replaced by the
-    fastest configuration that fits here only if the job's plan fitted its budget where it
-    was made, was the planner's choice (not the request's) and is predicted not to fit
-    here."""
-    planned = job.plan
-    chosen_by = planned.get("chosen_by", "auto")
+    fastest configuration that fits here only if the job's plan (``planned``) fitted its
+    budget where it was made, was the planner's choice (not the request's) and is predicted
+    not to fit here."""
+    chosen_by = planned.chosen_by
     device = None if job.device_id is None else find_device(session, job.device_id)
 
     def plan_of(candidates: list[EngineKnobs] | None) -> Plan:
@@ -65,16 +66,16 @@ def _predict_here(session: Session, job: Job, here: TrainConfig, arch: Architect
 
     plan = plan_of(None if chosen_by == "auto" else [here.knobs])
     recorded = _entry_of(plan, here.knobs) or plan_of([here.knobs]).entries[0]
-    replan = chosen_by == "auto" and planned.get("feasible") and recorded.feasible is False
+    replan = chosen_by == "auto" and planned.feasible and recorded.feasible is False
     chosen = chosen_entry(plan) if replan else recorded
-    summary = {**plan_summary(plan, chosen, chosen_by=chosen_by), "predicted_by": worker}
-    if "replanned" in planned:  # by an earlier attempt: its configuration is the one kept
-        summary["replanned"] = planned["replanned"]
+    # replanned by an earlier attempt: its configuration is the one kept
+    replanned = _say_replanned(session, job, recorded, chosen, worker) if replan \
+        else planned.replanned
     if replan:
-        summary["replanned"] = _say_replanned(session, job, recorded, chosen, worker)
         here = here.model_copy(update={"knobs": chosen.knobs.model_copy(
             update={"threads": here.knobs.threads})})
-    job.plan = summary
+    job.plan = plan_summary(plan, chosen, chosen_by=chosen_by, predicted_by=worker,
+                            replanned=replanned)
     return here
 
 
@@ -86,16 +87,15 @@ def _entry_of(plan: Plan, knobs: EngineKnobs) -> PlanEntry | None:
 
 
 def _say_replanned(session: Session, job: Job, recorded: PlanEntry, chosen: PlanEntry,
-                   worker: str) -> dict:
+                   worker: str) -> Replanned:
     """The event and the plan's record of a configuration replaced on this host."""
-    reason = f"{recorded.id} is predicted not to fit here: {recorded.reason}"
-    record = {"reason": reason, "previous_configuration": recorded.id, "worker": worker,
-              "attempt": job.attempts}
+    record = Replanned(reason=f"{recorded.id} is predicted not to fit here: {recorded.reason}",
+                       previous_configuration=recorded.id, worker=worker, attempt=job.attempts)
     add_event(session, job_id=job.id, kind="log",
-              message=f"planned again on {worker}: {reason}; running {chosen.id} (predicted "
-              f"{chosen.prediction.peak_bytes / MB:.0f} MB, "
+              message=f"planned again on {worker}: {record.reason}; running {chosen.id} "
+              f"(predicted {chosen.prediction.peak_bytes / MB:.0f} MB, "
               f"{chosen.prediction.step_time_s:.2f} s/step)",
-              data={"configuration": chosen.id, **record})
+              data={"configuration": chosen.id, **record.model_dump(mode="json")})
     return record
 
 

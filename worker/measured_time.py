@@ -7,15 +7,16 @@ from pathlib import Path
 
 from mebp_core.plan.calibration import calibration_path, load_calibration
 from mebp_core.plan.correction import SIMILAR_RUNS, measured_step_time, record_run
+from mebp_core.plan.summary import PlanSummary
 from service.models import Job
 
 
-def predicted_figures(plan: dict | None) -> dict:
+def predicted_figures(plan: PlanSummary | None) -> dict:
     """What the plan predicted for every step, to keep beside each step's measurement."""
-    if not plan or not plan.get("planned"):
+    if plan is None:
         return {}
-    return {"predicted_step_time_s": plan.get("predicted_step_time_s"),
-            "predicted_peak_mb": plan.get("predicted_peak_mb")}
+    return {"predicted_step_time_s": plan.predicted_step_time_s,
+            "predicted_peak_mb": plan.predicted_peak_mb}
 
 
 def correct_host_time(job: Job, *, cache_dir: Path, threads: int | None,
@@ -28,30 +29,30 @@ def correct_host_time(job: Job, *, cache_dir: Path, threads: int | None,
     lacks it). Returns the job's event saying what the measurement did to this host's
     plans, or None when it had nothing to compare with."""
     decompress_s = None if None in decompress_times else measured_step_time(decompress_times)
-    plan = job.plan or {}
-    modelled = plan.get("modelled_step_time_s")
-    if not plan.get("planned") or not modelled or job.step_time_s is None:
+    plan = job.planned()
+    modelled = None if plan is None else plan.modelled_step_time_s
+    if not modelled or job.step_time_s is None:
         return None
     host = load_calibration(cache_dir, threads, measure=False)
-    calibrated_at = (plan.get("calibration") or {}).get("measured_at") or ""
+    calibrated_at = plan.calibrated_at or ""
     if host is None or host.measured_at != calibrated_at:
         return None  # planned elsewhere, or against a calibration since replaced
     correction = record_run(calibration_path(cache_dir, threads), calibrated_at,
-                            matmul_dtype=plan["matmul_dtype"], modelled_s=modelled,
+                            matmul_dtype=plan.matmul_dtype, modelled_s=modelled,
                             measured_s=job.step_time_s,
-                            modelled_parts=plan.get("modelled_time_s"),
+                            modelled_parts=plan.modelled_time_s,
                             measured_parts=None if decompress_s is None
                             else {"decompress": decompress_s},
-                            label=f"job {job.id}: {job.model} {plan.get('configuration')}")
+                            label=f"job {job.id}: {job.model} {plan.configuration}")
     measured = f"measured {job.step_time_s:.3g} s/step against " \
-        f"{plan['predicted_step_time_s']:.3g} predicted"
+        f"{plan.predicted_step_time_s:.3g} predicted"
     data = {"measured_step_time_s": job.step_time_s,
-            "predicted_step_time_s": plan["predicted_step_time_s"]}
+            "predicted_step_time_s": plan.predicted_step_time_s}
     if correction is None:
         return (f"{measured}, {job.step_time_s / modelled:.3g}x the model: not used to "
                 "correct this host's plans (a run this far off says more about the run, "
                 "such as the load beside it, than about the host)"), data
-    modelled_parts = plan.get("modelled_time_s") or {"step": modelled}
+    modelled_parts = plan.modelled_time_s or {"step": modelled}
     corrected = sum(correction.apply(modelled_parts).values())
     return (f"{measured}; this host's {correction.matmul_dtype} plans are now corrected "
             f"by its measured runs: this configuration to {corrected:.3g} s/step "

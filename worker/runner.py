@@ -9,7 +9,6 @@ job back to the queue from the engine's checkpoint (``worker.stopping``).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
@@ -26,6 +25,7 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlmodel import Session, delete, select
 
 from mebp_core.cache import default_cache_dir
+from mebp_core.config import TrainConfig
 from mebp_core.engine.metrics_file import keep_steps_through
 from mebp_core.lora.peft_files import ADAPTER_FILES
 from mebp_core.plan.correction import measured_step_time
@@ -47,14 +47,13 @@ from service.registry import (
 )
 from service.settings import Settings
 from service.storage import base_config_path, job_dir, new_id
-from worker.child import (
-    ADAPTER,
-    CHECKPOINT,
-    EXIT_STORAGE_FULL,
-    METRICS,
-    PARENT_ENV,
-    REQUEST,
+from worker.child import ADAPTER, CHECKPOINT, EXIT_STORAGE_FULL, METRICS, PARENT_ENV
+from worker.engine_files import (
     RESULT,
+    EngineFinished,
+    EngineRequest,
+    read_result,
+    write_request,
 )
 from worker.host_plan import plan_on_this_worker
 from worker.lease import Heartbeat, claim_job, worker_name
@@ -175,9 +174,9 @@ class JobRun:
         end_storage_full(session, self.dir, self.settings.data_dir, lambda: (
             self._fail_if_still_ours(session, worker, "storage_full", message)))
 
-    def _prepare(self, session: Session, job: Job) -> dict:
+    def _prepare(self, session: Session, job: Job) -> EngineRequest:
         self.dir.mkdir(parents=True, exist_ok=True)
-        config = job.train_config()
+        config = job.train_config()  # the one read of the stored config in this attempt
         add_event(session, job_id=job.id, kind="log", message=f"preparing {job.model}")
         session.commit()
         source = model_source(session, job.model)  # preset:NAME, or a registered path
@@ -191,14 +190,16 @@ class JobRun:
         if job.init_adapter is not None:  # .../fleets/<id>/round-<n>/adapter
             add_event(session, job_id=job.id, kind="log", message=f"starting from fleet "
                       f"{job.fleet_id}'s {Path(job.init_adapter).parent.name} global adapter")
-        config = plan_on_this_worker(session, job, source, self.settings, worker_name())
+        config = plan_on_this_worker(session, job, config, source, self.settings,
+                                     worker_name())
         validation = None if job.validation_file is None else \
             session.get(Dataset, job.validation_file).path
-        request = {"config": config.model_dump(mode="json"), "model": source,
-                   "model_dir": str(model_dir), "init_adapter": job.init_adapter,
-                   "data": session.get(Dataset, job.training_file).path,
-                   "validation_data": validation, "resume": self._resume_point(session, job)}
-        (self.dir / REQUEST).write_text(json.dumps(request, indent=2))
+        request = EngineRequest(config=config, model=source, model_dir=model_dir,
+                                init_adapter=job.init_adapter,
+                                data=session.get(Dataset, job.training_file).path,
+                                validation_data=validation,
+                                resume=self._resume_point(session, job))
+        write_request(self.dir, request)
         return request
 
     def _resume_point(self, session: Session, job: Job) -> bool:
@@ -223,7 +224,7 @@ class JobRun:
         session.commit()
         return bool(self.resumed_from)
 
-    def _run_capped(self, session: Session, job: Job, request: dict) -> str | None:
+    def _run_capped(self, session: Session, job: Job, request: EngineRequest) -> str | None:
         """Run the engine capped and record its end; "given back" if the worker is stopping
         and the job went back to the queue instead."""
         remove_stale_caps(job.id)  # an earlier attempt's, if its worker died holding it
@@ -305,7 +306,7 @@ class JobRun:
     def _record_step(self, session: Session, job: Job, row: dict) -> None:
         step, loss = row["step"], row.get("loss")
         data = {key: value for key, value in row.items() if key not in ("step", "loss")}
-        data.update(predicted_figures(job.plan))
+        data.update(predicted_figures(job.planned()))
         session.add(Metric(job_id=job.id, step=step, loss=loss, data=data))
         job.step, job.last_loss = step, loss
         if step > self.resumed_from and row.get("step_time_s") is not None:
@@ -327,20 +328,20 @@ class JobRun:
         job.cgroup_peak_bytes = max(job.cgroup_peak_bytes or 0, cap.peak_bytes() or 0) or None
 
     def _finish(self, session: Session, job: Job, returncode: int, cap: MemoryCap,
-                request: dict) -> None:
-        result_path = self.dir / RESULT
-        result = json.loads(result_path.read_text()) if result_path.is_file() else None
+                request: EngineRequest) -> None:
+        result = read_result(self.dir)
         self._record_cgroup_peak(job, cap)
-        if result is not None and result["status"] in ("succeeded", "cancelled"):
+        if isinstance(result, EngineFinished):
             self._keep_adapter(session, job)
-            message = "succeeded" if result["status"] == "succeeded" else \
-                f"cancelled after step {result['steps']}; the adapter so far is kept"
-            set_status(session, job, result["status"], message,
-                       data={"final_loss": result["final_loss"]})
-            self._correct_host_time(session, job)
-        elif cap.oom_killed() or (result or {}).get("code") == "memory_budget_exceeded":
-            if result is not None and result.get("peak_rss_mb"):
-                job.peak_memory_bytes = int(result["peak_rss_mb"] * MB)
+            message = "succeeded" if result.status == "succeeded" else \
+                f"cancelled after step {result.steps}; the adapter so far is kept"
+            set_status(session, job, result.status, message,
+                       data={"final_loss": result.final_loss})
+            self._correct_host_time(session, job, request.config)
+        elif cap.oom_killed() or (result is not None
+                                  and result.code == "memory_budget_exceeded"):
+            if result is not None and result.peak_rss_mb:
+                job.peak_memory_bytes = int(result.peak_rss_mb * MB)
             self._fail_over_budget(session, job, cap)
         elif returncode == EXIT_STORAGE_FULL:
             fail_job(session, job, "storage_full",
@@ -349,20 +350,20 @@ class JobRun:
         elif result is None and job.cancel_requested and returncode == -signal.SIGTERM:
             set_status(session, job, "cancelled", "cancelled before its first step")
         elif result is not None:
-            message = result["message"].replace(request["data"], f"dataset {job.training_file}")
-            if request["validation_data"]:
-                message = message.replace(request["validation_data"],
+            message = result.message.replace(str(request.data), f"dataset {job.training_file}")
+            if request.validation_data is not None:
+                message = message.replace(str(request.validation_data),
                                           f"dataset {job.validation_file}")
-            fail_job(session, job, result["code"], message)
+            fail_job(session, job, result.code, message)
         else:
             fail_job(session, job, "engine_crashed",
                      f"the engine exited with code {returncode} and no result; "
                      f"last lines: {self._log_tail()}")
         session.commit()
 
-    def _correct_host_time(self, session: Session, job: Job) -> None:
+    def _correct_host_time(self, session: Session, job: Job, config: TrainConfig) -> None:
         said = correct_host_time(job, cache_dir=self.settings.cache_dir or default_cache_dir(),
-                                 threads=job.train_config().knobs.threads,
+                                 threads=config.knobs.threads,
                                  decompress_times=self.decompress_times)
         if said is not None:
             add_event(session, job_id=job.id, kind="log", message=said[0], data=said[1])
@@ -374,7 +375,8 @@ class JobRun:
         peak = max(job.peak_memory_bytes or 0,
                    (job.cgroup_peak_bytes or 0) if cap.oom_killed() else 0) or None
         peak_mb = None if peak is None else round(peak / MB, 1)
-        suggestion = (job.plan or {}).get("smallest_budget_mb")
+        planned = job.planned()
+        suggestion = None if planned is None else planned.smallest_budget_mb
         message = (f"{'killed by the kernel at' if cap.oom_killed() else 'ran out of'} the "
                    f"job's memory cap of {cap_mb:.0f} MB ({cap.mode})"
                    + (f"; peak {peak_mb} MB" if peak_mb is not None else "")
@@ -383,7 +385,8 @@ class JobRun:
         fail_job(session, job, "memory_budget_exceeded", message,
                  {"cap_mb": round(cap_mb, 1), "peak_mb": peak_mb, "enforcement": cap.mode,
                   "step": job.step, "suggested_budget_mb": suggestion,
-                  "suggested_configuration": (job.plan or {}).get("smallest_configuration")})
+                  "suggested_configuration": None if planned is None
+                  else planned.smallest_configuration})
 
     def _keep_adapter(self, session: Session, job: Job) -> None:
         adapter = self.dir / ADAPTER

@@ -22,7 +22,8 @@ from sqlmodel import Session
 
 from service.crud import add_event
 from service.models import Job
-from worker.child import EXIT_STORAGE_FULL, RESULT
+from worker.child import EXIT_STORAGE_FULL
+from worker.engine_files import read_result
 
 # the engine's stop, within the 10 s systemd and `docker stop` give before SIGKILL: what is
 # left is for recording the job, the worker's exit and the embedded Redis's
@@ -87,9 +88,8 @@ def ended_by_itself(job_dir: Path, cancel_requested: bool, returncode: int,
                     oom_killed: bool) -> bool:
     """Whether the engine reached an end of the job's own (done, failed, cancelled by the
     user, over its cap, out of storage) rather than the stop its worker asked for."""
-    result_path = job_dir / RESULT
-    result = json.loads(result_path.read_text()) if result_path.is_file() else None
-    if result is not None and (result["status"] != "cancelled" or cancel_requested):
+    result = read_result(job_dir)
+    if result is not None and (result.status != "cancelled" or cancel_requested):
         return True
     return oom_killed or returncode == EXIT_STORAGE_FULL
 

@@ -22,13 +22,13 @@ def measured_points(session: Session, query: PlanCreate, tenant: str,
                         .order_by(Job.finished_at.desc()).limit(limit)).all()
     points = []
     for job in jobs:
-        config, plan = job.train_config(), job.plan or {}
-        if config.method not in methods or not plan.get("planned") \
+        config, plan = job.train_config(), job.planned()
+        if config.method not in methods or plan is None \
                 or job.peak_memory_bytes is None or job.step_time_s is None:
             continue
         if any(getattr(config, name) != getattr(query, name) for name in SAME_WORKLOAD):
             continue
-        points.append({"configuration": plan["configuration"], "method": config.method,
+        points.append({"configuration": plan.configuration, "method": config.method,
                        "job_id": job.id,
                        "peak_mb": round(job.peak_memory_bytes / MB, 1),
                        "step_time_s": job.step_time_s})

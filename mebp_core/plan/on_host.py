@@ -19,6 +19,7 @@ from mebp_core.plan.planner import (
     PlanEntry,
     make_plan,
 )
+from mebp_core.plan.summary import PlanSummary, Replanned
 from mebp_core.plan.workload import Workload, matmul_dtype_of
 from mebp_core.units import MB
 
@@ -60,36 +61,34 @@ def chosen_entry(plan: Plan) -> PlanEntry:
     return plan.auto if plan.auto is not None else plan.smallest
 
 
-def plan_summary(plan: Plan, chosen: PlanEntry, *, chosen_by: str) -> dict:
+def plan_summary(plan: Plan, chosen: PlanEntry, *, chosen_by: str,
+                 predicted_by: str | None = None,
+                 replanned: Replanned | None = None) -> PlanSummary:
     """What a job records about its plan: the chosen configuration's predictions beside
     the smallest budget and the calibration they came from."""
     prediction = chosen.prediction
-    return {
-        "planned": True, "method": plan.workload.method, "configuration": chosen.id,
-        "feasible": chosen.feasible,
-        "chosen_by": chosen_by,
-        "budget_mb": None if plan.budget_bytes is None else round(plan.budget_bytes / MB, 1),
-        "margin": plan.margin,
-        "matmul_dtype": matmul_dtype_of(plan.workload, chosen.knobs),
-        "predicted_peak_mb": round(prediction.peak_bytes / MB, 1),
-        "predicted_memory_mb": {k: round(v / MB, 1) for k, v in prediction.memory.items()},
-        "predicted_step_time_s": round(prediction.step_time_s, 4),
-        # before this host's correction from measured runs (what the next run is compared to)
-        "modelled_step_time_s": round(prediction.modelled_step_time_s, 4),
-        "modelled_time_s": {k: round(v, 6) for k, v in prediction.modelled_time.items()},
-        "time_correction": round(prediction.time_factor, 4),
-        "device_step_time_s_estimate": None if chosen.device_step_time_s is None
+    return PlanSummary(
+        method=plan.workload.method, configuration=chosen.id, feasible=chosen.feasible,
+        chosen_by=chosen_by,
+        budget_mb=None if plan.budget_bytes is None else round(plan.budget_bytes / MB, 1),
+        margin=plan.margin, matmul_dtype=matmul_dtype_of(plan.workload, chosen.knobs),
+        predicted_peak_mb=round(prediction.peak_bytes / MB, 1),
+        predicted_memory_mb={k: round(v / MB, 1) for k, v in prediction.memory.items()},
+        predicted_step_time_s=round(prediction.step_time_s, 4),
+        modelled_step_time_s=round(prediction.modelled_step_time_s, 4),
+        modelled_time_s={k: round(v, 6) for k, v in prediction.modelled_time.items()},
+        time_correction=round(prediction.time_factor, 4),
+        device_step_time_s_estimate=None if chosen.device_step_time_s is None
         else round(chosen.device_step_time_s, 3),
-        "smallest_budget_mb": plan.smallest_budget_mb(),
-        "smallest_configuration": plan.smallest.id,
-        "dominant_component": plan.smallest.prediction.dominant_component(),
-        "calibration": plan.calibration,
-    }
+        smallest_budget_mb=plan.smallest_budget_mb(),
+        smallest_configuration=plan.smallest.id,
+        dominant_component=plan.smallest.prediction.dominant_component(),
+        calibration=plan.calibration, predicted_by=predicted_by, replanned=replanned)
 
 
 def plan_job_run(arch: Architecture, config: TrainConfig, *, budget_bytes: int | None,
                  device: DeviceProfile | None, chosen_by: str, cache_dir: Path | None,
-                 measure: bool = True) -> tuple[TrainConfig, dict, Plan]:
+                 measure: bool = True) -> tuple[TrainConfig, PlanSummary, Plan]:
     """A service job's plan on this host, at ``config``'s thread count: ``config`` with the
     knobs it runs (the fastest configuration predicted to fit, or the smallest when none
     does; with ``chosen_by="request"``, its own knobs), the summary the job records, and

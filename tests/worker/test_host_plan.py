@@ -14,8 +14,10 @@ from mebp_core.cpu import native_bf16_matmul
 from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.on_host import plan_on_host, plan_summary
 from mebp_core.plan.planner import knobs_id
+from mebp_core.plan.summary import PlanSummary
 from mebp_core.units import MB
 from service.db import database_url, make_engine, upgrade_database
+from service.job_plan import UnplannedJob
 from service.models import Dataset, Event, Job
 from service.settings import Settings
 from worker.host_plan import plan_on_this_worker
@@ -44,7 +46,8 @@ def settings(tmp_path, seed_calibration) -> Settings:
     return Settings(data_dir=tmp_path, cache_dir=cache, threads=1)
 
 
-def job_with(session: Session, config: TrainConfig, plan: dict) -> Job:
+def job_with(session: Session, config: TrainConfig,
+             plan: PlanSummary | UnplannedJob | dict) -> Job:
     job = Job(id="j1", tenant="t", status="running", model=MODEL, memory_budget_bytes=BUDGET,
               config=config.model_dump(mode="json"), plan=plan, training_file="d1")
     session.add(job)
@@ -58,10 +61,17 @@ def this_hosts_plan(settings: Settings, config: TrainConfig):
                         cache_dir=settings.cache_dir, measure=False)
 
 
-def planned(entry, **extra) -> dict:
-    """The plan record of a job planned (elsewhere) to run ``entry``."""
-    return {"planned": True, "chosen_by": "auto", "configuration": entry.id,
-            "feasible": True, **extra}
+def recorded(settings: Settings, config: TrainConfig, *, chosen_by: str = "auto",
+             budget_bytes: int = BUDGET) -> PlanSummary:
+    """The plan record of a job planned (elsewhere, under ``budget_bytes``) to run
+    ``config``'s knobs."""
+    here = config.model_copy(update={"knobs": config.knobs.model_copy(update={"threads": 1})})
+    plan = plan_on_host(load_architecture(MODEL), here, budget_bytes=budget_bytes,
+                        candidates=[here.knobs], cache_dir=settings.cache_dir, measure=False)
+    return plan_summary(plan, plan.entries[0], chosen_by=chosen_by)
+
+
+UNPLANNED = UnplannedJob(planned=False, reason="the planner models method mebp, not mezo")
 
 
 def test_a_planned_job_keeps_its_configuration_where_it_fits(session, settings):
@@ -72,16 +82,17 @@ def test_a_planned_job_keeps_its_configuration_where_it_fits(session, settings):
     kept = plan.smallest
     assert kept.id != plan.auto.id  # this host alone would have run another one
     job = job_with(session, as_submitted.model_copy(update={"knobs": kept.knobs.model_copy(
-        update={"threads": None})}), planned(kept))
-    config = plan_on_this_worker(session, job, MODEL, settings, "w1")
+        update={"threads": None})}), plan_summary(plan, kept, chosen_by="auto"))
+    config = plan_on_this_worker(session, job, job.train_config(), MODEL, settings, "w1")
     session.commit()
 
     assert config.knobs == kept.knobs.model_copy(update={"threads": 1})
     session.refresh(job)
     assert job.train_config() == config
-    assert job.plan["configuration"] == kept.id and job.plan["predicted_by"] == "w1"
-    assert job.plan["predicted_peak_mb"] == round(kept.prediction.peak_bytes / MB, 1)
-    assert job.plan["calibration"]["threads"] == 1 and "replanned" not in job.plan
+    assert job.plan.configuration == kept.id and job.plan.predicted_by == "w1"
+    assert job.plan.predicted_peak_mb == round(kept.prediction.peak_bytes / MB, 1)
+    assert job.plan.calibration["threads"] == 1 and job.plan.replanned is None
+    assert "replanned" not in job.plan.model_dump(mode="json")
     assert session.exec(select(Event).where(Event.job_id == job.id)).all() == []
 
 
@@ -89,39 +100,38 @@ def test_a_configuration_that_does_not_fit_here_is_planned_again_and_kept_after(
                                                                              settings):
     """Every weight resident fitted where the job was planned, not in 400 MB here: this
     attempt runs this host's fastest that fits, says why, and the next attempt keeps it."""
-    everything = EngineKnobs(frozen_weights="resident")
-    job = job_with(session, TrainConfig(seq_len=256, knobs=everything),
-                   {"planned": True, "chosen_by": "auto", "feasible": True,
-                    "configuration": knobs_id(everything)})
-    config = plan_on_this_worker(session, job, MODEL, settings, "w1")
+    everything = TrainConfig(seq_len=256, knobs=EngineKnobs(frozen_weights="resident"))
+    where_planned = recorded(settings, everything, budget_bytes=4096 * MB)
+    assert where_planned.feasible
+    job = job_with(session, everything, where_planned)
+    config = plan_on_this_worker(session, job, job.train_config(), MODEL, settings, "w1")
     session.commit()
 
     fastest = this_hosts_plan(settings, TrainConfig(seq_len=256)).auto
     assert config.knobs == fastest.knobs.model_copy(update={"threads": 1})
-    replanned = job.plan["replanned"]
-    assert replanned["previous_configuration"] == knobs_id(everything)
-    assert replanned["worker"] == "w1" and replanned["attempt"] == job.attempts
-    assert "predicted not to fit here: needs" in replanned["reason"]
-    assert job.plan["configuration"] == fastest.id and job.plan["predicted_peak_mb"] * 1.1 <= 400
+    replanned = job.plan.replanned
+    assert replanned.previous_configuration == knobs_id(everything.knobs)
+    assert replanned.worker == "w1" and replanned.attempt == job.attempts
+    assert "predicted not to fit here: needs" in replanned.reason
+    assert job.plan.configuration == fastest.id and job.plan.predicted_peak_mb * 1.1 <= 400
     events = session.exec(select(Event).where(Event.job_id == job.id)).all()
-    assert [e.data["previous_configuration"] for e in events] == [knobs_id(everything)]
+    assert [e.data["previous_configuration"] for e in events] == [knobs_id(everything.knobs)]
     assert events[0].data["configuration"] == fastest.id
 
     job.attempts += 1  # resumed by another worker of this host: nothing changes
-    again = plan_on_this_worker(session, job, MODEL, settings, "w2")
-    assert again == config and job.plan["replanned"] == replanned
+    again = plan_on_this_worker(session, job, job.train_config(), MODEL, settings, "w2")
+    assert again == config and job.plan.replanned == replanned
     assert len(session.exec(select(Event).where(Event.job_id == job.id)).all()) == 1
 
 
 def test_a_configuration_the_request_named_is_kept_with_this_workers_threads(session,
                                                                              settings):
-    requested = EngineKnobs(checkpoint_blocks=2, threads=7)
-    job = job_with(session, TrainConfig(seq_len=256, knobs=requested),
-                   {"planned": True, "chosen_by": "request", "configuration": "x"})
-    config = plan_on_this_worker(session, job, MODEL, settings, "w1")
-    assert config.knobs == requested.model_copy(update={"threads": 1})
-    assert job.plan["chosen_by"] == "request" and job.plan["predicted_by"] == "w1"
-    assert job.plan["configuration"] == knobs_id(requested)
+    requested = TrainConfig(seq_len=256, knobs=EngineKnobs(checkpoint_blocks=2, threads=7))
+    job = job_with(session, requested, recorded(settings, requested, chosen_by="request"))
+    config = plan_on_this_worker(session, job, job.train_config(), MODEL, settings, "w1")
+    assert config.knobs == requested.knobs.model_copy(update={"threads": 1})
+    assert job.plan.chosen_by == "request" and job.plan.predicted_by == "w1"
+    assert job.plan.configuration == knobs_id(requested.knobs)
 
 
 def test_a_mezo_job_is_predicted_again_with_mezos_own_model(session, settings):
@@ -129,28 +139,30 @@ def test_a_mezo_job_is_predicted_again_with_mezos_own_model(session, settings):
     recorded = plan_summary(planned, planned.auto, chosen_by="auto")
     job = job_with(session, TrainConfig(method="mezo", seq_len=256,
                                         knobs=planned.auto.knobs), recorded)
-    config = plan_on_this_worker(session, job, MODEL, settings, "w1")
+    config = plan_on_this_worker(session, job, job.train_config(), MODEL, settings, "w1")
     assert config.method == "mezo" and config.knobs.frozen_weights == \
         planned.auto.knobs.frozen_weights
-    assert job.plan["method"] == "mezo" and job.plan["configuration"] == planned.auto.id
-    assert job.plan["predicted_by"] == "w1" and job.plan["predicted_memory_mb"][
-        "checkpoints"] == 0
+    assert job.plan.method == "mezo" and job.plan.configuration == planned.auto.id
+    assert job.plan.predicted_by == "w1" and job.plan.predicted_memory_mb["checkpoints"] == 0
 
 
 def test_a_job_recorded_unplanned_keeps_its_knobs(session, settings):
+    """A row written before every method was planned loads, and keeps its record."""
     job = job_with(session, TrainConfig(method="mezo", seq_len=256),
-                   {"planned": False, "reason": "the planner models method mebp"})
-    config = plan_on_this_worker(session, job, MODEL, settings, "w1")
+                   UNPLANNED.model_dump(mode="json"))
+    config = plan_on_this_worker(session, job, job.train_config(), MODEL, settings, "w1")
+    session.commit()
+    session.refresh(job)
     assert config.method == "mezo" and config.knobs.threads == 1
-    assert job.plan == {"planned": False, "reason": "the planner models method mebp"}
+    assert job.plan == UNPLANNED and job.planned() is None
 
 
 def test_a_bf16_path_of_auto_is_fixed_by_the_first_attempt(session, settings):
     """The path this host's CPU takes for "auto" is written into the job's config, so a
     later attempt on a CPU that would take the other runs the same matmuls."""
     job = job_with(session, TrainConfig(method="backprop", compute_dtype="bfloat16"),
-                   {"planned": False, "reason": "the planner models method mebp"})
-    config = plan_on_this_worker(session, job, MODEL, settings, "w1")
+                   UNPLANNED)
+    config = plan_on_this_worker(session, job, job.train_config(), MODEL, settings, "w1")
     assert config.knobs.bf16_matmul == ("native" if native_bf16_matmul() else "float32")
     assert job.train_config().knobs.bf16_matmul == config.knobs.bf16_matmul
 
@@ -161,12 +173,12 @@ def test_without_a_thread_setting_a_job_takes_the_cores_free_as_it_starts(
     one-thread calibration, and says so."""
     cache = seed_calibration(tmp_path / "cache", threads=1)
     settings = Settings(data_dir=tmp_path, cache_dir=cache)  # threads unset
-    job = job_with(session, TrainConfig(seq_len=256), {"planned": True, "chosen_by": "request",
-                                                         "configuration": "default"})
-    config = plan_on_this_worker(session, job, MODEL, settings, "w1")
+    config = TrainConfig(seq_len=256)
+    job = job_with(session, config, recorded(settings, config, chosen_by="request"))
+    config = plan_on_this_worker(session, job, config, MODEL, settings, "w1")
     session.commit()
     assert config.knobs.threads == 1 and job.train_config().knobs.threads == 1
-    assert job.plan["calibration"]["threads"] == 1 and job.plan["predicted_by"] == "w1"
+    assert job.plan.calibration["threads"] == 1 and job.plan.predicted_by == "w1"
     told = [e.data for e in session.exec(select(Event).where(Event.job_id == job.id)).all()
             if "idle_cores" in e.data]
     assert [e["threads"] for e in told] == [1] and told[0]["idle_cores"] <= 1.2

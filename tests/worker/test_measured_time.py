@@ -7,15 +7,18 @@ import pytest
 
 from mebp_core.plan.calibration import load_calibration
 from mebp_core.plan.correction import RATIO_BOUNDS
+from mebp_core.plan.summary import PlanSummary
 from service.models import Job
 from worker.measured_time import correct_host_time
 
 
 def finished_job(modelled_s: float, measured_s: float, calibration: dict) -> Job:
-    plan = {"planned": True, "modelled_step_time_s": modelled_s,
-            "predicted_step_time_s": modelled_s, "matmul_dtype": "float32",
-            "modelled_time_s": {"matmul": modelled_s}, "configuration": "c1",
-            "calibration": calibration}
+    plan = PlanSummary(
+        configuration="c1", feasible=True, budget_mb=1024.0, margin=0.1,
+        matmul_dtype="float32", predicted_peak_mb=100.0, predicted_memory_mb={"weights": 100.0},
+        predicted_step_time_s=modelled_s, modelled_step_time_s=modelled_s,
+        modelled_time_s={"matmul": modelled_s}, smallest_budget_mb=111,
+        smallest_configuration="c1", dominant_component="weights", calibration=calibration)
     return Job(id="j1", tenant="t", status="succeeded", model="preset:tiny",
                memory_budget_bytes=1 << 30, config={}, plan=plan, training_file="d1",
                step_time_s=measured_s)
