@@ -7,7 +7,6 @@ last global adapter; a stalled round is found for the reconciler."""
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import torch
@@ -166,18 +165,23 @@ def test_two_coordinators_at_once_finish_the_round_once(tmp_path, request, datab
         finish_jobs(session, tmp_path, 0)
     evaluated, started = [], {}
     barrier = threading.Barrier(2)
+    arrived = {name: threading.Event() for name in "ab"}
 
     def evaluate(fleet, adapter):
         evaluated.append(adapter)
-        time.sleep(0.5)  # the other coordinator arrives while this one is mid-round
+        # mid-round until the other coordinator has arrived at advance, so they overlap
+        other = arrived["b" if threading.current_thread().name == "a" else "a"]
+        assert other.wait(timeout=60), "the other coordinator never arrived"
         return 1.0
 
     def coordinator(name: str) -> None:
         with Session(engine) as session:
             barrier.wait()
+            arrived[name].set()
             started[name] = advance(session, fleet_id, tmp_path, evaluate)
 
-    threads = [threading.Thread(target=coordinator, args=(name,)) for name in "ab"]
+    threads = [threading.Thread(target=coordinator, args=(name,), name=name)
+               for name in "ab"]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -5,7 +5,6 @@ fleet after its round."""
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -13,7 +12,9 @@ import psutil
 import pytest
 from service_harness import (
     FAST_RECOVERY,
+    HANG_GUARD_S,
     REDIS_TEST_URL,
+    poll_until,
     start_service,
     stop_service,
     temporary_postgres_database,
@@ -65,22 +66,18 @@ def test_a_coordinator_killed_mid_round_runs_again_and_a_cancel_stops_after_the_
         status, fleet = service.request("POST", "/v1/fleets", {
             **FLEET, "training_file": training, "validation_file": validation})
         assert status == 201, fleet
-        deadline = time.monotonic() + 300
-        while not (doomed := coordinator_evaluating(service)):
-            assert time.monotonic() < deadline, service.output.read_text()[-3000:]
-            time.sleep(0.02)
+        doomed = poll_until(lambda: coordinator_evaluating(service), bool, HANG_GUARD_S,
+                            lambda _: service.output.read_text()[-3000:], interval_s=0.02)
         for process in doomed:
             process.kill()
         psutil.wait_procs(doomed, timeout=10)
 
-        fleet = service.fleet_after_rounds(fleet["id"], 1)
-        while len(fleet["rounds"]) < 2:  # round 1 starts once round 0 is done
-            fleet = service.request("GET", f"/v1/fleets/{fleet['id']}")[1]
-            time.sleep(0.2)
+        service.fleet_when(fleet["id"], lambda f: len(f["rounds"]) >= 2,
+                           "round 1 started (once round 0 is done)")
         assert service.request("POST", f"/v1/fleets/{fleet['id']}/cancel")[0] == 200
+        # the coordinator that ends round 1 reads the cancel under the fleet's lock, in the
+        # transaction that would start round 2: once round 1 is done, no round 2 can start
         fleet = service.fleet_after_rounds(fleet["id"], 2)
-        time.sleep(3)  # a coordinator that would start round 2 has had its chance
-        fleet = service.request("GET", f"/v1/fleets/{fleet['id']}")[1]
         assert [r["status"] for r in fleet["rounds"]] == ["done", "done"]
         jobs = [p["job_id"] for r in fleet["rounds"] for p in r["participants"]]
         assert len(jobs) == len(set(jobs)) == 2 * 2  # no round started twice
