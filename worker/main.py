@@ -9,10 +9,11 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from contextlib import suppress
 
 import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
 from rq import Worker, worker_registration
 
 from mebp_core.cache import default_cache_dir
@@ -63,16 +64,12 @@ class ServiceWorker(Worker):
 
 def wait_for_redis(connection: redis.Redis) -> None:
     """Block until Redis answers, rather than exit and be restarted in a loop while it is
-    down (`mebp serve` restarts its embedded Redis; a shared one comes back by itself)."""
-    wait_s = 0.5
-    while True:
-        try:
-            connection.ping()
-            return
-        except redis.ConnectionError as exc:
-            print(f"mebp worker: waiting for Redis: {exc}", file=sys.stderr, flush=True)
-        time.sleep(wait_s)
-        wait_s = min(REDIS_WAIT_MAX_S, 2 * wait_s)
+    down (`mebp serve` restarts its embedded Redis; a shared one comes back by itself):
+    0.5 s after the first failure, doubling up to REDIS_WAIT_MAX_S."""
+    forever = Retry(ExponentialBackoff(cap=REDIS_WAIT_MAX_S, base=0.25), retries=-1,
+                    supported_errors=(redis.ConnectionError,))
+    forever.call_with_retry(connection.ping, lambda exc: print(
+        f"mebp worker: waiting for Redis: {exc}", file=sys.stderr, flush=True))
 
 
 def work(settings: Settings, *, burst: bool = False) -> int:
