@@ -194,8 +194,8 @@ def start_service(root: Path, cache: Path, extra_env: dict[str, str], *,
                   workers: int = 1, own_group: bool = False, ready: bool = True) -> Service:
     """``mebp serve`` on a free port, once more on another if another process took that
     port between its pick and the server's bind; ``own_group``: in a session (and process
-    group) of its own, which a test may signal whole. Returned once its health is 200 with
-    ``workers`` listening, or with ``ready=False`` once it answers at all."""
+    group) of its own, which a test may signal whole. Returned once its health says it is
+    calibrated with ``workers`` listening, or with ``ready=False`` once it answers at all."""
     for _ in range(2):
         with suppress(PortTakenError):
             return start_service_on(free_port(), root, cache, extra_env, workers=workers,
@@ -222,9 +222,11 @@ def start_service_on(port: int, root: Path, cache: Path, extra_env: dict[str, st
     deadline = time.monotonic() + HANG_GUARD_S  # imports alone take a minute at load 10
     while True:
         try:
-            health = httpx.get(service.url + "/v1/health", timeout=10)
-            if not ready or (health.status_code == 200 and
-                             health.json()["workers"] >= workers):
+            health = httpx.get(service.url + "/v1/health", timeout=10).json()
+            # started: calibrated, its workers listening (a test may fill its disk: the
+            # health's status is that test's to judge)
+            if not ready or (health["calibration"] in ("ready", "provisional") and
+                             health["workers"] >= workers):
                 return service
         except (httpx.HTTPError, ValueError, KeyError):
             pass
