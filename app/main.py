@@ -26,7 +26,7 @@ from app.api.events import StreamSlots
 from app.api.request_sessions import SessionSlots
 from app.api.routes import adapters, comparisons, datasets, devices, fleets, jobs, models, plans
 from app.api.url_guard import RefuseNulInUrl
-from app.calibration_gate import RETRY_AFTER_S, CalibrationGate
+from app.calibration_gate import FAILURE_RETRY_S, RETRY_AFTER_S, CalibrationGate
 from app.keys import ensure_bootstrap_key
 from app.reconciler import Reconciler
 from app.schemas import ErrorMessage
@@ -35,7 +35,7 @@ from app.web import auth, base_page, comparison_pages, explorer, monitor
 from app.web.auth import SignInRequired
 from app.web.templating import PLOTLY_JS, STATIC_DIR
 from mebp_core.cache import default_cache_dir
-from mebp_core.plan.on_host import CalibrationUnavailableError
+from mebp_core.plan.calibration import CalibrationError
 from service.bases import BaseExports
 from service.db import database_url, make_engine
 from service.devices import sync_builtin_devices
@@ -124,10 +124,11 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
     for error, message in UNAVAILABLE.items():
         app.add_exception_handler(error, _unavailable(message))
     app.add_exception_handler(RequestValidationError, validation_error_response)
-    app.add_exception_handler(CalibrationUnavailableError, lambda request, exc: JSONResponse(
+    # not measured yet (a request never measures), or unreadable: a 503 saying which
+    app.add_exception_handler(CalibrationError, lambda request, exc: JSONResponse(
         {"detail": calibration.unavailable_detail(), "calibration": calibration.state()},
         status_code=status.HTTP_503_SERVICE_UNAVAILABLE,
-        headers={"Retry-After": str(RETRY_AFTER_S)}))
+        headers={"Retry-After": str(FAILURE_RETRY_S if calibration.failure else RETRY_AFTER_S)}))
     app.add_exception_handler(OSError, _storage_full)
     app.add_middleware(RefuseNulInUrl)
     app.add_exception_handler(status.HTTP_413_CONTENT_TOO_LARGE, body_limits.handle)

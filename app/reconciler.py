@@ -59,6 +59,8 @@ class Reconciler:
                 self.reconcile()
             except (RedisError, SQLAlchemyError) as exc:  # down for now: next round
                 log.warning("reconciler: %s", exc)
+            except Exception:  # a bad row, say: logged every round, the thread lives on
+                log.exception("reconciler: this round failed")
 
     def reconcile(self) -> list[str]:
         """One round; returns the ids it enqueued."""

@@ -23,8 +23,8 @@ from app.web.explorer_plans import METHOD_CHOICES, plan_view
 from app.web.job_form import JobForm, hyperparameter_inputs
 from app.web.measured import measured_points
 from app.web.templating import script_json, templates
+from mebp_core.plan.calibration import CalibrationError
 from mebp_core.plan.methods import METHOD_NAMES, METHODS
-from mebp_core.plan.on_host import CalibrationUnavailableError
 from mebp_core.store.preset_configs import PRESET_CONFIGS
 from service.devices import all_devices
 from service.models import Dataset, RegisteredModel
@@ -70,7 +70,7 @@ def explorer(request: Request, session: SessionDep, settings: SettingsDep,
                                        int(compare_seq_len or seq_len))
     except (RequestValidationError, ValidationError, ValueError) as exc:
         error = _describe(exc)
-    except CalibrationUnavailableError:  # the service is starting
+    except CalibrationError:  # the service is starting, or its calibration failed
         error = request.app.state.calibration.unavailable_detail()
     charts = [] if view is None else [
         _chart(_label(device, budget_mb, seq_len), view, measured)]

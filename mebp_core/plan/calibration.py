@@ -11,6 +11,7 @@ and with which dequantization kernel it was taken, and plans say so.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.metadata
 import json
@@ -138,8 +139,14 @@ def host_key(threads: int | None) -> str:
         torch_version = None
     text = json.dumps([CALIBRATION_VERSION, cpu_model(), os.cpu_count(), threads,
                        platform.python_version(), torch_version, kernel_digest(),
-                       source_digest(PACKAGE_DIR / "measure_host.py")])
+                       _measuring_code_digest()])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def _measuring_code_digest() -> str:
+    """Read once per process: an edit under a running service does not move its key."""
+    return source_digest(PACKAGE_DIR / "measure_host.py")
 
 
 def calibration_path(cache_dir: Path, threads: int | None) -> Path:
@@ -212,6 +219,7 @@ def _now() -> str:
 # competing process, matmuls spread 5.3.
 MAX_SPREAD = 2.0
 MEASURE_ATTEMPTS = 3
+MEASURE_TIMEOUT_S = 900  # one attempt takes 15 s idle, minutes at load 10
 # kept when no attempt was steady enough, but measured again this long after, at a plan or a
 # worker's start, and replaced if steadier: one busy minute does not fix a host's figures
 RETRY_UNSTEADY_S = 600
@@ -232,7 +240,12 @@ def measure_host(threads: int | None = None) -> HostCalibration:
     command = [sys.executable, "-m", "mebp_core.measure_host", "--parent-pid", str(os.getpid())]
     if threads:
         command += ["--threads", str(threads)]
-    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, check=False,
+                              timeout=MEASURE_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise CalibrationError(f"host measurement hung: no figures after {MEASURE_TIMEOUT_S} "
+                               "s") from None
     if done.returncode != 0:
         raise CalibrationError(f"host measurement failed: {done.stderr.strip()[-2000:]}")
     try:

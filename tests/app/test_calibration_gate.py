@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 import httpx
 from service_harness import poll_until, start_service, stop_service, tiny_job
 
-from mebp_core.atomic import exclusive_lock
+from mebp_core.atomic import exclusive_lock, write_json_atomically
 from mebp_core.plan.calibration import MAX_SPREAD, calibration_path
 
 ROWS = b"".join(json.dumps({"text": f"gate row {i}"}).encode() + b"\n" for i in range(8))
@@ -58,8 +58,8 @@ def test_services_start_measuring_refuse_plans_at_once_then_plan_from_the_shared
                                   timeout=PROMPT_ANSWER_S)
                 assert plan.status_code == 503, plan.text
             measured_at = datetime.now(UTC).isoformat(timespec="seconds")
-            path.write_text(json.dumps(asdict(replace(host, threads=threads,
-                                                      measured_at=measured_at))))
+            write_json_atomically(path, asdict(replace(host, threads=threads,
+                                                       measured_at=measured_at)))
         except BaseException:
             for service in services:
                 stop_service(service)
@@ -77,7 +77,9 @@ def test_services_start_measuring_refuse_plans_at_once_then_plan_from_the_shared
             # planned from the calibration the other process wrote, not a new measurement
             calibration = job.json()["plan"]["calibration"]
             assert calibration["measured_at"] == measured_at and calibration["steady"]
-            assert "this host's calibration took" in service.output.read_text()
+            # its gate, given the lock, read what the other process wrote
+            poll_until(service.output.read_text, lambda log: "calibration took" in log, 60,
+                       lambda log: f"never said ready: {log[-2000:]}")
     finally:
         for service in services:
             stop_service(service)
@@ -103,5 +105,25 @@ def test_an_unsteady_calibration_is_used_with_its_plans_marked_provisional(tmp_p
         calibration = plan.json()["calibration"]
         assert calibration["steady"] is False
         assert calibration["max_spread"] == 80.0 > calibration["spread_bound"] == MAX_SPREAD
+    finally:
+        stop_service(service)
+
+
+def test_an_unreadable_calibration_is_a_failed_health_and_a_503_naming_it(tmp_path):
+    cache = tmp_path / "cache"
+    path = calibration_path(cache, os.cpu_count() or 1)
+    path.parent.mkdir(parents=True)
+    path.write_text("{not json")
+    service = start_service(tmp_path / "service", cache, {}, workers=0, ready=False)
+    try:
+        answer = poll_until(lambda: health(service),
+                            lambda a: a.json().get("calibration") == "failed", 60,
+                            lambda a: f"never failed: {a.text}")
+        assert answer.status_code == 503 and answer.json()["status"] == "degraded"
+        plan = service.client.get("/v1/plans", params={"model": "preset:tiny",
+                                                       "device": "pixel-8"})
+        assert plan.status_code == 503, plan.text  # not a 500
+        assert "unreadable calibration" in plan.json()["detail"]
+        assert str(path) in plan.json()["detail"]
     finally:
         stop_service(service)

@@ -6,7 +6,9 @@ last global adapter; a stalled round is found for the reconciler."""
 
 from __future__ import annotations
 
+import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -149,6 +151,17 @@ def test_stragglers_past_the_deadline_get_no_job(tmp_path):
         assert len(jobs) == 2 and seats[2].job_id is None
 
 
+def blocked_in(thread: threading.Thread, function: str) -> bool:
+    """``thread`` is inside ``function`` now (a lock holder's suspended generator is not on
+    its stack: only a waiter's is)."""
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code.co_name == function:
+            return True
+        frame = frame.f_back
+    return False
+
+
 @pytest.mark.parametrize("database", ["sqlite", "postgres"])
 def test_two_coordinators_at_once_finish_the_round_once(tmp_path, request, database):
     """Two coordinators woken by the round's last two jobs ending run ``advance`` at the
@@ -165,26 +178,28 @@ def test_two_coordinators_at_once_finish_the_round_once(tmp_path, request, datab
         finish_jobs(session, tmp_path, 0)
     evaluated, started = [], {}
     barrier = threading.Barrier(2)
-    arrived = {name: threading.Event() for name in "ab"}
+    threads = {}
 
     def evaluate(fleet, adapter):
         evaluated.append(adapter)
-        # mid-round until the other coordinator has arrived at advance, so they overlap
-        other = arrived["b" if threading.current_thread().name == "a" else "a"]
-        assert other.wait(timeout=60), "the other coordinator never arrived"
+        # mid-round until the other coordinator waits on this one's lock, so they overlap
+        other = threads["b" if threading.current_thread().name == "a" else "a"]
+        deadline = time.monotonic() + 60
+        while not blocked_in(other, "exclusive_lock"):
+            assert time.monotonic() < deadline, "the other coordinator never waited its turn"
+            time.sleep(0.01)
         return 1.0
 
     def coordinator(name: str) -> None:
         with Session(engine) as session:
             barrier.wait()
-            arrived[name].set()
             started[name] = advance(session, fleet_id, tmp_path, evaluate)
 
-    threads = [threading.Thread(target=coordinator, args=(name,), name=name)
-               for name in "ab"]
-    for thread in threads:
+    threads.update({name: threading.Thread(target=coordinator, args=(name,), name=name)
+                    for name in "ab"})
+    for thread in threads.values():
         thread.start()
-    for thread in threads:
+    for thread in threads.values():
         thread.join(timeout=60)
     assert sorted(len(jobs) for jobs in started.values()) == [0, 3], started
     assert len(evaluated) == 1
