@@ -25,6 +25,7 @@ from pathlib import Path
 import httpx
 import psycopg
 from fastapi.testclient import TestClient
+from waiting import poll_until  # noqa: F401  (re-exported: the tests import it from here)
 
 API_KEY = "test-key-0123456789"
 MAX_UPLOAD_BYTES = 256 << 10
@@ -39,18 +40,6 @@ FAST_RECOVERY = {"MEBP_HEARTBEAT_TIMEOUT_S": "3", "MEBP_RECONCILE_INTERVAL_S": "
 # How long a wait on a job, an export or a fleet may take before the test calls it hung: a
 # guard, not a bound on the product's speed (the suite must pass on a host at load 10).
 HANG_GUARD_S = 300
-
-
-def poll_until(probe, done, timeout_s: float, failure, interval_s: float = 0.2):
-    """``probe()`` again every ``interval_s`` until ``done(value)``; the value, or an
-    AssertionError with ``failure(value)`` once ``timeout_s`` has passed: the one way these
-    tests wait on a service's state."""
-    deadline = time.monotonic() + timeout_s
-    while not done(value := probe()):
-        if time.monotonic() > deadline:
-            raise AssertionError(failure(value))
-        time.sleep(interval_s)
-    return value
 
 
 

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 
 import pytest
 import torch
 from sqlmodel import Session, select
+from waiting import poll_until
 
 from mebp_core.config import TrainConfig
 from mebp_core.lora.peft_io import load_peft_adapter, save_peft_adapter
@@ -184,10 +184,8 @@ def test_two_coordinators_at_once_finish_the_round_once(tmp_path, request, datab
         evaluated.append(adapter)
         # mid-round until the other coordinator waits on this one's lock, so they overlap
         other = threads["b" if threading.current_thread().name == "a" else "a"]
-        deadline = time.monotonic() + 60
-        while not blocked_in(other, "exclusive_lock"):
-            assert time.monotonic() < deadline, "the other coordinator never waited its turn"
-            time.sleep(0.01)
+        poll_until(lambda: blocked_in(other, "exclusive_lock"), bool, 60,
+                   lambda _: "the other coordinator never waited its turn", interval_s=0.01)
         return 1.0
 
     def coordinator(name: str) -> None:

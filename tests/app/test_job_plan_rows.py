@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from plan_rows import FIRST_ROW
 from sqlalchemy import text
 from sqlmodel import Session
 
@@ -19,13 +20,6 @@ from service.job_plan import UnplannedJob
 from service.json_column import MalformedRowError
 from service.models import Dataset, Job
 
-# what the first planned jobs recorded (before chosen_by, the modelled time, the method)
-FIRST_ROW = {"planned": True, "configuration": "lazy-tile8M", "feasible": True,
-             "budget_mb": 400.0, "margin": 0.1, "predicted_peak_mb": 250.5,
-             "predicted_memory_mb": {"weights": 200.0, "runtime": 50.5},
-             "predicted_step_time_s": 1.25, "device_step_time_s_estimate": None,
-             "smallest_budget_mb": 276, "smallest_configuration": "lazy-tile1M",
-             "dominant_component": "weights"}
 UNPLANNED_ROW = {"planned": False, "budget_mb": 400.0, "device_step_time_s_estimate": 2.5,
                  "reason": "the planner models method mebp, not mezo"}
 

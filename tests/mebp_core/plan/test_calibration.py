@@ -6,9 +6,9 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
+from waiting import poll_until
 
 MEASURING_PARENT = """
 from mebp_core.plan.calibration import measure_host
@@ -24,11 +24,10 @@ def test_the_measurement_child_dies_with_the_process_waiting_for_it():
                 if "mebp_core.measure_host" in " ".join(child.cmdline()):
                     return child
             return None
-        deadline = time.monotonic() + 120  # the parent imports, then starts it
-        while (child := measuring_child()) is None:
-            assert parent.poll() is None and time.monotonic() < deadline, \
-                "the measurement never started"
-            time.sleep(0.1)
+        # the parent imports, then starts it
+        child = poll_until(measuring_child, lambda c: c is not None or parent.poll() is not None,
+                           120, lambda _: "the measurement never started")
+        assert child is not None, "the parent exited before measuring"
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
         gone, alive = psutil.wait_procs([child], timeout=10)

@@ -4,6 +4,7 @@ defaults, and a renamed or mistyped key refused by name."""
 from __future__ import annotations
 
 import pytest
+from plan_rows import FIRST_ROW
 from pydantic import ValidationError
 
 from mebp_core.config import TrainConfig
@@ -12,13 +13,6 @@ from mebp_core.plan.on_host import chosen_entry, plan_on_host, plan_summary
 from mebp_core.plan.summary import PlanSummary, Replanned
 from mebp_core.units import MB
 
-# what the first planned jobs recorded (before chosen_by, the modelled time, the method)
-FIRST_ROW = {"planned": True, "configuration": "lazy-tile8M", "feasible": True,
-             "budget_mb": 400.0, "margin": 0.1, "predicted_peak_mb": 250.5,
-             "predicted_memory_mb": {"weights": 200.0, "runtime": 50.5},
-             "predicted_step_time_s": 1.25, "device_step_time_s_estimate": None,
-             "smallest_budget_mb": 276, "smallest_configuration": "lazy-tile1M",
-             "dominant_component": "weights"}
 # the keys of the dict plan_summary returned before it was a model, in order
 KEYS = ["planned", "method", "configuration", "feasible", "chosen_by", "budget_mb", "margin",
         "matmul_dtype", "predicted_peak_mb", "predicted_memory_mb", "predicted_step_time_s",
