@@ -30,7 +30,7 @@ from mebp_core.engine.metrics_file import keep_steps_through
 from mebp_core.lora.peft_files import ADAPTER_FILES
 from mebp_core.plan.correction import measured_step_time
 from mebp_core.proc import die_with_parent
-from mebp_core.store.resolve import resolve_model
+from mebp_core.store.resolve import PackingStopped, resolve_model
 from mebp_core.units import MB
 from service.adapter_downloads import adapter_file
 from service.crud import TERMINAL, add_event, fail_job, set_status
@@ -143,6 +143,9 @@ class JobRun:
                         return "queued"
                 except LeaseLost:
                     return "lost"
+                except PackingStopped:  # told to stop while it packed the model
+                    self._give_back(session, job)
+                    return "queued"
                 except (ModelPathError, UnknownModelError) as exc:  # unregistered or changed since
                     session.rollback()
                     self._fail_if_still_ours(session, worker, "invalid_input",
@@ -184,7 +187,8 @@ class JobRun:
             confine_model_dir(self.settings.model_root_paths, source)
         model_dir = resolve_model(source, quant=config.quant, group_size=config.group_size,
                                   cache_dir=self.settings.cache_dir or default_cache_dir(),
-                                  isolated=True, progress=PackingProgress(session, job))
+                                  isolated=True, progress=PackingProgress(session, job),
+                                  stop_requested=self.stop.is_set)
         shutil.copyfile(model_dir / "config.json",
                         base_config_path(self.settings.storage_root, job.id))
         if job.init_adapter is not None:  # .../fleets/<id>/round-<n>/adapter

@@ -6,10 +6,15 @@ from __future__ import annotations
 import hashlib
 import json
 import multiprocessing
+import os
 import queue
+import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from mebp_core.cache import default_cache_dir
+from mebp_core.proc import die_with_parent
 from mebp_core.store.errors import StoreError
 from mebp_core.store.format import FORMAT_VERSION, STORE_FILENAME
 from mebp_core.store.pack import PRESET_PREFIX, Progress, pack_model
@@ -18,6 +23,12 @@ from mebp_core.store.presets import preset_config
 from mebp_core.store.shipped import shipped_sha256
 
 CHILD_POLL_S = 0.5  # how often a silent packing child is checked for having died
+CHILD_STOP_S = 5.0  # a terminated packing child's time to remove its partial output
+
+
+class PackingStopped(StoreError):
+    """Packing was stopped by its caller (``stop_requested``) before it finished; nothing of
+    it is kept, and the next resolve packs again."""
 
 
 def _source_fingerprint(src: Path) -> str:
@@ -72,38 +83,44 @@ def resolve_model(
     cache_dir: str | Path | None = None,
     isolated: bool = False,
     progress: Progress | None = None,
+    stop_requested: Callable[[], bool] | None = None,
 ) -> Path:
     """A packed model directory for ``spec``: a packed dir as is, anything else packed into
     the cache (``$MEBP_CACHE_DIR`` or ``~/.cache/mebp``) once, calling ``progress(done,
     total, tensor name)`` as each tensor is written.
 
     ``isolated`` packs in a child process, so the caller's memory (and the baseline its
-    footprint is measured against) never holds what packing allocated.
+    footprint is measured against) never holds what packing allocated; ``stop_requested``,
+    polled as it packs, ends it early with ``PackingStopped`` (a worker told to stop).
     """
     out = packed_dir(spec, quant, group_size, cache_dir)
     if not (out / STORE_FILENAME).is_file():
         if isolated:
-            _pack_in_child(spec, out, quant, group_size, progress)
+            _pack_in_child(spec, out, quant, group_size, progress,
+                           stop_requested or (lambda: False))
         else:
             pack_model(spec, out, quant=quant, group_size=group_size, progress=progress)
     return out
 
 
 def _pack_in_child(spec: str | Path, out: Path, quant: str, group_size: int,
-                   progress: Progress | None) -> None:
+                   progress: Progress | None, stop_requested: Callable[[], bool]) -> None:
     """``pack_model`` in a spawned process, its progress passed back as it goes; its error,
-    if any, raised here."""
+    if any, raised here. Stopped, the child is terminated (it removes its partial output)."""
     context = multiprocessing.get_context("spawn")
     messages = context.Queue()
     child = context.Process(target=_pack_reporting, daemon=True,
-                            args=(spec, out, quant, group_size, messages))
+                            args=(spec, out, quant, group_size, messages, os.getpid()))
     child.start()
     try:
         while True:
+            if stop_requested():  # checked first: a stop signalled to both may end it too
+                child.terminate()
+                raise PackingStopped(f"packing {spec} was stopped before it finished")
             try:
                 kind, payload = messages.get(timeout=CHILD_POLL_S)
             except queue.Empty:
-                if not child.is_alive():
+                if not child.is_alive() and not stop_requested():
                     raise StoreError(f"packing {spec} died (exit code {child.exitcode})") \
                         from None
                 continue
@@ -114,13 +131,22 @@ def _pack_in_child(spec: str | Path, out: Path, quant: str, group_size: int,
             elif kind == "done":
                 return
     finally:
-        child.join()
+        child.join(timeout=CHILD_STOP_S)
+        if child.is_alive():  # stopped, and stuck flushing progress nobody reads any more
+            child.kill()
+            child.join()
 
 
-def _pack_reporting(spec, out: Path, quant: str, group_size: int, messages) -> None:
+def _pack_reporting(spec, out: Path, quant: str, group_size: int, messages,
+                    parent_pid: int) -> None:
+    die_with_parent(signal.SIGTERM, parent_pid)  # a killed worker leaves no packing behind
+    # terminated: unwinds, so pack_model removes its partial output on the way out
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
     try:
         pack_model(spec, out, quant=quant, group_size=group_size,
                    progress=lambda *done: messages.put(("progress", done)))
+    except SystemExit:  # terminated by its caller, who no longer listens
+        raise
     except BaseException as exc:  # noqa: BLE001 (every failure goes back to the caller)
         messages.put(("error", exc))
         return

@@ -230,3 +230,37 @@ def test_a_worker_alone_gives_its_job_back_on_sigterm(tmp_path, model_cache):
             worker.kill()
             worker.wait()
         stop_service(service)
+
+
+def test_a_stop_signal_while_the_model_is_packed_gives_the_job_back(tmp_path,
+                                                                      seed_calibration):
+    """Packing a model takes minutes for a real one: a stop then ends the packing (nothing
+    partial is left in the cache) and gives the job back, within the same bound."""
+    cache = tmp_path / "cache"  # calibrated, with no model packed in it yet
+    cores = os.cpu_count() or 1
+    seed_calibration(cache, None)
+    for threads in range(1, cores + 1):
+        seed_calibration(cache, threads, speed=threads / cores)
+    service = start_service(tmp_path, cache, {}, own_group=True)
+    try:
+        dataset = service.upload("rows.jsonl", ROWS)[1]["id"]
+        job = service.request("POST", "/v1/jobs", {
+            **tiny_job(dataset, STEPS), "model": "preset:smollm2-135m"})[1]
+        poll_until(lambda: [event["message"] for event in service.job_events(job["id"])],
+                   lambda messages: any(m.startswith("packing ") for m in messages), 300,
+                   lambda messages: f"packing never reported: {messages}")
+        processes = process_tree(service.process.pid)
+    finally:
+        service.client.close()
+
+    with killed_after(processes):
+        os.kill(service.process.pid, signal.SIGTERM)
+        poll_until(lambda: [process for process in processes if alive(process)],
+                   lambda left: not left, STOP_BOUND_S,
+                   lambda left: f"{len(left)} processes alive {STOP_BOUND_S:.0f} s after "
+                                f"SIGTERM during packing: {describe(left)}\n"
+                                f"{service.output.read_text()[-3000:]}", interval_s=0.1)
+    row = job_row(database_url(None, tmp_path / "data"), job["id"])
+    assert row.status == "queued", (row.status, row.error_message)
+    assert [path.name for path in cache.iterdir() if path.name.endswith(".tmp")] == []
+    assert not any(path.name.startswith("preset-smollm2-135m") for path in cache.iterdir())
