@@ -89,6 +89,33 @@ def _cpu_jiffies() -> tuple[int, int] | None:
     return counts[3] + counts[4], sum(counts)  # idle + iowait
 
 
+class IdleWindow:
+    """Idle cores over a window opened now and read later, so the sampling overlaps work
+    (a job's preparation) instead of waiting: this process's own CPU time in the window
+    counts as idle, since it is what the sampling would have left free."""
+
+    def __init__(self) -> None:
+        self.opened = time.monotonic()
+        self.jiffies = _cpu_jiffies()
+        self.own_cpu_s = _own_cpu_s()
+
+    def idle_cores(self, min_window_s: float = 0.1) -> float | None:
+        """Idle cores since the window opened, waiting until it is ``min_window_s`` long
+        (the kernel counts in ticks of 10 ms or so); None where the kernel does not say."""
+        time.sleep(max(0.0, self.opened + min_window_s - time.monotonic()))
+        after, elapsed = _cpu_jiffies(), time.monotonic() - self.opened
+        if self.jiffies is None or after is None or after[1] <= self.jiffies[1]:
+            return None
+        cores = os.cpu_count() or 1
+        idle = (after[0] - self.jiffies[0]) / (after[1] - self.jiffies[1]) * cores
+        return min(cores, idle + (_own_cpu_s() - self.own_cpu_s) / elapsed)
+
+
+def _own_cpu_s() -> float:
+    times = os.times()
+    return times.user + times.system
+
+
 def idle_cores(window_s: float = 0.3) -> float | None:
     """How many cores' worth of time sat idle over the next ``window_s`` seconds; None where
     the kernel does not say."""

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import time
 
+# How long a wait on a job, an export or a fleet may take before the test calls it hung: a
+# guard, not a bound on the product's speed (the suite must pass on a host at load 10).
+HANG_GUARD_S = 300
+
 
 def poll_until(probe, done, timeout_s: float, failure, interval_s: float = 0.2):
     """``probe()`` again every ``interval_s`` until ``done(value)``; the value, or an

@@ -5,14 +5,19 @@ budget); it reads ``request.json`` and writes ``metrics.jsonl``, ``adapter/`` an
 reads the cgroup then.
 
 Its first acts, before any import that allocates: enter the cap, tie its life to the
-worker's, and turn SIGTERM (a cancel) into "stop after this step".
+worker's, and turn SIGTERM (a cancel) into "stop after this step". Started ahead of its job
+(``--wait FD``, ``worker.warm_engine``), it imports what training needs and then reads the
+job's directory and its horse's pid from the pipe FD; it writes its output to the job's
+``engine.log`` from then on and dies with that horse.
 """
 
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
+import threading
 import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +37,8 @@ ADAPTER, CHECKPOINT = "adapter", "checkpoint"
 ALLOCATION_FAILURES = ("can't allocate memory", "not enough memory", "out of memory")
 EXIT_STORAGE_FULL = 28  # ENOSPC: the result itself may not fit on the disk, so say it so
 PARENT_ENV = "MEBP_ENGINE_PARENT_PID"
+WAIT_FLAG = "--wait"
+ENGINE_LOG = "engine.log"
 
 
 def run(job_dir: Path, stop: StopOnSignals) -> EngineFinished:
@@ -60,11 +67,53 @@ def read_peak_rss_bytes() -> int:
     return 0
 
 
+def wait_for_job(control_fd: int) -> Path | None:
+    """Import what training needs, then block until the horse sends the job (None: the
+    pipe closed first, the worker is gone). From then on this process writes to the job's
+    log and dies with the horse (a horse killed leaves no engine training on)."""
+    import mebp_core.engine.train  # noqa: F401
+    import worker.engine_files  # noqa: F401
+
+    message = b""
+    while message.count(b"\n") < 2:
+        chunk = os.read(control_fd, 4096)
+        if not chunk:
+            return None
+        message += chunk
+    os.close(control_fd)
+    job_dir, horse = message.decode().split("\n")[:2]
+    log = os.open(Path(job_dir) / ENGINE_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    for stream in (1, 2):
+        os.dup2(log, stream)
+    os.close(log)
+    die_with(int(horse))
+    return Path(job_dir)
+
+
+def die_with(pid: int) -> None:
+    """Be killed when process ``pid`` (not this one's parent) ends."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except ProcessLookupError:  # ended already
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def watch() -> None:
+        select.select([pidfd], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, daemon=True, name="horse-watch").start()
+
+
 def main(argv: list[str]) -> int:
     join_from_env()
     if PARENT_ENV in os.environ:  # a killed worker leaves no engine training on
         die_with_parent(signal.SIGKILL, int(os.environ[PARENT_ENV]))
-    job_dir = Path(argv[0])
+    if argv[0] == WAIT_FLAG:
+        job_dir = wait_for_job(int(argv[1]))
+        if job_dir is None:
+            return 0
+    else:
+        job_dir = Path(argv[0])
     try:
         with StopOnSignals() as stop:
             result = run(job_dir, stop)
@@ -98,4 +147,9 @@ def failure(exc: Exception) -> EngineFailed:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    # its files are closed and its result written: skip the interpreter's teardown of
+    # torch, which would hold the job's end for a second on a busy host
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -22,7 +22,7 @@ import os
 from sqlmodel import Session
 
 from mebp_core.config import EngineKnobs, TrainConfig
-from mebp_core.cpu import idle_cores, matmul_dtype, threads_for_idle_cores
+from mebp_core.cpu import IdleWindow, matmul_dtype, threads_for_idle_cores
 from mebp_core.plan.arch import Architecture, load_architecture
 from mebp_core.plan.on_host import chosen_entry, plan_on_host, plan_summary
 from mebp_core.plan.planner import Plan, PlanEntry
@@ -35,11 +35,13 @@ from service.settings import Settings
 
 
 def plan_on_this_worker(session: Session, job: Job, config: TrainConfig, source: str,
-                        settings: Settings, worker: str) -> TrainConfig:
+                        settings: Settings, worker: str,
+                        idle: IdleWindow | None = None) -> TrainConfig:
     """The config this attempt runs: the job's recorded configuration (``config``) at this
-    attempt's threads, planned afresh only if predicted not to fit here. The job's config
-    and plan are updated to match (the plan with this host's predictions)."""
-    threads = attempt_threads(session, job, settings)
+    attempt's threads (from the cores ``idle`` since the attempt began), planned afresh
+    only if predicted not to fit here. The job's config and plan are updated to match (the
+    plan with this host's predictions)."""
+    threads = attempt_threads(session, job, settings, idle or IdleWindow())
     here = config.model_copy(update={"knobs": fixed_bf16_path(config).model_copy(
         update={"threads": threads})})
     planned = job.planned()
@@ -109,12 +111,13 @@ def fixed_bf16_path(config: TrainConfig) -> EngineKnobs:
     return knobs.model_copy(update={"bf16_matmul": "native" if native else "float32"})
 
 
-def attempt_threads(session: Session, job: Job, settings: Settings) -> int:
+def attempt_threads(session: Session, job: Job, settings: Settings,
+                    window: IdleWindow) -> int:
     """The worker's thread setting, else one thread per core free as the attempt starts
-    (with an event saying how many were)."""
+    (over ``window``, with an event saying how many were)."""
     if settings.threads:
         return settings.threads
-    idle = idle_cores()
+    idle = window.idle_cores()
     threads = threads_for_idle_cores(idle)
     if idle is not None:
         add_event(session, job_id=job.id, kind="log",

@@ -21,10 +21,11 @@ from mebp_core.plan.calibration import CalibrationError, load_calibration
 from mebp_core.proc import die_with_parent
 from mebp_core.store.kernel_build import build_kernel
 from service.db import database_url, upgrade_database
-from service.queue import WORKER_HEARTBEAT_S, connect, job_queue
+from service.queue import RUN_JOB, WORKER_HEARTBEAT_S, connect, job_queue
 from service.settings import Settings
 from service.supervisor import SUPERVISOR_ENV
 from worker.memory_cap import remove_idle_caps
+from worker.warm_engine import EngineProcess, Spare
 
 REDIS_WAIT_MAX_S = 5.0
 
@@ -39,11 +40,29 @@ class ServiceWorker(Worker):
 
     max_connection_wait_time = REDIS_WAIT_MAX_S
 
-    def __init__(self, queues, **kwargs) -> None:
+    def __init__(self, queues, spare: Spare | None = None, **kwargs) -> None:
         # RQ blocks on the queue for worker_ttl - 15 s between idle heartbeats
         kwargs.setdefault("worker_ttl", WORKER_HEARTBEAT_S + 15)
         kwargs.setdefault("job_monitoring_interval", WORKER_HEARTBEAT_S)
         super().__init__(queues, **kwargs)
+        self.spare = spare  # an engine started ahead of each training job
+        self.handed: EngineProcess | None = None
+
+    def fork_work_horse(self, job, queue) -> None:
+        if self.spare is None or job.func_name != RUN_JOB:
+            super().fork_work_horse(job, queue)
+            return
+        self.handed = self.spare.hand_over()  # the horse inherits it
+        super().fork_work_horse(job, queue)
+        self.spare.fill()  # the next job's engine imports while this one runs
+
+    def execute_job(self, job, queue) -> None:
+        try:
+            super().execute_job(job, queue)
+        finally:  # the horse has exited: reap its engine (or end it, if it took no job)
+            if self.handed is not None:
+                self.handed.discard()
+                self.handed = None
 
     def request_stop(self, signum, frame) -> None:
         if self.horse_pid:  # the horse runs in a process group of its own: tell it
@@ -97,7 +116,12 @@ def work(settings: Settings, *, burst: bool = False) -> int:
     import worker.runner  # noqa: F401
     queue = job_queue(connect(settings.redis_url), settings.queue_name)
     wait_for_redis(queue.connection)
+    spare = Spare(settings.enforcement, settings.cache_dir or default_cache_dir())
+    spare.fill()
     print(f"mebp worker: serving queue {settings.queue_name!r}", file=sys.stderr, flush=True)
-    ServiceWorker([queue], connection=queue.connection).work(burst=burst,
-                                                             logging_level="WARNING")
+    try:
+        ServiceWorker([queue], spare=spare, connection=queue.connection).work(
+            burst=burst, logging_level="WARNING")
+    finally:
+        spare.close()
     return 0

@@ -18,6 +18,7 @@ from mebp_core.kernel_memory import CGROUP_ROOT
 
 GROUP_PARENT = "mebp"  # every job's cgroup lives under <hierarchy>/mebp/
 PROCS_ENV, RLIMIT_ENV = "MEBP_CAP_CGROUP_PROCS", "MEBP_CAP_RLIMIT_DATA"
+WAITING_PREFIX = "waiting-"  # an engine's cgroup before its job names it (worker.warm_engine)
 
 
 def join_from_env(env: dict | None = None) -> None:
@@ -41,11 +42,22 @@ class RlimitCap:
 
     mode = "rlimit"
 
-    def __init__(self, limit_bytes: int) -> None:
+    def __init__(self, limit_bytes: int | None) -> None:
         self.limit_bytes = limit_bytes
 
     def child_env(self) -> dict[str, str]:
-        return {RLIMIT_ENV: str(self.limit_bytes)}
+        return {} if self.limit_bytes is None else {RLIMIT_ENV: str(self.limit_bytes)}
+
+    def holds(self, pid: int) -> bool:
+        return True  # a process's own limit: nothing to join
+
+    def set_limit(self, limit_bytes: int, pid: int) -> None:
+        """Limit the engine ``pid`` started without one (``prlimit``)."""
+        resource.prlimit(pid, resource.RLIMIT_DATA, (limit_bytes, limit_bytes))
+        self.limit_bytes = limit_bytes
+
+    def rename(self, name: str) -> None:
+        pass
 
     def peak_bytes(self) -> int | None:
         return None
@@ -61,11 +73,20 @@ class _CgroupCap:
     mode = ""
     _procs = "cgroup.procs"
 
-    def __init__(self, path: Path, limit_bytes: int) -> None:
+    def __init__(self, path: Path, limit_bytes: int | None) -> None:
         self.path, self.limit_bytes = path, limit_bytes
 
     def child_env(self) -> dict[str, str]:
         return {PROCS_ENV: str(self.path / self._procs)}
+
+    def holds(self, pid: int) -> bool:
+        """Whether process ``pid`` has joined the group."""
+        return str(pid) in (self.path / self._procs).read_text().split()
+
+    def rename(self, name: str) -> None:
+        """Give the group another name under the same parent (the kernel allows it with
+        processes inside; one still to join by its old name could not)."""
+        self.path = self.path.rename(self.path.with_name(name))
 
     @classmethod
     def configured(cls, path: Path, limit_bytes: int, files: dict[str, str]):
@@ -114,7 +135,7 @@ class CgroupV2Cap(_CgroupCap):
     mode = "cgroup-v2"
 
     @classmethod
-    def create(cls, hierarchy: Path, name: str, limit_bytes: int) -> CgroupV2Cap:
+    def create(cls, hierarchy: Path, name: str, limit_bytes: int | None) -> CgroupV2Cap:
         parent = hierarchy / GROUP_PARENT
         parent.mkdir(exist_ok=True)
         for node in (hierarchy, parent):  # the memory controller must reach the leaf
@@ -124,9 +145,15 @@ class CgroupV2Cap(_CgroupCap):
         path = parent / name
         path.mkdir()
         # no swap, and an OOM kills the whole group, not one process of it
-        return cls.configured(path, limit_bytes, {"memory.max": str(limit_bytes),
+        return cls.configured(path, limit_bytes, {"memory.max": _v2_limit(limit_bytes),
                                                   "memory.swap.max?": "0",
                                                   "memory.oom.group": "1"})
+
+    def set_limit(self, limit_bytes: int, pid: int) -> None:
+        """Lower the limit of a group made without one: the kernel reclaims, or kills the
+        group, if its usage is above it."""
+        (self.path / "memory.max").write_text(_v2_limit(limit_bytes))
+        self.limit_bytes = limit_bytes
 
     def peak_bytes(self) -> int | None:
         return self._read_int("memory.peak")
@@ -143,13 +170,24 @@ class CgroupV1Cap(_CgroupCap):
     mode = "cgroup-v1"
 
     @classmethod
-    def create(cls, hierarchy: Path, name: str, limit_bytes: int) -> CgroupV1Cap:
+    def create(cls, hierarchy: Path, name: str, limit_bytes: int | None) -> CgroupV1Cap:
         path = hierarchy / GROUP_PARENT / name
         path.mkdir(parents=True)
+        if limit_bytes is None:
+            return cls(path, None)
         # memory+swap at the same limit (where swap is accounted): no spilling into swap
         return cls.configured(path, limit_bytes, {
             "memory.limit_in_bytes": str(limit_bytes),
             "memory.memsw.limit_in_bytes?": str(limit_bytes)})
+
+    def set_limit(self, limit_bytes: int, pid: int) -> None:
+        """Limit a group made without one; the kernel refuses (EBUSY) when its usage is
+        above the limit and cannot be reclaimed. Memory first: memory+swap may not be
+        set below it."""
+        (self.path / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        if (self.path / "memory.memsw.limit_in_bytes").exists():
+            (self.path / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
+        self.limit_bytes = limit_bytes
 
     def peak_bytes(self) -> int | None:
         return self._read_int("memory.max_usage_in_bytes")
@@ -166,6 +204,10 @@ class CgroupV1Cap(_CgroupCap):
 
 
 MemoryCap = RlimitCap | CgroupV2Cap | CgroupV1Cap
+
+
+def _v2_limit(limit_bytes: int | None) -> str:
+    return "max" if limit_bytes is None else str(limit_bytes)
 
 
 def v2_hierarchy(root: Path = CGROUP_ROOT) -> Path | None:
@@ -196,7 +238,8 @@ def remove_idle_caps(root: Path = CGROUP_ROOT, older_than_s: float = IDLE_CAP_AG
     """Remove the job cgroups no process is left in (the kernel refuses the others) that
     are old enough not to be one another worker has just made for an engine still starting."""
     cutoff = time.time() - older_than_s
-    for path, _ in _job_groups("job-*", root):
+    groups = [*_job_groups("job-*", root), *_job_groups(f"{WAITING_PREFIX}*", root)]
+    for path, _ in groups:
         try:
             if path.stat().st_mtime < cutoff:
                 path.rmdir()
@@ -212,10 +255,11 @@ def _job_groups(pattern: str, root: Path):
                 yield path, cap_class
 
 
-def open_memory_cap(enforcement: str, name: str, limit_bytes: int,
+def open_memory_cap(enforcement: str, name: str, limit_bytes: int | None,
                     root: Path = CGROUP_ROOT) -> tuple[MemoryCap, str | None]:
     """A cap of ``limit_bytes`` by ``enforcement`` (auto, cgroup-v2, cgroup-v1, rlimit);
-    with auto, the best this machine allows and, when that is not a cgroup, why."""
+    with auto, the best this machine allows and, when that is not a cgroup, why. Without a
+    limit, the cap is made for an engine started ahead of its job (``set_limit`` later)."""
     attempts = {"cgroup-v2": (v2_hierarchy, CgroupV2Cap),
                 "cgroup-v1": (v1_hierarchy, CgroupV1Cap)}
     wanted = list(attempts) if enforcement == "auto" else [enforcement]

@@ -9,10 +9,8 @@ job back to the queue from the engine's checkpoint (``worker.stopping``).
 
 from __future__ import annotations
 
-import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -26,6 +24,7 @@ from sqlmodel import Session, delete, select
 
 from mebp_core.cache import default_cache_dir
 from mebp_core.config import TrainConfig
+from mebp_core.cpu import IdleWindow
 from mebp_core.engine.metrics_file import keep_steps_through
 from mebp_core.lora.peft_files import ADAPTER_FILES
 from mebp_core.plan.correction import measured_step_time
@@ -47,7 +46,7 @@ from service.registry import (
 )
 from service.settings import Settings
 from service.storage import base_config_path, job_dir, new_id
-from worker.child import ADAPTER, CHECKPOINT, EXIT_STORAGE_FULL, METRICS, PARENT_ENV
+from worker.child import ADAPTER, CHECKPOINT, ENGINE_LOG, EXIT_STORAGE_FULL, METRICS
 from worker.engine_files import (
     RESULT,
     EngineFinished,
@@ -58,11 +57,12 @@ from worker.engine_files import (
 from worker.host_plan import plan_on_this_worker
 from worker.lease import Heartbeat, claim_job, worker_name
 from worker.measured_time import correct_host_time, predicted_figures
-from worker.memory_cap import MemoryCap, open_memory_cap, remove_stale_caps
+from worker.memory_cap import MemoryCap, remove_stale_caps
 from worker.metrics_tail import MetricsTail
 from worker.packing_progress import PackingProgress
 from worker.stopping import EngineStop, StopSignal, checkpoint_step, ended_by_itself, give_back
 from worker.storage_full import end_storage_full, ran_out_of_space
+from worker.warm_engine import EngineProcess, engine_for_job
 
 POLL_S = 0.2
 
@@ -114,6 +114,7 @@ class JobRun:
         self.resumed_from = 0  # the checkpoint step this attempt continues from
         self.step_times: list[float] = []  # this attempt's, in step order
         self.decompress_times: list[float | None] = []  # the engine's clock on dequantizing
+        self.idle: IdleWindow | None = None  # opened as it claims its job
 
     def run(self) -> str:
         worker = worker_name()
@@ -127,6 +128,7 @@ class JobRun:
                 current = session.get(Job, self.job_id)
                 return "skipped" if current is None else current.status
             self.job_id, self.dir = job.id, job_dir(self.settings.storage_root, job.id)
+            self.idle = IdleWindow()  # the cores free as it starts, read once it is prepared
             beat = max(1.0, self.settings.heartbeat_timeout_s / 5)
             with Heartbeat(self.engine, self.job_id, worker, beat) as self.heartbeat:
                 keep_reserve(self.settings.data_dir, self.settings.storage_reserve_bytes,
@@ -195,7 +197,7 @@ class JobRun:
             add_event(session, job_id=job.id, kind="log", message=f"starting from fleet "
                       f"{job.fleet_id}'s {Path(job.init_adapter).parent.name} global adapter")
         config = plan_on_this_worker(session, job, config, source, self.settings,
-                                     worker_name())
+                                     worker_name(), self.idle)
         validation = None if job.validation_file is None else \
             session.get(Dataset, job.validation_file).path
         request = EngineRequest(config=config, model=source, model_dir=model_dir,
@@ -232,15 +234,18 @@ class JobRun:
         """Run the engine capped and record its end; "given back" if the worker is stopping
         and the job went back to the queue instead."""
         remove_stale_caps(job.id)  # an earlier attempt's, if its worker died holding it
-        cap, warning = open_memory_cap(self.settings.enforcement, f"{job.id}-a{job.attempts}",
-                                       job.memory_budget_bytes)
-        job.enforcement = cap.mode
-        add_event(session, job_id=job.id, kind="log",
-                  message=f"engine running under a {cap.mode} cap of "
-                  f"{job.memory_budget_bytes / MB:.0f} MB" + (f"; {warning}" if warning else ""),
-                  data={"enforcement": cap.mode, "cap_mb": job.memory_budget_bytes / MB})
-        session.commit()
+        child = engine_for_job(self.settings.enforcement,
+                               self.settings.cache_dir or default_cache_dir())
+        cap = child.cap
         try:
+            job.enforcement = cap.mode
+            add_event(session, job_id=job.id, kind="log",
+                      message=f"engine running under a {cap.mode} cap of "
+                      f"{job.memory_budget_bytes / MB:.0f} MB"
+                      + (f"; {child.warning}" if child.warning else ""),
+                      data={"enforcement": cap.mode, "cap_mb": job.memory_budget_bytes / MB,
+                            "engine_started_ahead": child.started_ahead})
+            session.commit()
             session.refresh(job)
             if job.cancel_requested:
                 set_status(session, job, "cancelled", "cancelled before the engine started")
@@ -248,13 +253,15 @@ class JobRun:
                 return None
             if self.stop.is_set():  # told to stop while it prepared the job
                 return self._give_back(session, job)
-            env = {**os.environ, **cap.child_env(), PARENT_ENV: str(os.getpid()),
-                   # the engine finds the kernel this worker built in the same cache
-                   "MEBP_CACHE_DIR": str(self.settings.cache_dir or default_cache_dir())}
-            with open(self.dir / "engine.log", "ab") as log:
-                child = subprocess.Popen([sys.executable, "-m", "worker.child", str(self.dir)],
-                                         stdout=log, stderr=subprocess.STDOUT, env=env)
-                self._follow(session, job, child, cap)
+            try:
+                child.assign(self.dir, f"{job.id}-a{job.attempts}", job.memory_budget_bytes)
+            except OSError as exc:  # cgroup v1 refuses a limit below what it holds
+                fail_job(session, job, "memory_budget_exceeded",
+                         f"the engine's runtime alone is over the job's memory cap of "
+                         f"{job.memory_budget_bytes / MB:.0f} MB ({cap.mode}: {exc})")
+                session.commit()
+                return None
+            self._follow(session, job, child, cap)
             if self.heartbeat.lost.is_set():
                 raise LeaseLost
             if self.stop.is_set() and not ended_by_itself(self.dir, job.cancel_requested,
@@ -271,7 +278,7 @@ class JobRun:
                   checkpoint_step(self.dir / CHECKPOINT))
         return "given back"
 
-    def _follow(self, session: Session, job: Job, child: subprocess.Popen,
+    def _follow(self, session: Session, job: Job, child: EngineProcess,
                 cap: MemoryCap) -> None:
         """Copy metrics into the database until the child exits; pass a cancel on."""
         tail = MetricsTail(self.dir / METRICS, start_at_end=True)  # earlier steps: in the db
@@ -305,7 +312,7 @@ class JobRun:
             said = engine_stop.act(child, job.cancel_requested)
             if said is not None:
                 add_event(session, job_id=job.id, kind="log", message=said)
-            time.sleep(POLL_S)
+            child.wait_exit(POLL_S)  # at once when it exits
 
     def _record_step(self, session: Session, job: Job, row: dict) -> None:
         step, loss = row["step"], row.get("loss")
@@ -401,6 +408,6 @@ class JobRun:
                             bytes=sum(f.stat().st_size for f in files)))
 
     def _log_tail(self, lines: int = 5) -> str:
-        path = self.dir / "engine.log"
+        path = self.dir / ENGINE_LOG
         text = path.read_text(errors="replace") if path.is_file() else ""
         return " | ".join(text.strip().splitlines()[-lines:])

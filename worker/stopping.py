@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from sqlalchemy import update
 from sqlmodel import Session
@@ -24,6 +24,9 @@ from service.crud import add_event
 from service.models import Job
 from worker.child import EXIT_STORAGE_FULL
 from worker.engine_files import read_result
+
+if TYPE_CHECKING:
+    from worker.warm_engine import EngineProcess
 
 # the engine's stop, within the 10 s systemd and `docker stop` give before SIGKILL: what is
 # left is for recording the job, the worker's exit and the embedded Redis's
@@ -62,7 +65,7 @@ class EngineStop:
         self.asked = False
         self.deadline: float | None = None
 
-    def act(self, child: subprocess.Popen, cancel_requested: bool) -> str | None:
+    def act(self, child: EngineProcess, cancel_requested: bool) -> str | None:
         """Called as the engine runs; what to log when it was asked now."""
         if self.stop.is_set() and self.deadline is None:
             self.deadline = time.monotonic() + ENGINE_STOP_S

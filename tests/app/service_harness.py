@@ -25,7 +25,7 @@ from pathlib import Path
 import httpx
 import psycopg
 from fastapi.testclient import TestClient
-from waiting import poll_until  # noqa: F401  (re-exported: the tests import it from here)
+from waiting import HANG_GUARD_S, poll_until  # noqa: F401  (re-exported: the tests import them from here)
 
 API_KEY = "test-key-0123456789"
 MAX_UPLOAD_BYTES = 256 << 10
@@ -36,11 +36,6 @@ REDIS_TEST_URL = os.environ.get("MEBP_TEST_REDIS", "redis://127.0.0.1:6379/0")
 TERMINAL = {"succeeded", "failed", "cancelled"}
 # a lost worker noticed within seconds, for the tests that kill one
 FAST_RECOVERY = {"MEBP_HEARTBEAT_TIMEOUT_S": "3", "MEBP_RECONCILE_INTERVAL_S": "0.5"}
-
-# How long a wait on a job, an export or a fleet may take before the test calls it hung: a
-# guard, not a bound on the product's speed (the suite must pass on a host at load 10).
-HANG_GUARD_S = 300
-
 
 
 @dataclass

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from mebp_core.cpu import (
+    IdleWindow,
     cpu_flags,
     cpu_model,
     idle_cores,
@@ -55,8 +56,12 @@ def test_only_bfloat16_is_ever_upcast():
     assert matmul_dtype("bfloat16", "auto") == auto
 
 
-def test_cores_kept_busy_are_not_counted_idle_and_take_no_thread(all_cores_but_one_busy):
-    idle = idle_cores(0.5)
+@pytest.mark.parametrize("sample", [lambda: idle_cores(0.5),
+                                    lambda: IdleWindow().idle_cores(min_window_s=0.5)],
+                         ids=["idle_cores", "IdleWindow"])
+def test_cores_kept_busy_are_not_counted_idle_and_take_no_thread(all_cores_but_one_busy,
+                                                                  sample):
+    idle = sample()
     assert idle is not None and 0 <= idle <= 1.2  # at most the one core not kept busy
     assert threads_for_idle_cores(idle, os.cpu_count()) == 1
 

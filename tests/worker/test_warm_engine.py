@@ -1,0 +1,138 @@
+"""An engine started ahead of its job (``worker.warm_engine``) on this machine's real kernel:
+the job's cap takes its limit before the job is sent, the imports are charged to the job as
+in an engine started for it, a horse that did not start the engine still reads how it
+ended, and an engine dies with the horse it was handed to."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+from waiting import HANG_GUARD_S
+
+from mebp_core.config import TrainConfig
+from mebp_core.store.resolve import resolve_model
+from mebp_core.units import MB
+from worker.engine_files import EngineFinished, EngineRequest, read_result, write_request
+from worker.memory_cap import open_memory_cap, v1_hierarchy, v2_hierarchy
+from worker.warm_engine import EngineProcess
+
+pytestmark = pytest.mark.skipif(v1_hierarchy() is None and v2_hierarchy() is None,
+                                reason="needs a cgroup memory controller")
+
+
+def job_dir(root: Path, cache: Path, steps: int, rows: bytes | None = None) -> Path:
+    """A job directory with its request: the tiny preset for ``steps`` steps."""
+    directory = root / f"job-{uuid.uuid4().hex[:8]}"
+    directory.mkdir()
+    data = directory / "train.jsonl"
+    data.write_bytes(rows if rows is not None else b"".join(
+        json.dumps({"text": f"warm engine row {i} " * 3}).encode() + b"\n" for i in range(8)))
+    write_request(directory, EngineRequest(
+        config=TrainConfig(steps=steps, seq_len=32), model="preset:tiny",
+        model_dir=resolve_model("preset:tiny", cache_dir=cache), data=data))
+    return directory
+
+
+def cap_name() -> str:
+    return f"test-warm-{uuid.uuid4().hex[:8]}-a1"
+
+
+def test_an_engine_started_ahead_runs_its_job_under_the_limit_it_is_given(tmp_path,
+                                                                         warm_cache):
+    directory = job_dir(tmp_path, warm_cache, steps=3)
+    engine = EngineProcess.start("auto", warm_cache)
+    try:
+        assert engine.cap.limit_bytes is None and engine.waiting
+        name = cap_name()
+        engine.assign(directory, name, 900 * MB)
+        assert engine.cap.path.name == name and not engine.waiting
+        limit_file = "memory.max" if engine.cap.mode == "cgroup-v2" else "memory.limit_in_bytes"
+        assert int((engine.cap.path / limit_file).read_text()) == 900 * MB
+        assert engine.wait(HANG_GUARD_S) == 0, (directory / "engine.log").read_text()
+        warm = read_result(directory)
+        assert isinstance(warm, EngineFinished) and warm.status == "succeeded", warm
+        assert warm.steps == 3
+    finally:
+        engine.discard()
+
+    # the same job in an engine started for it, under a cap of its own: its imports are
+    # charged to the job alike, so the memory each reports is the same to within the noise
+    # of an allocator
+    cold_dir = job_dir(tmp_path, warm_cache, steps=3)
+    cap, _ = open_memory_cap("auto", cap_name(), 900 * MB)
+    try:
+        env = {**os.environ, **cap.child_env(), "MEBP_CACHE_DIR": str(warm_cache)}
+        done = subprocess.run([sys.executable, "-m", "worker.child", str(cold_dir)], env=env,
+                              capture_output=True, text=True, timeout=HANG_GUARD_S)
+        assert done.returncode == 0, done.stderr
+    finally:
+        cap.close()
+    cold = read_result(cold_dir)
+    assert warm.peak_mb == pytest.approx(cold.peak_mb, rel=0.1), (warm, cold)
+
+
+def test_a_limit_below_what_the_engine_needs_ends_it_before_its_job_runs(tmp_path,
+                                                                        warm_cache):
+    directory = job_dir(tmp_path, warm_cache, steps=3)
+    engine = EngineProcess.start("auto", warm_cache)
+    try:
+        try:
+            engine.assign(directory, cap_name(), 24 * MB)
+        except OSError:  # cgroup v1 refuses a limit below what the group holds
+            pass
+        else:  # the limit took: the imports that follow run into it
+            assert engine.wait(HANG_GUARD_S) != 0
+            assert engine.cap.oom_killed()
+        assert read_result(directory) is None or read_result(directory).status == "failed"
+        assert not (directory / "adapter").exists()
+    finally:
+        engine.discard()
+
+
+def run_as_horse(engine: EngineProcess, directory: Path, results, wait: bool) -> None:
+    """What a horse does with the engine its worker started: take it, send the job and,
+    with ``wait``, follow it to its end (a forked process, as RQ's horse is)."""
+    engine.assign(directory, cap_name(), 900 * MB)
+    if wait:
+        results.put(engine.wait(HANG_GUARD_S))
+
+
+@pytest.mark.parametrize(("rows", "code"), [(None, 0), (b"{not json\n", 1)],
+                         ids=["succeeded", "failed"])
+def test_a_horse_reads_how_an_engine_it_did_not_start_ended(tmp_path, warm_cache, rows,
+                                                           code):
+    directory = job_dir(tmp_path, warm_cache, steps=2, rows=rows)
+    engine = EngineProcess.start("auto", warm_cache)
+    fork = multiprocessing.get_context("fork")
+    results = fork.Queue()
+    try:
+        horse = fork.Process(target=run_as_horse, args=(engine, directory, results, True))
+        horse.start()
+        horse.join(HANG_GUARD_S)
+        assert horse.exitcode == 0
+        assert results.get(timeout=5) == code, (directory / "engine.log").read_text()
+        assert read_result(directory).status == ("succeeded" if code == 0 else "failed")
+    finally:
+        engine.discard()
+
+
+def test_an_engine_dies_with_the_horse_it_was_handed_to(tmp_path, warm_cache):
+    directory = job_dir(tmp_path, warm_cache, steps=100_000)
+    engine = EngineProcess.start("auto", warm_cache)
+    fork = multiprocessing.get_context("fork")
+    try:
+        horse = fork.Process(target=run_as_horse, args=(engine, directory, None, False))
+        horse.start()
+        horse.join(HANG_GUARD_S)  # it hands the job over and exits
+        assert engine.wait(HANG_GUARD_S) == -signal.SIGKILL
+        assert read_result(directory) is None
+    finally:
+        engine.discard()
