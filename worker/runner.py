@@ -1,10 +1,11 @@
 """``run_job``: what a worker does with a job id taken from the queue.
 
-The worker packs the model (outside the cap), starts the engine in a child process inside a
-fresh memory cap at the job's budget, copies each step's metrics into the database as the
-child writes them, passes a cancel on as SIGTERM, and records how the child ended, reading
-the kernel's peak and OOM count before removing the cap. Told to stop itself, it gives the
-job back to the queue from the engine's checkpoint (``worker.stopping``).
+The worker packs the model (outside the cap), hands the job to the engine process started
+ahead of it (``worker.warm_engine``) once its cap has the job's budget, copies each step's
+metrics into the database as the engine writes them, passes a cancel on as SIGTERM, and
+records how the engine ended (``worker.engine_outcome``), reading the kernel's peak and OOM
+count before removing the cap. Told to stop itself, it gives the job back to the queue from
+the engine's checkpoint (``worker.stopping``).
 """
 
 from __future__ import annotations
@@ -23,19 +24,16 @@ from sqlalchemy.exc import OperationalError, SQLAlchemyError
 from sqlmodel import Session, delete, select
 
 from mebp_core.cache import default_cache_dir
-from mebp_core.config import TrainConfig
 from mebp_core.cpu import IdleWindow
 from mebp_core.engine.metrics_file import keep_steps_through
-from mebp_core.lora.peft_files import ADAPTER_FILES
 from mebp_core.plan.correction import measured_step_time
 from mebp_core.proc import die_with_parent
 from mebp_core.store.resolve import PackingStopped, resolve_model
 from mebp_core.units import MB
-from service.adapter_downloads import adapter_file
 from service.crud import TERMINAL, add_event, fail_job, set_status
 from service.db import database_url, make_engine
 from service.disk_space import data_dir_short_of_room, keep_reserve, out_of_space
-from service.models import Adapter, Dataset, Job, Metric
+from service.models import Dataset, Job, Metric
 from service.queue import enqueue_advance
 from service.registry import (
     PRESET,
@@ -45,18 +43,17 @@ from service.registry import (
     model_source,
 )
 from service.settings import Settings
-from service.storage import base_config_path, job_dir, new_id
-from worker.child import ADAPTER, CHECKPOINT, ENGINE_LOG, EXIT_STORAGE_FULL, METRICS
+from service.storage import base_config_path, job_dir
+from worker.child import CHECKPOINT, METRICS
 from worker.engine_files import (
     RESULT,
-    EngineFinished,
     EngineRequest,
-    read_result,
     write_request,
 )
+from worker.engine_outcome import record_cgroup_peak, record_outcome
 from worker.host_plan import plan_on_this_worker
 from worker.lease import Heartbeat, claim_job, worker_name
-from worker.measured_time import correct_host_time, predicted_figures
+from worker.measured_time import predicted_figures
 from worker.memory_cap import MemoryCap, remove_stale_caps
 from worker.metrics_tail import MetricsTail
 from worker.packing_progress import PackingProgress
@@ -267,7 +264,8 @@ class JobRun:
             if self.stop.is_set() and not ended_by_itself(self.dir, job.cancel_requested,
                                                           child.returncode, cap.oom_killed()):
                 return self._give_back(session, job)
-            self._finish(session, job, child.returncode, cap, request)
+            record_outcome(session, job, self.dir, child.returncode, cap, request,
+                           self.settings, self.decompress_times)
             return None
         finally:
             cap.close()
@@ -294,7 +292,7 @@ class JobRun:
             try:
                 for row in pending:
                     self._record_step(session, job, row)
-                self._record_cgroup_peak(job, cap)
+                record_cgroup_peak(job, cap)
                 session.add(job)
                 session.commit()
                 pending.clear()
@@ -331,83 +329,3 @@ class JobRun:
         if row.get("cgroup_usage_peak_mb") is not None:
             job.cgroup_peak_bytes = max(job.cgroup_peak_bytes or 0,
                                         int(row["cgroup_usage_peak_mb"] * MB))
-
-    @staticmethod
-    def _record_cgroup_peak(job: Job, cap: MemoryCap) -> None:
-        """The cgroup's peak of usage, kept as a maximum: the engine restarts the kernel's
-        counter each step (its per-step peak) and reports the run's maximum itself."""
-        job.cgroup_peak_bytes = max(job.cgroup_peak_bytes or 0, cap.peak_bytes() or 0) or None
-
-    def _finish(self, session: Session, job: Job, returncode: int, cap: MemoryCap,
-                request: EngineRequest) -> None:
-        result = read_result(self.dir)
-        self._record_cgroup_peak(job, cap)
-        if isinstance(result, EngineFinished):
-            self._keep_adapter(session, job)
-            message = "succeeded" if result.status == "succeeded" else \
-                f"cancelled after step {result.steps}; the adapter so far is kept"
-            set_status(session, job, result.status, message,
-                       data={"final_loss": result.final_loss})
-            self._correct_host_time(session, job, request.config)
-        elif cap.oom_killed() or (result is not None
-                                  and result.code == "memory_budget_exceeded"):
-            if result is not None and result.peak_rss_mb:
-                job.peak_memory_bytes = int(result.peak_rss_mb * MB)
-            self._fail_over_budget(session, job, cap)
-        elif returncode == EXIT_STORAGE_FULL:
-            fail_job(session, job, "storage_full",
-                     f"the storage ran out of space while the engine wrote its files (under "
-                     f"{self.settings.storage_root}); nothing partial is kept")
-        elif result is None and job.cancel_requested and returncode == -signal.SIGTERM:
-            set_status(session, job, "cancelled", "cancelled before its first step")
-        elif result is not None:
-            message = result.message.replace(str(request.data), f"dataset {job.training_file}")
-            if request.validation_data is not None:
-                message = message.replace(str(request.validation_data),
-                                          f"dataset {job.validation_file}")
-            fail_job(session, job, result.code, message)
-        else:
-            fail_job(session, job, "engine_crashed",
-                     f"the engine exited with code {returncode} and no result; "
-                     f"last lines: {self._log_tail()}")
-        session.commit()
-
-    def _correct_host_time(self, session: Session, job: Job, config: TrainConfig) -> None:
-        said = correct_host_time(job, cache_dir=self.settings.cache_dir or default_cache_dir(),
-                                 threads=config.knobs.threads,
-                                 decompress_times=self.decompress_times)
-        if said is not None:
-            add_event(session, job_id=job.id, kind="log", message=said[0], data=said[1])
-
-    def _fail_over_budget(self, session: Session, job: Job, cap: MemoryCap) -> None:
-        cap_mb = job.memory_budget_bytes / MB
-        # killed at the cap: the cgroup's usage then is memory it could not reclaim, and
-        # the engine's last sampled figure predates the allocation that failed
-        peak = max(job.peak_memory_bytes or 0,
-                   (job.cgroup_peak_bytes or 0) if cap.oom_killed() else 0) or None
-        peak_mb = None if peak is None else round(peak / MB, 1)
-        planned = job.planned()
-        suggestion = None if planned is None else planned.smallest_budget_mb
-        message = (f"{'killed by the kernel at' if cap.oom_killed() else 'ran out of'} the "
-                   f"job's memory cap of {cap_mb:.0f} MB ({cap.mode})"
-                   + (f"; peak {peak_mb} MB" if peak_mb is not None else "")
-                   + (f"; the planner's smallest budget that fits is {suggestion} MB"
-                      if suggestion else ""))
-        fail_job(session, job, "memory_budget_exceeded", message,
-                 {"cap_mb": round(cap_mb, 1), "peak_mb": peak_mb, "enforcement": cap.mode,
-                  "step": job.step, "suggested_budget_mb": suggestion,
-                  "suggested_configuration": None if planned is None
-                  else planned.smallest_configuration})
-
-    def _keep_adapter(self, session: Session, job: Job) -> None:
-        adapter = self.dir / ADAPTER
-        files = [adapter / name for name in sorted(ADAPTER_FILES)]
-        session.add(Adapter(id=new_id("ad"), job_id=job.id, path=str(adapter),
-                            # its PEFT zip, made once here and served from disk
-                            sha256=adapter_file(adapter, "peft", None, remake=True).sha256,
-                            bytes=sum(f.stat().st_size for f in files)))
-
-    def _log_tail(self, lines: int = 5) -> str:
-        path = self.dir / ENGINE_LOG
-        text = path.read_text(errors="replace") if path.is_file() else ""
-        return " | ".join(text.strip().splitlines()[-lines:])
