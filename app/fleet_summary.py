@@ -16,6 +16,7 @@ from app.fleet_schemas import (
     ReferenceRun,
     RoundParticipant,
 )
+from mebp_core.plan.summary import PlanSummary
 from mebp_core.units import MB
 from service.crud import TERMINAL
 from service.federation import rounds_of
@@ -90,19 +91,19 @@ def final_validation_loss(session: Session, job: Job) -> float | None:
 
 
 def _member(spec: FleetMemberSpec, job: Job | None, preparing: bool) -> FleetMember:
-    # what ran, once it did
-    plan = spec.plan if job is None or not job.plan else job.plan.model_dump(mode="json")
+    plan = spec.plan if job is None or not job.plan else job.plan  # what ran, once it did
+    summary = plan if isinstance(plan, PlanSummary) else None  # none: recorded unplanned
     peak = None if job is None or job.peak_memory_bytes is None else \
         round(job.peak_memory_bytes / MB, 1)
     return FleetMember(
         device=spec.device, shard=spec.shard, training_file=spec.training_file,
-        fits=spec.fits, budget_mb=plan["budget_mb"],
-        smallest_budget_mb=plan.get("smallest_budget_mb"),
-        configuration=plan.get("configuration"),
-        predicted_peak_mb=plan.get("predicted_peak_mb"), measured_peak_mb=peak,
-        predicted_step_time_s=plan.get("predicted_step_time_s"),
+        fits=spec.fits, budget_mb=plan.budget_mb,
+        smallest_budget_mb=summary and summary.smallest_budget_mb,
+        configuration=summary and summary.configuration,
+        predicted_peak_mb=summary and summary.predicted_peak_mb, measured_peak_mb=peak,
+        predicted_step_time_s=summary and summary.predicted_step_time_s,
         measured_step_time_s=None if job is None else job.step_time_s,
-        device_step_time_s_estimate=plan.get("device_step_time_s_estimate"),
+        device_step_time_s_estimate=plan.device_step_time_s_estimate,
         job_id=None if job is None else job.id, status=_status(spec, job, preparing),
         final_loss=None if job is None or job.status != "succeeded" else job.last_loss,
         error_code=None if job is None else job.error_code)

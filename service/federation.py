@@ -15,6 +15,7 @@ passes the tenant's queued-jobs limit.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -34,6 +35,7 @@ from mebp_core.lora.peft_io import (
 )
 from service.crud import TERMINAL, create_queued_jobs, latest_adapter
 from service.fleet_spec import ReferenceRecord, RoundSeat
+from service.json_column import MalformedRowError, rows_that_load
 from service.models import Fleet, FleetRound, Job, utc_now
 from service.storage import coordinator_lock_path, round_adapter_dir
 
@@ -42,6 +44,7 @@ RUNNING, DONE, FAILED = "running", "done", "failed"
 TRAINING, TRAINED, DROPPED, OUT_OF_MEMORY, STRAGGLER, DOES_NOT_FIT = (
     "training", "trained", "dropped", "out_of_memory", "straggler", "does_not_fit")
 
+log = logging.getLogger("mebp.federation")
 Evaluate = Callable[[Fleet, Path], float | None]
 
 
@@ -61,7 +64,7 @@ def start_round(session: Session, fleet: Fleet, index: int, storage_root: Path) 
     seats, rows = [], []
     for member in participants(len(members), request.participation, request.seed, index):
         spec = members[member]
-        estimate = spec.plan.get("device_step_time_s_estimate")
+        estimate = spec.plan.device_step_time_s_estimate
         device_time_s = None if estimate is None else estimate * local_steps
         offline = fate(request.seed, index, member, request.dropout,
                        local_steps).offline_after_step
@@ -167,9 +170,15 @@ def stalled(session: Session, grace_s: float) -> list[str]:
     coordinator was lost (or never asked), so they need moving on."""
     fleets = []
     cutoff = utc_now() - timedelta(seconds=grace_s)
-    for current in session.exec(select(FleetRound).where(FleetRound.status == RUNNING)):
-        jobs = [session.get(Job, seat.job_id) for seat in current.participants
-                if seat.outcome == TRAINING]
+    for current in rows_that_load(session, select(FleetRound)
+                                  .where(FleetRound.status == RUNNING)):
+        try:
+            jobs = [session.get(Job, seat.job_id) for seat in current.participants
+                    if seat.outcome == TRAINING]
+        except MalformedRowError as exc:
+            log.warning("fleet %s round %d left as it is: %s", current.fleet_id,
+                        current.index, exc)
+            continue
         if any(job.status not in TERMINAL for job in jobs):
             continue
         ended = max([_aware(job.finished_at or current.started_at) for job in jobs],

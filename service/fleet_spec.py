@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mebp_core.config import Method, TrainConfig
 from mebp_core.federated.split import SplitSpec
+from service.job_plan import JobPlan
 
 MAX_ROUNDS = 100
 Aggregation = Literal["none", "fedavg", "ffa"]
@@ -23,10 +24,11 @@ Outcome = Literal["training", "trained", "dropped", "out_of_memory", "straggler"
 
 
 class Record(BaseModel):
-    """A stored record: immutable (a change is a new value assigned, which the row saves),
-    and a key it does not know is an error, not silently dropped."""
+    """A stored record: immutable (a change is a new value assigned, which the row saves).
+    A key it does not know is ignored (``service.json_column``: rows written by a newer
+    version load in an older one); a missing required key is an error naming it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
 
 class StoredHyperparameters(BaseModel):
@@ -90,7 +92,7 @@ class JobTemplate(Record):
     model: str
     device_id: str | None
     memory_budget_bytes: int
-    plan: dict[str, Any]
+    plan: JobPlan
     config: TrainConfig
     training_file: str | None  # its shard, once written
     validation_file: str | None
@@ -101,7 +103,7 @@ class JobTemplate(Record):
         ``steps`` and any of ``fields`` replaced."""
         config = self.config if steps is None else \
             self.config.model_copy(update={"steps": steps})
-        return {**self.model_dump(), "config": config.model_dump(mode="json"), **fields}
+        return {**dict(self), "config": config, **fields}
 
 
 class FleetMemberSpec(Record):
@@ -112,7 +114,7 @@ class FleetMemberSpec(Record):
     training_file: str | None  # none for a device without a job, or before its shard
     fits: bool
     examples: int | None = None  # rows in its shard, once dealt: its weight in an average
-    plan: dict[str, Any]
+    plan: JobPlan
     job: JobTemplate | None = None  # none: it does not fit, and allow_infeasible is off
     job_id: str | None = None  # a fleet without rounds: its one job
 

@@ -163,6 +163,8 @@ def test_the_fleet_page_shows_each_round_and_who_took_part(chromium, finished_fl
      "line 1: no field 'team'"),
     ({"data_split": {"kind": "dirichlet", "field": "user"}}, ["body", "data_split"],
      "alpha goes with dirichlet"),
+    # the request keeps forbidding a key it does not know (stored rows ignore one)
+    ({"deadline": 5}, ["body", "deadline"], "Extra inputs are not permitted"),
 ])
 def test_federated_settings_that_cannot_work_are_422s_naming_the_field(api, change, field,
                                                                        words):
@@ -172,3 +174,18 @@ def test_federated_settings_that_cannot_work_are_422s_naming_the_field(api, chan
     assert status == 422, body
     [error] = body["detail"]
     assert error["loc"] == field and words in error["msg"], error
+
+
+def test_a_fleets_model_is_resolved_once_for_all_its_devices(api, monkeypatch):
+    """Checking the request's references resolves the model; every device's plan reuses it."""
+    import app.api.model_lookup as lookup
+    resolved = []
+    real = lookup.model_architecture
+    monkeypatch.setattr(lookup, "model_architecture",
+                        lambda session, name: resolved.append(name) or real(session, name))
+    training = api.upload("notes.jsonl", ROWS)[1]["id"]
+    status, body = api.request("POST", "/v1/fleets", {
+        **FLEET, "training_file": training,
+        "devices": ["iphone-15-pro-max", "pixel-8"], "simulated": None})
+    assert status == 201, body
+    assert resolved == ["preset:tiny"]
