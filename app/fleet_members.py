@@ -73,6 +73,18 @@ def seats_needed(body: FleetCreate, members: list[FleetMemberSpec]) -> int:
     return min(selected_count(len(members), body.participation), runs) + references
 
 
+def check_round_settings(body: FleetCreate, devices: int) -> None:
+    """422 naming a round setting that would do nothing or cannot work."""
+    if idle := body.federated_fields_without_aggregation():
+        raise invalid(idle[0], f"{idle[0]} needs aggregation fedavg or ffa",
+                      getattr(body, idle[0]))
+    if body.device_validation_rows is not None and body.validation_file is None:
+        raise invalid("device_validation_rows", "device_validation_rows samples "
+                      "validation_file, which is not set", body.device_validation_rows)
+    if body.references:
+        check_references_can_run(body, devices)
+
+
 def check_references_can_run(body: FleetCreate, devices: int) -> None:
     if body.validation_file is None:
         raise invalid("references", "references need validation_file: every reference and "

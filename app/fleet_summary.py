@@ -48,7 +48,7 @@ def fleet_public(session: Session, fleet: Fleet) -> FleetPublic:
                        created_at=fleet.created_at, status=fleet.status, error=fleet.error,
                        members=members, summary=summary,
                        rounds=[_round(r, fleet.spec.members) for r in rounds],
-                       references=_references(session, fleet.spec.references, jobs),
+                       references=_references(session, fleet.spec.references, jobs, rounds),
                        metadata=request.metadata)
 
 
@@ -64,7 +64,7 @@ def _round(current: FleetRound, members: list[FleetMemberSpec]) -> FleetRoundPub
 
 
 def _references(session: Session, references: list[ReferenceRecord] | None,
-                jobs: dict[str, Job]) -> FleetReferences | None:
+                jobs: dict[str, Job], rounds: list[FleetRound]) -> FleetReferences | None:
     if references is None:
         return None
     runs = []
@@ -78,7 +78,23 @@ def _references(session: Session, references: list[ReferenceRecord] | None,
     central = [run.eval_loss for run in runs if run.kind == "centralized"]
     return FleetReferences(
         local_only_mean=mean(local_losses) if ended and local_losses else None,
-        centralized=central[0] if central else None, runs=runs)
+        centralized=central[0] if central else None, runs=runs,
+        schedule=_schedule(runs, rounds))
+
+
+def _schedule(runs: list[ReferenceRun], rounds: list[FleetRound]) -> str:
+    """When the reference runs train: they are claimed only when no job of a round waits
+    (``service.federation.REFERENCE_PRIORITY``)."""
+    ended = sum(run.status in TERMINAL for run in runs)
+    running = sum(run.status == "running" for run in runs)
+    if ended == len(runs):
+        return "done"
+    if running:
+        return f"running ({running} running, {ended} of {len(runs)} done)"
+    current = rounds[-1] if rounds else None
+    if current is not None and current.status == "running":
+        return f"queued behind round {current.index} ({ended} of {len(runs)} done)"
+    return f"queued ({ended} of {len(runs)} done)"
 
 
 def final_validation_loss(session: Session, job: Job) -> float | None:

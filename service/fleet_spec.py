@@ -65,6 +65,10 @@ class FleetRequest(BaseModel):
     deadline_s: float | None = Field(default=None, gt=0, le=1e7, description=(
         "simulated on-device seconds a round may take; slower devices are stragglers and "
         "left out of the round"))
+    device_validation_rows: int | None = Field(default=None, ge=1, le=100_000, description=(
+        "score each device's round job on a sample of this many rows of validation_file "
+        "(drawn with the fleet's seed); unset: device jobs skip validation, and each "
+        "round's global adapter alone is scored, on all of it"))
     references: bool = Field(default=False, description=(
         "also train, from scratch and scored on validation_file, every device alone on its "
         "shard for as many steps as the rounds give it (local-only) and one run on the whole "
@@ -83,7 +87,7 @@ class FleetRequest(BaseModel):
 
 # the round settings, which FleetCreate takes from here
 ROUND_FIELDS = ("aggregation", "rounds", "local_steps", "participation", "dropout",
-                "deadline_s", "references")
+                "deadline_s", "device_validation_rows", "references")
 
 
 class JobTemplate(Record):
@@ -98,12 +102,14 @@ class JobTemplate(Record):
     validation_file: str | None
     metadata_: dict[str, str] = Field(default_factory=dict)
 
-    def job_row(self, *, steps: int | None = None, **fields: Any) -> dict[str, Any]:
+    def job_row(self, *, config: dict[str, Any] | None = None, **fields: Any
+                ) -> dict[str, Any]:
         """The keyword arguments of its ``Job`` (``service.crud.create_queued_jobs``), with
-        ``steps`` and any of ``fields`` replaced."""
-        config = self.config if steps is None else \
-            self.config.model_copy(update={"steps": steps})
-        return {**dict(self), "config": config, **fields}
+        the settings in ``config`` (``TrainConfig``'s, validated) and any of ``fields``
+        replaced."""
+        train = self.config if not config else \
+            TrainConfig.model_validate({**self.config.model_dump(), **config})
+        return {**dict(self), "config": train, **fields}
 
 
 class FleetMemberSpec(Record):

@@ -15,7 +15,7 @@ from app.api.errors import invalid
 from app.api.routes.adapters import AdapterFormat, FormatQuery, adapter_download
 from app.fleet_members import (
     JOB_FIELDS,
-    check_references_can_run,
+    check_round_settings,
     device_ids,
     plan_members,
     seats_needed,
@@ -58,12 +58,8 @@ def create_fleet(body: FleetCreate, request: Request, response: Response, sessio
     ``allow_infeasible``); the fleet says which fit and why the others do not. A federated
     fleet queues its first round; each round's end starts the next. A training file too
     large to split within the request is split by a worker: a 202, the fleet preparing."""
-    if idle := body.federated_fields_without_aggregation():
-        raise invalid(idle[0], f"{idle[0]} needs aggregation fedavg or ffa",
-                      getattr(body, idle[0]))
     devices = device_ids(session, body)
-    if body.references:
-        check_references_can_run(body, len(devices))
+    check_round_settings(body, len(devices))
     source, arch = _source(session, body, principal.tenant, len(devices))
     require_queue(request.app.state.redis)
     members = plan_members(session, settings, body, devices, source, arch)  # once a profile
