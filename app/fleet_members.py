@@ -8,12 +8,12 @@ from __future__ import annotations
 from sqlmodel import Session
 
 from app.api.errors import invalid
-from app.api.model_lookup import model_architecture_or_422
 from app.fleet_schemas import FleetCreate
 from app.planning import PlannedJob, device_or_422, plan_job
 from app.schemas import JobCreate
 from mebp_core.config import MAX_STEPS
 from mebp_core.federated.rounds import reference_steps, selected_count
+from mebp_core.plan.arch import Architecture
 from service.fleet_spec import FleetMemberSpec, JobTemplate
 from service.models import Dataset
 from service.settings import Settings
@@ -35,12 +35,12 @@ def member_job_body(body: FleetCreate, device: str, training_file: str) -> JobCr
 
 
 def plan_members(session: Session, settings: Settings, body: FleetCreate, devices: list[str],
-                 source: Dataset) -> list[FleetMemberSpec]:
+                 source: Dataset, arch: Architecture) -> list[FleetMemberSpec]:
     """One member per device: its plan and, if it runs (it fits, or ``allow_infeasible``),
     its job's row as a template. A device with its own shard has no training file yet (its
-    shard is written only if it gets a job) nor a row count until the rows are dealt."""
+    shard is written only if it gets a job) nor a row count until the rows are dealt.
+    ``arch`` is the model's, resolved once for the request (``check_references``)."""
     plans: dict[str, PlannedJob] = {}
-    arch = model_architecture_or_422(session, body.model)
     for device in dict.fromkeys(devices):
         plans[device] = plan_job(member_job_body(body, device, source.id), arch, settings,
                                  session)
@@ -48,7 +48,7 @@ def plan_members(session: Session, settings: Settings, body: FleetCreate, device
     for index, device in enumerate(devices):
         planned = plans[device]
         training_file = None if body.shards_data else source.id
-        plan = planned.plan.model_dump(mode="json")
+        plan = planned.plan
         template = None if not (planned.feasible or body.allow_infeasible) else JobTemplate(
             model=body.model, device_id=None if planned.device is None else planned.device.id,
             memory_budget_bytes=planned.budget_bytes, plan=plan, config=planned.config,
@@ -71,6 +71,18 @@ def seats_needed(body: FleetCreate, members: list[FleetMemberSpec]) -> int:
         return runs
     references = runs + 1 if body.references and runs else 0
     return min(selected_count(len(members), body.participation), runs) + references
+
+
+def check_round_settings(body: FleetCreate, devices: int) -> None:
+    """422 naming a round setting that would do nothing or cannot work."""
+    if idle := body.federated_fields_without_aggregation():
+        raise invalid(idle[0], f"{idle[0]} needs aggregation fedavg or ffa",
+                      getattr(body, idle[0]))
+    if body.device_validation_rows is not None and body.validation_file is None:
+        raise invalid("device_validation_rows", "device_validation_rows samples "
+                      "validation_file, which is not set", body.device_validation_rows)
+    if body.references:
+        check_references_can_run(body, devices)
 
 
 def check_references_can_run(body: FleetCreate, devices: int) -> None:

@@ -72,6 +72,7 @@ class FleetCreate(RequestModel):
         "a fleet of profiles without aggregation trains every device on all rows)"))
     dropout: float = copy.copy(ROUND["dropout"])
     deadline_s: float | None = copy.copy(ROUND["deadline_s"])
+    device_validation_rows: int | None = copy.copy(ROUND["device_validation_rows"])
     references: bool = copy.copy(ROUND["references"])
 
     @model_validator(mode="after")
@@ -88,7 +89,9 @@ class FleetCreate(RequestModel):
             return []
         given = {"rounds": self.rounds != 1, "local_steps": self.local_steps is not None,
                  "participation": self.participation != 1.0, "dropout": self.dropout != 0.0,
-                 "deadline_s": self.deadline_s is not None, "references": self.references}
+                 "deadline_s": self.deadline_s is not None,
+                 "device_validation_rows": self.device_validation_rows is not None,
+                 "references": self.references}
         return [name for name, set_ in given.items() if set_]
 
     @property
@@ -171,6 +174,10 @@ class FleetReferences(BaseModel):
                                           "runs that succeeded, once all have ended")
     centralized: float | None
     runs: list[ReferenceRun]
+    schedule: str = Field(description=(
+        "when they train: a round's queued jobs are claimed before them, so they run on "
+        "workers no round job is waiting for; e.g. 'queued behind round 2', 'running (1 "
+        "running, 2 of 3 done)', 'done'"))
 
 
 class FleetPublic(BaseModel):

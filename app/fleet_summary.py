@@ -16,6 +16,7 @@ from app.fleet_schemas import (
     ReferenceRun,
     RoundParticipant,
 )
+from mebp_core.plan.summary import PlanSummary
 from mebp_core.units import MB
 from service.crud import TERMINAL
 from service.federation import rounds_of
@@ -47,7 +48,7 @@ def fleet_public(session: Session, fleet: Fleet) -> FleetPublic:
                        created_at=fleet.created_at, status=fleet.status, error=fleet.error,
                        members=members, summary=summary,
                        rounds=[_round(r, fleet.spec.members) for r in rounds],
-                       references=_references(session, fleet.spec.references, jobs),
+                       references=_references(session, fleet.spec.references, jobs, rounds),
                        metadata=request.metadata)
 
 
@@ -63,7 +64,7 @@ def _round(current: FleetRound, members: list[FleetMemberSpec]) -> FleetRoundPub
 
 
 def _references(session: Session, references: list[ReferenceRecord] | None,
-                jobs: dict[str, Job]) -> FleetReferences | None:
+                jobs: dict[str, Job], rounds: list[FleetRound]) -> FleetReferences | None:
     if references is None:
         return None
     runs = []
@@ -77,7 +78,23 @@ def _references(session: Session, references: list[ReferenceRecord] | None,
     central = [run.eval_loss for run in runs if run.kind == "centralized"]
     return FleetReferences(
         local_only_mean=mean(local_losses) if ended and local_losses else None,
-        centralized=central[0] if central else None, runs=runs)
+        centralized=central[0] if central else None, runs=runs,
+        schedule=_schedule(runs, rounds))
+
+
+def _schedule(runs: list[ReferenceRun], rounds: list[FleetRound]) -> str:
+    """When the reference runs train: they are claimed only when no job of a round waits
+    (``service.federation.REFERENCE_PRIORITY``)."""
+    ended = sum(run.status in TERMINAL for run in runs)
+    running = sum(run.status == "running" for run in runs)
+    if ended == len(runs):
+        return "done"
+    if running:
+        return f"running ({running} running, {ended} of {len(runs)} done)"
+    current = rounds[-1] if rounds else None
+    if current is not None and current.status == "running":
+        return f"queued behind round {current.index} ({ended} of {len(runs)} done)"
+    return f"queued ({ended} of {len(runs)} done)"
 
 
 def final_validation_loss(session: Session, job: Job) -> float | None:
@@ -90,19 +107,19 @@ def final_validation_loss(session: Session, job: Job) -> float | None:
 
 
 def _member(spec: FleetMemberSpec, job: Job | None, preparing: bool) -> FleetMember:
-    # what ran, once it did
-    plan = spec.plan if job is None or not job.plan else job.plan.model_dump(mode="json")
+    plan = spec.plan if job is None or not job.plan else job.plan  # what ran, once it did
+    summary = plan if isinstance(plan, PlanSummary) else None  # none: recorded unplanned
     peak = None if job is None or job.peak_memory_bytes is None else \
         round(job.peak_memory_bytes / MB, 1)
     return FleetMember(
         device=spec.device, shard=spec.shard, training_file=spec.training_file,
-        fits=spec.fits, budget_mb=plan["budget_mb"],
-        smallest_budget_mb=plan.get("smallest_budget_mb"),
-        configuration=plan.get("configuration"),
-        predicted_peak_mb=plan.get("predicted_peak_mb"), measured_peak_mb=peak,
-        predicted_step_time_s=plan.get("predicted_step_time_s"),
+        fits=spec.fits, budget_mb=plan.budget_mb,
+        smallest_budget_mb=summary and summary.smallest_budget_mb,
+        configuration=summary and summary.configuration,
+        predicted_peak_mb=summary and summary.predicted_peak_mb, measured_peak_mb=peak,
+        predicted_step_time_s=summary and summary.predicted_step_time_s,
         measured_step_time_s=None if job is None else job.step_time_s,
-        device_step_time_s_estimate=plan.get("device_step_time_s_estimate"),
+        device_step_time_s_estimate=plan.device_step_time_s_estimate,
         job_id=None if job is None else job.id, status=_status(spec, job, preparing),
         final_loss=None if job is None or job.status != "succeeded" else job.last_loss,
         error_code=None if job is None else job.error_code)

@@ -6,7 +6,8 @@ its machine gone) and is re-queued to resume from its last checkpoint, or fails 
 empty, or its message was taken by a worker that claimed a fairer job) is enqueued again
 while its tenant may start another; a preparing fleet whose preparation Redis no longer
 holds is asked again (``service.fleet_recovery``). A job id delivered twice still runs once:
-workers claim atomically.
+workers claim atomically. A row that no longer validates (``MalformedRowError``) is left out,
+logged naming it and why, and the round goes on with the others.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from service.crud import add_event
 from service.fairness import ids_to_enqueue
 from service.federation import stalled
 from service.fleet_recovery import lost_preparations
+from service.json_column import rows_that_load
 from service.models import Job, utc_now
 from service.queue import enqueue_advance, enqueue_job, enqueue_prepare
 from service.settings import Settings
@@ -59,7 +61,7 @@ class Reconciler:
                 self.reconcile()
             except (RedisError, SQLAlchemyError) as exc:  # down for now: next round
                 log.warning("reconciler: %s", exc)
-            except Exception:  # a bad row, say: logged every round, the thread lives on
+            except Exception:  # a bug, say: logged every round, the thread lives on
                 log.exception("reconciler: this round failed")
 
     def reconcile(self) -> list[str]:
@@ -82,8 +84,8 @@ class Reconciler:
 
     def _recover_lost(self, session: Session) -> list[str]:
         stale = utc_now() - timedelta(seconds=self.settings.heartbeat_timeout_s)
-        lost = session.exec(select(Job).where(Job.status == "running",
-                                              Job.heartbeat_at < stale)).all()
+        lost = rows_that_load(session, select(Job).where(Job.status == "running",
+                                                         Job.heartbeat_at < stale))
         requeued = []
         for job in lost:
             silent = f"its worker {job.worker} sent no heartbeat for " \
@@ -114,8 +116,8 @@ class Reconciler:
 
     def _queued_before(self, session: Session, seconds: float) -> list[Job]:
         cutoff = utc_now() - timedelta(seconds=seconds)
-        return list(session.exec(select(Job).where(Job.status == "queued",
-                                                   Job.created_at < cutoff)).all())
+        return rows_that_load(session, select(Job).where(Job.status == "queued",
+                                                         Job.created_at < cutoff))
 
     def _in_redis(self, job_id: str) -> bool:
         try:

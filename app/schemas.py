@@ -80,7 +80,7 @@ def _config_fields(names, **overrides) -> dict:
 # TrainConfig fields a job request carries elsewhere or not at all: every other field is a
 # hyperparameter, so a field added to TrainConfig is one with no other edit
 _NOT_HYPERPARAMETERS = ("schema_version", "knobs", "method", "seed",
-                        "validation_fraction", "skip_malformed")
+                        "validation_fraction", "skip_malformed", "data_start_batch")
 
 
 class WorkloadFields(create_model(

@@ -149,6 +149,13 @@ class TrainConfig(BaseModel):
         "save a resumable checkpoint every N steps"))
     skip_malformed: bool = Field(default=False, description=(
         "skip and count malformed JSONL lines instead of failing"))
+    validation_rows: int | None = Field(default=None, ge=1, le=1_000_000, description=(
+        "score at most this many validation rows, a sample drawn with the seed (unset: "
+        "all of them)"))
+    data_start_batch: int = Field(default=0, ge=0, le=MAX_STEPS * 1024, description=(
+        "start at this micro-batch of the data's stream (epochs laid end to end, each "
+        "reshuffled with the seed): a federated device's cursor, the batches its earlier "
+        "rounds drew"))
     knobs: EngineKnobs = EngineKnobs()
 
     @model_validator(mode="before")

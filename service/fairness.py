@@ -4,8 +4,9 @@ need a message on the queue to be taken at all.
 A queue message means "a worker is free": the worker claims the oldest queued job of the
 tenant that, among those with fewer than ``max_running_jobs_per_tenant`` jobs running, has
 the fewest running, then was served least recently (its latest start), then has waited
-longest. One tenant's backlog, or its day-long job, so delays another tenant's next job by
-no more than the jobs already running.
+longest; within a tenant, a job of higher ``priority`` first (a fleet's reference runs wait
+behind its rounds' jobs). One tenant's backlog, or its day-long job, so delays another
+tenant's next job by no more than the jobs already running.
 """
 
 from __future__ import annotations
@@ -45,8 +46,10 @@ def next_tenant(session: Session, max_running: int) -> str | None:
 
 
 def oldest_queued(session: Session, tenant: str) -> Job | None:
+    """The tenant's next job: of its highest priority, the oldest."""
     return session.exec(select(Job).where(Job.tenant == tenant, Job.status == "queued")
-                        .order_by(Job.created_at, Job.id).limit(1)).first()
+                        .order_by(col(Job.priority).desc(), Job.created_at, Job.id)
+                        .limit(1)).first()
 
 
 def ids_to_enqueue(session: Session, queued: list[Job], in_redis: Callable[[str], bool],

@@ -15,6 +15,7 @@ passes the tenant's queued-jobs limit.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -33,7 +34,8 @@ from mebp_core.lora.peft_io import (
     save_peft_adapter,
 )
 from service.crud import TERMINAL, create_queued_jobs, latest_adapter
-from service.fleet_spec import ReferenceRecord, RoundSeat
+from service.fleet_spec import FleetRequest, JobTemplate, ReferenceRecord, RoundSeat
+from service.json_column import MalformedRowError, rows_that_load
 from service.models import Fleet, FleetRound, Job, utc_now
 from service.storage import coordinator_lock_path, round_adapter_dir
 
@@ -42,6 +44,8 @@ RUNNING, DONE, FAILED = "running", "done", "failed"
 TRAINING, TRAINED, DROPPED, OUT_OF_MEMORY, STRAGGLER, DOES_NOT_FIT = (
     "training", "trained", "dropped", "out_of_memory", "straggler", "does_not_fit")
 
+log = logging.getLogger("mebp.federation")
+REFERENCE_PRIORITY = -1  # a reference run waits behind every queued job of a round
 Evaluate = Callable[[Fleet, Path], float | None]
 
 
@@ -59,9 +63,10 @@ def start_round(session: Session, fleet: Fleet, index: int, storage_root: Path) 
     if init is not None and not Path(init).is_dir():
         init = _last_global_adapter(session, fleet, storage_root)
     seats, rows = [], []
+    cursors = data_cursors(session, fleet.id)
     for member in participants(len(members), request.participation, request.seed, index):
         spec = members[member]
-        estimate = spec.plan.get("device_step_time_s_estimate")
+        estimate = spec.plan.device_step_time_s_estimate
         device_time_s = None if estimate is None else estimate * local_steps
         offline = fate(request.seed, index, member, request.dropout,
                        local_steps).offline_after_step
@@ -73,7 +78,8 @@ def start_round(session: Session, fleet: Fleet, index: int, storage_root: Path) 
             outcome = DROPPED
         else:
             outcome = TRAINING
-            rows.append(spec.job.job_row(steps=offline or local_steps))
+            rows.append(_round_job(spec.job, request, offline or local_steps,
+                                   cursors.get(member, 0)))
         seats.append(RoundSeat(member=member, job_id=None, outcome=outcome,
                                examples=spec.examples, offline_after_step=offline,
                                device_time_s=device_time_s))
@@ -85,22 +91,51 @@ def start_round(session: Session, fleet: Fleet, index: int, storage_root: Path) 
     return [seat.job_id for seat in seats if seat.outcome == TRAINING]
 
 
+def _round_job(template: JobTemplate, request: FleetRequest, steps: int,
+               cursor: int) -> dict:
+    """A device's job in a round: ``steps`` from where its earlier rounds left its shard's
+    stream; it scores no validation file, or the fleet's bounded sample of it."""
+    sample = request.device_validation_rows
+    return template.job_row(
+        config={"steps": steps, "data_start_batch": cursor, "validation_rows": sample},
+        validation_file=None if sample is None else template.validation_file)
+
+
+def data_cursors(session: Session, fleet_id: str) -> dict[int, int]:
+    """Where each member's next round starts in its shard's batch stream: where its latest
+    round job stopped (its start plus the micro-batches its steps drew), read from the
+    jobs' rows, so a coordinator that restarts finds the same."""
+    latest: dict[int, str] = {}
+    for earlier in rounds_of(session, fleet_id):
+        latest |= {seat.member: seat.job_id for seat in earlier.participants
+                   if seat.job_id is not None}
+    cursors = {}
+    for member, job_id in latest.items():
+        job = session.get(Job, job_id)
+        config = job.train_config()
+        cursors[member] = config.data_start_batch + job.step * config.grad_accum_steps
+    return cursors
+
+
 def queue_references(session: Session, fleet: Fleet) -> list[str]:
     """Queue the fleet's references, each a normal job from scratch: every device that fits
     alone on its shard (local-only) and one run on the whole training file (centralized,
     with the first such device's configuration and cap); records them in the fleet's spec
-    and returns the job ids. The caller commits, then enqueues."""
+    and returns the job ids. The caller commits, then enqueues. They are claimed after any
+    queued job of the fleet's rounds (``REFERENCE_PRIORITY``), so they never hold a round
+    up waiting for a worker."""
     request, members = fleet.spec.request, fleet.spec.members
     local_steps, central_steps = reference_steps(
         len(members), request.participation, request.rounds, request.steps_per_round)
     templates = [(index, member.job) for index, member in enumerate(members)
                  if member.job is not None]
-    runs = [("local_only", index, job.job_row(steps=local_steps)) for index, job in templates]
+    runs = [("local_only", index, job.job_row(config={"steps": local_steps}))
+            for index, job in templates]
     if templates:  # with the first such device's configuration and cap
         runs.append(("centralized", None, templates[0][1].job_row(
-            steps=central_steps, training_file=request.training_file)))
+            config={"steps": central_steps}, training_file=request.training_file)))
     jobs = create_queued_jobs(session, [row for _, _, row in runs], tenant=fleet.tenant,
-                              fleet_id=fleet.id)
+                              fleet_id=fleet.id, priority=REFERENCE_PRIORITY)
     references = [ReferenceRecord(kind=kind, member=member, job_id=job.id)
                   for (kind, member, _), job in zip(runs, jobs, strict=True)]
     fleet.spec = fleet.spec.model_copy(update={"references": references})
@@ -167,9 +202,15 @@ def stalled(session: Session, grace_s: float) -> list[str]:
     coordinator was lost (or never asked), so they need moving on."""
     fleets = []
     cutoff = utc_now() - timedelta(seconds=grace_s)
-    for current in session.exec(select(FleetRound).where(FleetRound.status == RUNNING)):
-        jobs = [session.get(Job, seat.job_id) for seat in current.participants
-                if seat.outcome == TRAINING]
+    for current in rows_that_load(session, select(FleetRound)
+                                  .where(FleetRound.status == RUNNING)):
+        try:
+            jobs = [session.get(Job, seat.job_id) for seat in current.participants
+                    if seat.outcome == TRAINING]
+        except MalformedRowError as exc:
+            log.warning("fleet %s round %d left as it is: %s", current.fleet_id,
+                        current.index, exc)
+            continue
         if any(job.status not in TERMINAL for job in jobs):
             continue
         ended = max([_aware(job.finished_at or current.started_at) for job in jobs],

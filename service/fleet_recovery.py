@@ -14,6 +14,7 @@ from sqlalchemy import update
 from sqlmodel import Session, select
 
 from service.fleet_shards import FAILED, PREPARING
+from service.json_column import rows_that_load
 from service.models import Fleet, utc_now
 from service.queue import prepare_job_id
 
@@ -23,8 +24,8 @@ def lost_preparations(session: Session, asked: Callable[[str], bool], grace_s: f
     """The fleets to ask again (their retry counted); those out of tries are failed.
     ``asked(rq_job_id)``: whether RQ still holds that job waiting or running."""
     cutoff = utc_now() - timedelta(seconds=grace_s)  # younger: its request is enqueueing it
-    preparing = session.exec(select(Fleet).where(Fleet.status == PREPARING,
-                                                 Fleet.created_at < cutoff)).all()
+    preparing = rows_that_load(session, select(Fleet).where(Fleet.status == PREPARING,
+                                                            Fleet.created_at < cutoff))
     again = []
     for fleet in preparing:
         if asked(prepare_job_id(fleet.id)):

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from mebp_core.config import Method, TrainConfig
 from mebp_core.federated.split import SplitSpec
+from service.job_plan import JobPlan
 
 MAX_ROUNDS = 100
 Aggregation = Literal["none", "fedavg", "ffa"]
@@ -23,10 +24,11 @@ Outcome = Literal["training", "trained", "dropped", "out_of_memory", "straggler"
 
 
 class Record(BaseModel):
-    """A stored record: immutable (a change is a new value assigned, which the row saves),
-    and a key it does not know is an error, not silently dropped."""
+    """A stored record: immutable (a change is a new value assigned, which the row saves).
+    A key it does not know is ignored (``service.json_column``: rows written by a newer
+    version load in an older one); a missing required key is an error naming it."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
 
 class StoredHyperparameters(BaseModel):
@@ -63,6 +65,10 @@ class FleetRequest(BaseModel):
     deadline_s: float | None = Field(default=None, gt=0, le=1e7, description=(
         "simulated on-device seconds a round may take; slower devices are stragglers and "
         "left out of the round"))
+    device_validation_rows: int | None = Field(default=None, ge=1, le=100_000, description=(
+        "score each device's round job on a sample of this many rows of validation_file "
+        "(drawn with the fleet's seed); unset: device jobs skip validation, and each "
+        "round's global adapter alone is scored, on all of it"))
     references: bool = Field(default=False, description=(
         "also train, from scratch and scored on validation_file, every device alone on its "
         "shard for as many steps as the rounds give it (local-only) and one run on the whole "
@@ -81,7 +87,7 @@ class FleetRequest(BaseModel):
 
 # the round settings, which FleetCreate takes from here
 ROUND_FIELDS = ("aggregation", "rounds", "local_steps", "participation", "dropout",
-                "deadline_s", "references")
+                "deadline_s", "device_validation_rows", "references")
 
 
 class JobTemplate(Record):
@@ -90,18 +96,20 @@ class JobTemplate(Record):
     model: str
     device_id: str | None
     memory_budget_bytes: int
-    plan: dict[str, Any]
+    plan: JobPlan
     config: TrainConfig
     training_file: str | None  # its shard, once written
     validation_file: str | None
     metadata_: dict[str, str] = Field(default_factory=dict)
 
-    def job_row(self, *, steps: int | None = None, **fields: Any) -> dict[str, Any]:
+    def job_row(self, *, config: dict[str, Any] | None = None, **fields: Any
+                ) -> dict[str, Any]:
         """The keyword arguments of its ``Job`` (``service.crud.create_queued_jobs``), with
-        ``steps`` and any of ``fields`` replaced."""
-        config = self.config if steps is None else \
-            self.config.model_copy(update={"steps": steps})
-        return {**self.model_dump(), "config": config.model_dump(mode="json"), **fields}
+        the settings in ``config`` (``TrainConfig``'s, validated) and any of ``fields``
+        replaced."""
+        train = self.config if not config else \
+            TrainConfig.model_validate({**self.config.model_dump(), **config})
+        return {**dict(self), "config": train, **fields}
 
 
 class FleetMemberSpec(Record):
@@ -112,7 +120,7 @@ class FleetMemberSpec(Record):
     training_file: str | None  # none for a device without a job, or before its shard
     fits: bool
     examples: int | None = None  # rows in its shard, once dealt: its weight in an average
-    plan: dict[str, Any]
+    plan: JobPlan
     job: JobTemplate | None = None  # none: it does not fit, and allow_infeasible is off
     job_id: str | None = None  # a fleet without rounds: its one job
 

@@ -15,7 +15,7 @@ class UnplannedJob(BaseModel):
     """The plan of a job of another method than mebp recorded before every method was
     planned (older rows only: every job is planned now)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     planned: Literal[False]
     reason: str

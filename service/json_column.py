@@ -1,15 +1,23 @@
 """JSON columns that hold pydantic models: dumped on write, validated on load, so readers use
 attributes rather than key lookups. A row that does not validate (hand-edited, or written by
 code that renamed a key) is a ``MalformedRowError`` naming its table, its primary key and the
-field, raised as the row is loaded, not later where a key is missing."""
+field, raised as the row is loaded, not later where a key is missing.
+
+The stored models ignore keys they do not know (``extra="ignore"``; the API's request models
+forbid them): on a database shared mid rolling-upgrade, an older process loads a row a newer
+one wrote with a key added (and drops that key if it writes the row back)."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
-from sqlalchemy import JSON, event, inspect
+from sqlalchemy import JSON, Select, event, inspect
+from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeDecorator
+
+log = logging.getLogger("mebp.rows")
 
 
 class MalformedRowError(ValueError):
@@ -76,3 +84,22 @@ def check_on_load(model: type) -> type:
     event.listen(model, "load", check)
     event.listen(model, "refresh", check)
     return model
+
+
+def rows_that_load(session: Session, statement: Select) -> list[Any]:
+    """The rows ``statement`` (a select of one table model) finds, less those that do not
+    validate, each logged naming it and why: a loop over rows goes on past a bad one. The
+    query runs once; only when a row fails are the rows loaded one by one."""
+    try:
+        return list(session.scalars(statement).all())
+    except MalformedRowError:
+        pass
+    model = statement.column_descriptions[0]["entity"]
+    keys = session.execute(statement.with_only_columns(*inspect(model).primary_key)).all()
+    rows = []
+    for key in keys:
+        try:  # populate_existing: a row the failed query left half-loaded is read again
+            rows.append(session.get(model, tuple(key), populate_existing=True))
+        except MalformedRowError as exc:
+            log.warning("skipped: %s", exc)
+    return rows

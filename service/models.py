@@ -144,6 +144,9 @@ class Job(SQLModel, table=True):
                                  max_length=40)
     comparison_id: str | None = Field(default=None, foreign_key="comparisons.id", index=True,
                                       max_length=40)
+    # among a tenant's queued jobs, a higher one is claimed first (``service.fairness``):
+    # a fleet's reference runs (REFERENCE_PRIORITY) wait behind its rounds' jobs
+    priority: int = 0
     # the adapter training starts from (a federated round's global adapter), if any
     init_adapter: str | None = Field(default=None, max_length=1024)
     idempotency_key: str | None = Field(default=None, index=True, max_length=128)

@@ -57,8 +57,10 @@ def enqueue_from_this_job(job_ids: list[str]) -> None:
 
 
 def enqueue_advance(queue: Queue, fleet_id: str) -> None:
-    """Ask a worker to move a federated fleet on (idempotent: duplicates are harmless)."""
-    queue.enqueue_call(ADVANCE_FLEET, args=(fleet_id,), timeout=-1,
+    """Ask a worker to move a federated fleet on (idempotent: duplicates are harmless).
+    At the queue's front: the next round's jobs are queued before a free worker, woken by
+    an older message, claims one of the fleet's reference runs instead."""
+    queue.enqueue_call(ADVANCE_FLEET, args=(fleet_id,), timeout=-1, at_front=True,
                        result_ttl=RESULT_TTL_S, failure_ttl=RESULT_TTL_S)
 
 

@@ -140,3 +140,11 @@ def split_validation(
     train = [example for i, example in enumerate(examples) if i not in held_out]
     val = [example for i, example in enumerate(examples) if i in held_out]
     return train, val
+
+
+def sample_examples(examples: Sequence[Example], count: int, seed: int) -> list[Example]:
+    """At most ``count`` of the examples, drawn with ``seed``, in their original order."""
+    if len(examples) <= count:
+        return list(examples)
+    chosen = set(shuffle_epoch(len(examples), seed, 0)[:count])
+    return [example for i, example in enumerate(examples) if i in chosen]

@@ -57,8 +57,10 @@ def load_run_state(directory: Path, engine: EngineModel, optimizers: list[BlockO
     """Restore LoRA tensors, optimizer state and RNG from ``directory``; return the position."""
     directory = Path(directory)
     state = _read_state(directory)
-    if state["config"] != config.resume_key():
-        changed = sorted(k for k, v in config.resume_key().items() if state["config"].get(k) != v)
+    # a setting added since the checkpoint was written was at its default then
+    saved = {**TrainConfig().resume_key(), **state["config"]}
+    if saved != config.resume_key():
+        changed = sorted(k for k, v in config.resume_key().items() if saved.get(k) != v)
         raise ResumeError(f"{directory}: checkpoint was trained with different settings "
                           f"({', '.join(changed)}); resume with the same ones")
     try:

@@ -19,7 +19,13 @@ import torch
 
 from mebp_core.atomic import check_replaceable
 from mebp_core.config import TrainConfig
-from mebp_core.data.batching import iter_batches, pack_examples, split_validation
+from mebp_core.data.batching import (
+    Batch,
+    iter_batches,
+    pack_examples,
+    sample_examples,
+    split_validation,
+)
 from mebp_core.data.example import Example
 from mebp_core.data.jsonl import read_examples
 from mebp_core.data.tokenizer import load_tokenizer
@@ -66,12 +72,22 @@ class StepMetrics:
     cgroup_usage_peak_mb: float | None = None
     val_loss: float | None = None
     val_token_accuracy: float | None = None
+    # the packed training examples (positions in the data) this step trained on, when at
+    # most RECORDED_EXAMPLES (a line per step stays small)
+    examples: list[int] | None = None
 
     def to_json(self) -> str:
         """Strict JSON: a non-finite figure (a diverged validation loss) is left out."""
         return json.dumps({k: v for k, v in asdict(self).items()
                            if v is not None and (not isinstance(v, float) or math.isfinite(v))},
                           allow_nan=False)
+
+
+RECORDED_EXAMPLES = 1024
+
+
+def _recorded(examples: list[int]) -> list[int] | None:
+    return examples if len(examples) <= RECORDED_EXAMPLES else None
 
 
 @dataclass
@@ -129,6 +145,8 @@ def load_train_data(engine: EngineModel, model_dir: Path, data: Path,
                              f"some out, the dataset has {len(train_rows)}")
         train_rows, validation = split_validation(train_rows, config.validation_fraction,
                                                   config.seed)
+    if validation is not None and config.validation_rows is not None:
+        validation = sample_examples(validation, config.validation_rows, config.seed)
     if validation is not None:
         validation = pack_examples(validation, config.seq_len)
     return TrainData(pack_examples(train_rows, config.seq_len), validation,
@@ -201,7 +219,7 @@ class TrainingRun:
         self.optimizers = make_block_optimizers(engine, config)
         self.checkpoints = make_checkpoints(config.knobs.checkpoint_storage, scratch_dir)
         self.run_step = make_step_function(engine, config, self.optimizers, self.checkpoints)
-        self.position = RunPosition(0, 0)
+        self.position = RunPosition(0, config.data_start_batch)
         self.last_loss: float | None = None
         self.interrupted = False
         self.saved_checkpoint: Path | None = None
@@ -235,15 +253,15 @@ class TrainingRun:
             self.saved_checkpoint = save_run_state(self.checkpoint_dir, self.engine,
                                                    self.optimizers, self.position, self.config)
 
-    def _batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        for batch in iter_batches(self.data.train, batch_size=self.config.batch_size,
-                                  seq_len=self.config.seq_len, seed=self.config.seed,
-                                  pad_token_id=self.data.pad_token_id,
-                                  start=self.position.batches_consumed):
-            yield batch.input_ids, batch.labels
+    def _batches(self) -> Iterator[Batch]:
+        return iter_batches(self.data.train, batch_size=self.config.batch_size,
+                            seq_len=self.config.seq_len, seed=self.config.seed,
+                            pad_token_id=self.data.pad_token_id,
+                            start=self.position.batches_consumed)
 
-    def _step(self, step: int, batches) -> StepMetrics:
-        micro_batches = [next(batches) for _ in range(self.config.grad_accum_steps)]
+    def _step(self, step: int, batches: Iterator[Batch]) -> StepMetrics:
+        drawn = [next(batches) for _ in range(self.config.grad_accum_steps)]
+        micro_batches = [(batch.input_ids, batch.labels) for batch in drawn]
         lr = compute_lr(self.config, step)
         working_set = self.engine.working_set
         working_set.reset_counters()
@@ -267,7 +285,8 @@ class TrainingRun:
             weights_live_peak_mb=working_set.peak_bytes / MB,
             checkpoint_mb=self.checkpoints.peak_nbytes / MB,
             cgroup_usage_peak_mb=(None if self.memory.usage_peak_bytes is None
-                                  else self.memory.usage_peak_bytes / MB))
+                                  else self.memory.usage_peak_bytes / MB),
+            examples=_recorded([index for batch in drawn for index in batch.example_indices]))
         if self.data.validation and (self._due(self.config.eval_every, step)
                                      or step == self.config.steps):
             scores = evaluate_examples(self.engine, self.data.validation,

@@ -3,7 +3,8 @@ smallest budget that fits and the calibration they came from (``plan_summary`` m
 
 Rows written by older versions lack the keys added since (the method, who chose the
 configuration, the modelled time, the calibration, ...): those default. A key it does not
-know is refused, so a renamed key fails where the summary is read, naming the key.
+know (a newer version's, read by an older process mid-upgrade) is ignored; a required key
+missing (renamed, say) fails where the summary is read, naming the key.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ class Replanned(BaseModel):
     """An attempt's worker predicted the job's configuration not to fit its budget there
     and ran another: the one later attempts keep."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     reason: str
     previous_configuration: str
@@ -32,7 +33,7 @@ class Replanned(BaseModel):
 
 
 class PlanSummary(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="ignore")
 
     # always true: a job recorded before every method was planned said false (and little else)
     planned: Literal[True] = True

@@ -129,7 +129,7 @@ def test_the_openapi_document_describes_every_route(api):
     from mebp_core.config import TrainConfig
     hyper = schemas["Hyperparameters"]["properties"]
     elsewhere = {"schema_version", "knobs", "method", "seed", "lr", "validation_fraction",
-                 "skip_malformed", "checkpoint_every"}
+                 "skip_malformed", "checkpoint_every", "data_start_batch"}
     for name, field in TrainConfig.model_fields.items():
         if name not in elsewhere and name != "lora_targets":
             assert hyper[name]["description"] == field.description, name

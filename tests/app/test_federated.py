@@ -23,6 +23,7 @@ ROWS = b"".join(json.dumps({"text": f"{user} writes note {i} about the lazy dog"
 VALIDATION = b"".join(json.dumps({"text": f"a held-out note {i}"}).encode() + b"\n"
                       for i in range(6))
 DEVICES, ROUNDS, LOCAL_STEPS = 2, 2, 2
+DEVICE_VALIDATION_ROWS = 2  # the ffa fleet's device jobs score a sample; fedavg's none
 FLEET = {"model": "preset:tiny", "simulated": {"device": "iphone-15-pro-max", "count": DEVICES},
          "hyperparameters": {"steps": 2, "seq_len": 32, "learning_rate": 0.05},
          "aggregation": "fedavg", "rounds": ROUNDS, "local_steps": LOCAL_STEPS, "seed": 1,
@@ -45,9 +46,10 @@ def finished_fleet(request) -> FinishedFleet:
                                       else "shared_service")
     training = service.upload("notes.jsonl", ROWS)[1]["id"]
     validation = service.upload("held-out.jsonl", VALIDATION)[1]["id"]
+    sample = {"device_validation_rows": DEVICE_VALIDATION_ROWS} if aggregation == "ffa" else {}
     status, fleet = service.request("POST", "/v1/fleets", {
         **FLEET, "aggregation": aggregation, "training_file": training,
-        "validation_file": validation, "references": True})
+        "validation_file": validation, "references": True, **sample})
     assert status == 201, fleet
     assert fleet["aggregation"] == aggregation and len(fleet["members"]) == DEVICES
     assert (fleet["planned_rounds"], fleet["local_steps"]) == (ROUNDS, LOCAL_STEPS)
@@ -120,6 +122,22 @@ def test_the_references_train_each_device_alone_and_one_run_on_everything(finish
     assert central["eval_loss"] != references["local_only_mean"]
 
 
+def test_device_jobs_score_no_validation_file_or_the_fleets_sample(finished_fleet):
+    """The global adapter is scored once per round; a device's job only on the fleet's
+    bounded sample, if it sets one."""
+    service, fleet = finished_fleet.service, finished_fleet.fleet
+    sampled = fleet["aggregation"] == "ffa"
+    for current in fleet["rounds"]:
+        assert current["eval_loss"] is not None
+        for seat in current["participants"]:
+            job = service.request("GET", f"/v1/jobs/{seat['job_id']}")[1]
+            assert (job["validation_file"] is not None) == sampled, job
+            assert job["config"]["validation_rows"] == \
+                (DEVICE_VALIDATION_ROWS if sampled else None)
+            last = service.request("GET", f"/v1/jobs/{seat['job_id']}/metrics")[1]["data"][-1]
+            assert ("val_loss" in last["data"]) == sampled, last
+
+
 def test_the_fleet_page_shows_each_round_and_who_took_part(chromium, finished_fleet):
     """Global validation loss per round beside the references, each device's fate per round,
     simulated time, and each device's loss through every round."""
@@ -142,6 +160,7 @@ def test_the_fleet_page_shows_each_round_and_who_took_part(chromium, finished_fl
         assert local["y"] == pytest.approx([references["local_only_mean"]] * 2)
         assert central["y"] == pytest.approx([references["centralized"]] * 2)
         expect(page.locator("#references a")).to_have_count(DEVICES + 1)  # and centralized
+        expect(page.locator("#reference-schedule")).to_have_text("Reference runs: done")
         # each device's loss runs through both rounds: steps 1-2, a break, then 3-4
         devices = chart_traces(page, "loss-chart")
         assert len(devices) == DEVICES
@@ -163,6 +182,13 @@ def test_the_fleet_page_shows_each_round_and_who_took_part(chromium, finished_fl
      "line 1: no field 'team'"),
     ({"data_split": {"kind": "dirichlet", "field": "user"}}, ["body", "data_split"],
      "alpha goes with dirichlet"),
+    ({"device_validation_rows": 0}, ["body", "device_validation_rows"], "greater than or"),
+    ({"device_validation_rows": 3}, ["body", "device_validation_rows"],
+     "samples validation_file, which is not set"),
+    ({"aggregation": "none", "rounds": 1, "local_steps": None, "device_validation_rows": 3},
+     ["body", "device_validation_rows"], "needs aggregation fedavg or ffa"),
+    # the request keeps forbidding a key it does not know (stored rows ignore one)
+    ({"deadline": 5}, ["body", "deadline"], "Extra inputs are not permitted"),
 ])
 def test_federated_settings_that_cannot_work_are_422s_naming_the_field(api, change, field,
                                                                        words):
@@ -172,3 +198,18 @@ def test_federated_settings_that_cannot_work_are_422s_naming_the_field(api, chan
     assert status == 422, body
     [error] = body["detail"]
     assert error["loc"] == field and words in error["msg"], error
+
+
+def test_a_fleets_model_is_resolved_once_for_all_its_devices(api, monkeypatch):
+    """Checking the request's references resolves the model; every device's plan reuses it."""
+    import app.api.model_lookup as lookup
+    resolved = []
+    real = lookup.model_architecture
+    monkeypatch.setattr(lookup, "model_architecture",
+                        lambda session, name: resolved.append(name) or real(session, name))
+    training = api.upload("notes.jsonl", ROWS)[1]["id"]
+    status, body = api.request("POST", "/v1/fleets", {
+        **FLEET, "training_file": training,
+        "devices": ["iphone-15-pro-max", "pixel-8"], "simulated": None})
+    assert status == 201, body
+    assert resolved == ["preset:tiny"]

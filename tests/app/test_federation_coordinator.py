@@ -18,10 +18,18 @@ from mebp_core.config import TrainConfig
 from mebp_core.lora.peft_io import load_peft_adapter, save_peft_adapter
 from mebp_core.lora.spec import LoraSpec
 from service.db import database_url, make_engine, upgrade_database
-from service.federation import _finish_round, advance, rounds_of, stalled, start_round
+from service.federation import (
+    _finish_round,
+    advance,
+    queue_references,
+    rounds_of,
+    stalled,
+    start_round,
+)
 from service.fleet_spec import FleetMemberSpec, FleetRequest, FleetSpec, JobTemplate
 from service.models import Adapter, Dataset, Fleet, FleetRound, Job
 from service.storage import new_id, round_adapter_dir
+from worker.lease import claim_job
 
 SPEC = LoraSpec(rank=2, alpha=4.0, targets="all")
 EXAMPLES = (10, 30, 60)
@@ -66,7 +74,7 @@ def finish_jobs(session: Session, tmp_path, index: int) -> dict[str, tuple]:
         path = save_peft_adapter(tmp_path / "jobs" / job.id, tensors, SPEC, "base")
         session.add(Adapter(id=new_id("ad"), job_id=job.id, path=str(path), sha256="0",
                             bytes=1))
-        job.status = "succeeded"
+        job.status, job.step = "succeeded", job.total_steps
         session.add(job)
         trained[job.id] = tensors
     session.commit()
@@ -113,6 +121,9 @@ def test_a_coordinator_killed_before_its_commit_runs_again_to_the_same_round(tmp
         assert second_jobs == set(jobs)
         assert all(session.get(Job, j).init_adapter == str(round_adapter_dir(
             tmp_path, fleet.id, 0)) for j in second_jobs)
+        # each device goes on in its shard where its round-0 job stopped (its 2 steps)
+        assert [session.get(Job, j).train_config().data_start_batch for j in second_jobs] \
+            == [2] * 3
 
 
 def test_a_round_nobody_trains_in_ends_failed_and_the_next_starts_from_the_last_adapter(
@@ -206,3 +217,19 @@ def test_two_coordinators_at_once_finish_the_round_once(tmp_path, request, datab
         queued = session.exec(select(Job).where(Job.status == "queued")).all()
         assert sorted(job.id for job in queued) == sorted(sum(started.values(), []))
     engine.dispose()
+
+
+def test_a_worker_claims_every_queued_round_job_before_the_fleets_references(tmp_path):
+    """The references wait behind the rounds' jobs, even when they were queued first."""
+    engine = make_engine(url := database_url(None, tmp_path))
+    upgrade_database(url)
+    with Session(engine) as session:
+        fleet = federated_fleet(session)
+        references = queue_references(session, fleet)
+        session.commit()
+        round_jobs = start_round(session, fleet, 0, tmp_path)
+        session.commit()
+        claimed = [claim_job(session, f"w:{n}", max_running_per_tenant=100).id
+                   for n in range(len(round_jobs) + len(references))]
+    assert set(claimed[:len(round_jobs)]) == set(round_jobs)
+    assert set(claimed[len(round_jobs):]) == set(references)

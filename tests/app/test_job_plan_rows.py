@@ -60,6 +60,11 @@ def test_a_row_written_before_the_later_keys_loads_with_their_defaults(engine):
     assert shown["progress"]["predicted_peak_mb"] == 250.5
 
 
+def test_a_row_written_by_a_newer_version_loads_with_the_added_key_ignored(engine):
+    job = stored(engine, json.dumps({**FIRST_ROW, "added_by_a_newer_version": [1, 2]}))
+    assert job.plan == PlanSummary.model_validate(FIRST_ROW)
+
+
 def test_a_job_recorded_unplanned_loads_and_shows_as_it_was_stored(engine):
     job = stored(engine, json.dumps(UNPLANNED_ROW))
     assert job.plan == UnplannedJob(**UNPLANNED_ROW) and job.planned() is None
@@ -81,11 +86,13 @@ def test_a_plan_written_back_keeps_what_it_holds(engine):
                    "predicted_by": "w1"}
 
 
-@pytest.mark.parametrize("plan_json", [
-    '{"planned": true, "configurashun": "lazy-tile8M"}',  # a renamed key
-    '{"planned": "maybe"}',
-    '[1, 2]',
+@pytest.mark.parametrize("plan_json, names", [
+    # a required key renamed: the one missing is named
+    ('{"planned": true, "configurashun": "lazy-tile8M"}', "configuration: Field required"),
+    ('{"planned": "maybe"}', "planned"),
+    ('[1, 2]', "(the value)"),
 ])
-def test_a_row_of_an_unknown_shape_is_an_error_naming_the_job(engine, plan_json):
-    with pytest.raises(MalformedRowError, match=r"jobs row id='j1': its stored plan"):
+def test_a_row_of_an_unknown_shape_is_an_error_naming_the_job(engine, plan_json, names):
+    with pytest.raises(MalformedRowError, match=r"jobs row id='j1': its stored plan") as raised:
         stored(engine, plan_json)
+    assert names in str(raised.value)

@@ -1,16 +1,19 @@
 """A fleet's spec, its rounds' seats and a comparison's spec load as models: a row written by
-older code (before federation, keys missing) loads with the defaults, and a row that does not
-validate (a key renamed, a value of another kind) is an error naming the row and the field
-as it is loaded, on SQLite and PostgreSQL alike."""
+older code (before federation, keys missing) loads with the defaults, a row written by newer
+code (a key added) loads with that key ignored (a database shared mid rolling-upgrade), and a
+row that does not validate (a required key renamed, a value of another kind) is an error
+naming the row and the field as it is loaded, on SQLite and PostgreSQL alike."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
 
 import pytest
+from plan_rows import FIRST_ROW
 from sqlalchemy import JSON, column, insert, table
 from sqlmodel import Session
 
+from mebp_core.plan.summary import PlanSummary
 from service.db import database_url, make_engine, upgrade_database
 from service.json_column import MalformedRowError
 from service.models import Comparison, Fleet, FleetRound
@@ -34,7 +37,7 @@ PRE_FEDERATION_SPEC = {
                 "hyperparameters": {"steps": 5, "seq_len": 32}, "config": "auto",
                 "metadata": {"run": "old"}},
     "members": [{"device": "pixel-8", "shard": None, "training_file": "ds-1", "fits": True,
-                 "plan": {"budget_mb": 1500.0}, "job_id": "job-1"}]}
+                 "plan": FIRST_ROW, "job_id": "job-1"}]}
 SEAT = {"member": 0, "job_id": "job-2", "outcome": "trained", "examples": 10,
         "offline_after_step": None, "device_time_s": 2.5}
 COMPARISON_SPEC = {
@@ -103,12 +106,34 @@ def test_rows_written_by_older_code_load_with_the_defaults(engine):
 
 def test_a_malformed_fleet_row_is_an_error_naming_the_fleet_and_the_field(engine):
     member = {**PRE_FEDERATION_SPEC["members"][0]}
-    member["example_count"] = member.pop("job_id")  # a key renamed by other code
+    member["fit"] = member.pop("fits")  # a required key renamed by other code
     write(engine, {**PRE_FEDERATION_SPEC, "members": [member]})
     with Session(engine) as session, pytest.raises(MalformedRowError) as raised:
         session.get(Fleet, "fleet-1")
     assert "fleets row id='fleet-1'" in str(raised.value)
-    assert "spec does not validate: members.0.example_count" in str(raised.value)
+    assert "spec does not validate: members.0.fits: Field required" in str(raised.value)
+
+
+def test_rows_written_by_newer_code_load_with_the_added_keys_ignored(engine):
+    added = {"added_by_a_newer_version": 1}
+    config = {"steps": 2, "seq_len": 32}
+    member = {**PRE_FEDERATION_SPEC["members"][0], **added, "plan": {**FIRST_ROW, **added},
+              "job": {"model": "preset:tiny", "device_id": None, "memory_budget_bytes": 1 << 30,
+                      "plan": {**FIRST_ROW, **added}, "config": config, "training_file": "ds-1",
+                      "validation_file": None, **added}}
+    spec = {**PRE_FEDERATION_SPEC, **added, "members": [member],
+            "references": [{"kind": "centralized", "member": None, "job_id": "job-3", **added}]}
+    comparison = {**COMPARISON_SPEC, **added,
+                  "methods": [{**COMPARISON_SPEC["methods"][0], **added}]}
+    write(engine, spec, [{**SEAT, **added}], comparison)
+    with Session(engine) as session:
+        (loaded,) = session.get(Fleet, "fleet-1").spec.members
+        assert loaded.plan == loaded.job.plan == PlanSummary.model_validate(FIRST_ROW)
+        assert loaded.job.config.steps == 2 and loaded.fits
+        assert "added_by_a_newer_version" not in loaded.model_dump()
+        seat, = session.get(FleetRound, ("fleet-1", 2)).participants
+        assert seat.outcome == "trained"
+        assert session.get(Comparison, "cmp-1").spec.methods[0].verdict == "runs"
 
 
 def test_a_malformed_round_is_an_error_naming_its_fleet_and_index(engine):

@@ -15,7 +15,7 @@ from app.api.errors import invalid
 from app.api.routes.adapters import AdapterFormat, FormatQuery, adapter_download
 from app.fleet_members import (
     JOB_FIELDS,
-    check_references_can_run,
+    check_round_settings,
     device_ids,
     plan_members,
     seats_needed,
@@ -25,6 +25,7 @@ from app.fleet_summary import fleet_public
 from app.schemas import JobCreate
 from app.submit import check_references, lock_queue, require_queue, require_queue_room
 from mebp_core.federated.split import SplitError
+from mebp_core.plan.arch import Architecture
 from mebp_core.store.resolve import source_config
 from service.crud import TERMINAL, request_cancel
 from service.fleet_shards import (
@@ -57,15 +58,11 @@ def create_fleet(body: FleetCreate, request: Request, response: Response, sessio
     ``allow_infeasible``); the fleet says which fit and why the others do not. A federated
     fleet queues its first round; each round's end starts the next. A training file too
     large to split within the request is split by a worker: a 202, the fleet preparing."""
-    if idle := body.federated_fields_without_aggregation():
-        raise invalid(idle[0], f"{idle[0]} needs aggregation fedavg or ffa",
-                      getattr(body, idle[0]))
     devices = device_ids(session, body)
-    if body.references:
-        check_references_can_run(body, len(devices))
-    source = _source(session, body, principal.tenant, len(devices))
+    check_round_settings(body, len(devices))
+    source, arch = _source(session, body, principal.tenant, len(devices))
     require_queue(request.app.state.redis)
-    members = plan_members(session, settings, body, devices, source)  # once per profile
+    members = plan_members(session, settings, body, devices, source, arch)  # once a profile
     seats = seats_needed(body, members)
     require_queue_room(session, settings, tenant=principal.tenant, adding=seats)
     session.expunge(source)
@@ -97,16 +94,19 @@ def create_fleet(body: FleetCreate, request: Request, response: Response, sessio
     return fleet_public(session, fleet)
 
 
-def _source(session: Session, body: FleetCreate, tenant: str, devices: int) -> Dataset:
-    """The training file, once the request's datasets and model are known to exist."""
+def _source(session: Session, body: FleetCreate, tenant: str, devices: int
+            ) -> tuple[Dataset, Architecture]:
+    """The training file and the model's architecture (resolved once for every device's
+    plan), once the request's datasets and model are known to exist."""
     common = {name: getattr(body, name) for name in JOB_FIELDS}
-    check_references(session, JobCreate(**common, training_file=body.training_file), tenant)
+    arch = check_references(session, JobCreate(**common, training_file=body.training_file),
+                            tenant)
     source = session.get(Dataset, body.training_file)
     if body.shards_data and source.rows < devices:
         field = ("simulated", "count") if body.simulated else "devices"
         raise invalid(field, f"{devices} devices need at least {devices} rows; dataset "
                       f"{source.id} has {source.rows}", devices)
-    return source
+    return source, arch
 
 
 def _deal(settings: Settings, source: Dataset, fleet: Fleet, body: FleetCreate) -> Shards:

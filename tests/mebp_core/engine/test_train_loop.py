@@ -96,6 +96,30 @@ def test_validation_runs_every_n_steps_and_at_the_end(packed_models, token_data,
     assert all(0 <= line["val_token_accuracy"] <= 1 for line in lines if "val_loss" in line)
 
 
+def test_a_run_started_at_a_batch_continues_the_data_stream(packed_models, token_data,
+                                                            tmp_path):
+    """Two runs, the second starting where the first stopped (``data_start_batch``), train
+    the examples one run of both their steps trains, in its order (a fleet's device across
+    rounds): each step records the examples it trained, every one once an epoch."""
+    packed = packed_models["qwen3", "none"]
+    _, _, whole = run(packed, token_data, tmp_path / "whole", steps=10, grad_accum_steps=2)
+    _, _, first = run(packed, token_data, tmp_path / "first", steps=4, grad_accum_steps=2)
+    _, _, second = run(packed, token_data, tmp_path / "second", steps=6, grad_accum_steps=2,
+                       data_start_batch=8)
+    walked = [index for line in first + second for index in line["examples"]]
+    assert walked == [index for line in whole for index in line["examples"]]
+    examples = len(token_data.read_text().splitlines())  # each row one packed example here
+    assert sorted(walked[:examples]) == list(range(examples)) != walked[:examples]
+
+
+def test_validation_rows_scores_a_sample(packed_models, token_data, tmp_path):
+    _, _, every = run(packed_models["qwen2", "none"], token_data, tmp_path / "all", steps=1,
+                      validation_fraction=0.5)
+    _, _, sampled = run(packed_models["qwen2", "none"], token_data, tmp_path / "one", steps=1,
+                        validation_fraction=0.5, validation_rows=1)
+    assert every[-1]["val_loss"] != sampled[-1]["val_loss"]
+
+
 @pytest.mark.parametrize(("method", "optimizer"), [("mebp", "adamw"), ("mezo", "sgd")])
 def test_resumed_run_reproduces_the_uninterrupted_one(method, optimizer, packed_models,
                                                       token_data, tmp_path):
