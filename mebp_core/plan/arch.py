@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cache, cached_property
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from mebp_core.errors import MebpError
@@ -38,12 +40,18 @@ class Architecture:
     max_positions: int
     logit_softcap: float | None = None  # logits = c * tanh(logits / c) (Gemma's final cap)
 
-    def projections(self) -> dict[str, tuple[int, int]]:
+    def projections(self) -> MappingProxyType[str, tuple[int, int]]:
         """(out, in) of each frozen projection of one block, by module suffix."""
+        return self._projections
+
+    @cached_property
+    def _projections(self) -> MappingProxyType[str, tuple[int, int]]:
+        # the planner asks for these for every weight of every candidate: made once, read-only
         d, q, kv, i = (self.hidden_size, self.num_heads * self.head_dim,
                        self.num_kv_heads * self.head_dim, self.intermediate_size)
-        return {"q_proj": (q, d), "k_proj": (kv, d), "v_proj": (kv, d), "o_proj": (d, q),
-                "gate_proj": (i, d), "up_proj": (i, d), "down_proj": (d, i)}
+        return MappingProxyType({"q_proj": (q, d), "k_proj": (kv, d), "v_proj": (kv, d),
+                                 "o_proj": (d, q), "gate_proj": (i, d), "up_proj": (i, d),
+                                 "down_proj": (d, i)})
 
     @property
     def qk_norm(self) -> bool:
@@ -67,8 +75,12 @@ class Architecture:
     def head_weight_name(self) -> str:
         return "model.embed_tokens.weight" if self.tied_embeddings else "lm_head.weight"
 
-    def frozen_weights(self) -> list[tuple[str, int]]:
+    def frozen_weights(self) -> tuple[tuple[str, int], ...]:
         """(HF name, parameter count) of every lazily decompressed matrix: projections, head."""
+        return self._frozen_weights
+
+    @cached_property
+    def _frozen_weights(self) -> tuple[tuple[str, int], ...]:
         names = []
         for layer in range(self.num_layers):
             group = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn",
@@ -77,7 +89,7 @@ class Architecture:
                 names.append((f"model.layers.{layer}.{group.get(suffix, 'mlp')}.{suffix}.weight",
                               out * inp))
         names.append((self.head_weight_name(), self.head_params()))
-        return names
+        return tuple(names)
 
     def parameter_count(self) -> int:
         embed = self.vocab_size * self.hidden_size
@@ -119,11 +131,7 @@ def load_architecture(model: str | Path) -> Architecture:
     """``preset:NAME``, or a directory (Hugging Face or packed) holding config.json."""
     spec = str(model)
     if spec.startswith(PRESET_PREFIX):
-        name = spec.removeprefix(PRESET_PREFIX)
-        if name not in PRESET_CONFIGS:
-            raise PlanInputError(f"unknown preset {name!r} "
-                                 f"(known: {', '.join(sorted(PRESET_CONFIGS))})")
-        return architecture_from_config(PRESET_CONFIGS[name])
+        return _preset_architecture(spec.removeprefix(PRESET_PREFIX))
     path = Path(spec) / "config.json"
     try:
         config = json.loads(path.read_text())
@@ -133,3 +141,13 @@ def load_architecture(model: str | Path) -> Architecture:
     except json.JSONDecodeError as exc:
         raise PlanInputError(f"{path}: not valid JSON ({exc})") from None
     return architecture_from_config(config)
+
+
+@cache
+def _preset_architecture(name: str) -> Architecture:
+    """One instance per preset (they never change): the planner's memos then find theirs by
+    identity rather than comparing every field."""
+    if name not in PRESET_CONFIGS:
+        raise PlanInputError(f"unknown preset {name!r} "
+                             f"(known: {', '.join(sorted(PRESET_CONFIGS))})")
+    return architecture_from_config(PRESET_CONFIGS[name])

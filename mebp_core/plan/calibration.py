@@ -92,24 +92,52 @@ class HostCalibration:
                 "time_correction": {dtype: c.to_json()
                                     for dtype, c in self.time_corrections.items()}}
 
+    @functools.cached_property
+    def _rates(self) -> dict[tuple, float]:
+        # a plan prices thousands of matmuls of a few dozen shapes: each rate is interpolated
+        # once per calibration (its figures never change after it is made)
+        return {}
+
+    @functools.cached_property
+    def identity(self) -> str:
+        """sha256 of everything a plan made with this calibration depends on: every figure,
+        when and how it was measured, the time corrections read with it, and what a plan
+        says of it."""
+        text = json.dumps([asdict(self), self.provenance()], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()
+
     def matmul_rate(self, dtype: str, tokens: int, out: int = 4096, form: str = "nt") -> float:
         """FLOP/s of a (tokens x in) by (in x out) matmul: interpolated in log tokens and log
         width between the measured points, flat beyond them (below the fewest tokens
         measured, the rate falls in proportion: small matmuls are overhead-bound)."""
-        table = self.matmul_flops[dtype][form]
-        widths = sorted(int(w) for w in table)
-        low, high, frac = _bracket(widths, out)
-        rate = _interpolate_tokens(table[str(low)], tokens) * (1 - frac) + \
-            _interpolate_tokens(table[str(high)], tokens) * frac
-        return rate
+        key = ("matmul", dtype, tokens, out, form)
+        if key not in self._rates:
+            table = self.matmul_flops[dtype][form]
+            widths = sorted(int(w) for w in table)
+            low, high, frac = _bracket(widths, out)
+            self._rates[key] = _interpolate_tokens(table[str(low)], tokens) * (1 - frac) + \
+                _interpolate_tokens(table[str(high)], tokens) * frac
+        return self._rates[key]
+
+    def matmul_time_s(self, dtype: str, matmuls: tuple[tuple[float, int, int, str], ...]
+                      ) -> float:
+        """Seconds of ``matmuls`` ((FLOPs, tokens, output width, form) each) in ``dtype``."""
+        key = ("matmuls", dtype, matmuls)
+        if key not in self._rates:
+            self._rates[key] = sum(flops / self.matmul_rate(dtype, rows, width, form)
+                                   for flops, rows, width, form in matmuls)
+        return self._rates[key]
 
     def decompress_rate(self, quant: str, dtype: str, params_out: float) -> float:
         """Params/s of dequantizations whose output spans ``params_out`` parameters,
         interpolated in log size between the measured sizes and flat beyond them."""
-        rates = {int(size): rate
-                 for size, rate in self.decompress_params_per_s[quant][dtype].items()}
-        low, high, frac = _bracket(sorted(rates), params_out)
-        return rates[low] * (1 - frac) + rates[high] * frac
+        key = ("decompress", quant, dtype, params_out)
+        if key not in self._rates:
+            rates = {int(size): rate
+                     for size, rate in self.decompress_params_per_s[quant][dtype].items()}
+            low, high, frac = _bracket(sorted(rates), params_out)
+            self._rates[key] = rates[low] * (1 - frac) + rates[high] * frac
+        return self._rates[key]
 
 
 def _bracket(points: list[int], value: float) -> tuple[int, int, float]:

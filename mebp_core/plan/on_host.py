@@ -5,12 +5,14 @@ run records about the one it chose."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
 from mebp_core.cache import default_cache_dir
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.plan.arch import Architecture
-from mebp_core.plan.calibration import CalibrationError, load_calibration
+from mebp_core.plan.calibration import CalibrationError, HostCalibration, load_calibration
 from mebp_core.plan.devices import DeviceProfile
 from mebp_core.plan.planner import (
     DEFAULT_MARGIN,
@@ -42,8 +44,38 @@ def plan_on_host(arch: Architecture, config: TrainConfig, *, budget_bytes: int |
     if host is None:
         raise CalibrationUnavailableError(
             "this host's calibration is not measured yet and cannot be measured here")
-    return make_plan(workload, host, budget_bytes=budget_bytes, device=device, margin=margin,
-                     knobs=candidates, bf16_matmul=config.knobs.bf16_matmul)
+    return _memoized_plan(workload, _Calibration(host.identity, host), budget_bytes, device,
+                          margin, None if candidates is None else tuple(candidates),
+                          config.knobs.bf16_matmul)
+
+
+# Plans made on this host, by exactly what determines them: the workload (architecture and
+# setting), the calibration (its every figure, provenance and time corrections: a new
+# measurement or a newly recorded run makes a new plan), the budget, the device, the margin,
+# the candidates and the bf16 path. A plan is immutable and shared by its callers.
+PLAN_MEMO_ENTRIES = 32  # a plan of 426 configurations holds about 1.5 MB
+
+
+@dataclass(frozen=True)
+class _Calibration:
+    """A calibration in a memo's key: known by its identity, which covers its content."""
+
+    identity: str
+    host: HostCalibration = field(compare=False)
+
+
+@lru_cache(maxsize=PLAN_MEMO_ENTRIES)
+def _memoized_plan(workload: Workload, calibration: _Calibration, budget_bytes: int | None,
+                   device: DeviceProfile | None, margin: float,
+                   candidates: tuple[EngineKnobs, ...] | None, bf16_matmul: str) -> Plan:
+    return make_plan(workload, calibration.host, budget_bytes=budget_bytes, device=device,
+                     margin=margin, knobs=None if candidates is None else list(candidates),
+                     bf16_matmul=bf16_matmul)
+
+
+def forget_plans() -> None:
+    """Empty the memo of plans (a benchmark timing a first plan)."""
+    _memoized_plan.cache_clear()
 
 
 def fastest_fitting(plan: Plan, config: TrainConfig) -> TrainConfig:

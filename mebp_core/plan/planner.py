@@ -14,7 +14,7 @@ from mebp_core.errors import MebpError
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.devices import DeviceProfile, mezo_device_step_time
 from mebp_core.plan.predict import Prediction, predict, under_budget
-from mebp_core.plan.workload import DTYPE_BYTES, Workload
+from mebp_core.plan.workload import DTYPE_BYTES, Workload, canonical_workload
 from mebp_core.units import MB
 
 DEFAULT_MARGIN = 0.10  # a configuration fits when its predicted peak * 1.10 is within budget
@@ -63,7 +63,7 @@ class Plan:
     budget_bytes: int | None
     margin: float
     device: DeviceProfile | None
-    entries: list[PlanEntry]
+    entries: tuple[PlanEntry, ...]
     calibration: dict | None = None  # which host calibration the predictions came from
 
     def device_mezo_step_time_s(self) -> float | None:
@@ -223,6 +223,7 @@ def make_plan(workload: Workload, host: HostCalibration, *, budget_bytes: int | 
     bf16 matmuls as ``bf16_matmul`` says (a choice of the host, not a trade-off)."""
     if budget_bytes is None and device is not None:
         budget_bytes = device.budget_bytes
+    workload = canonical_workload(workload)
     candidates = knobs if knobs is not None else \
         candidate_knobs(workload, host.threads, bf16_matmul)
     predictions = [(k, predict(workload, k, host)) for k in candidates]
@@ -246,7 +247,7 @@ def make_plan(workload: Workload, host: HostCalibration, *, budget_bytes: int | 
                           f"{p.dominant_component()} {max(p.memory.values()) / MB:.0f} MB")
         entries.append(PlanEntry(knobs_id(k, workload.method), k, p, feasible, reason,
                                  id(p) in front, device_time, workload.method))
-    return Plan(workload, budget_bytes, margin, device, entries, host.provenance())
+    return Plan(workload, budget_bytes, margin, device, tuple(entries), host.provenance())
 
 
 class InfeasibleBudgetError(MebpError, ValueError):

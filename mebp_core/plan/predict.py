@@ -18,13 +18,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
 
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import Architecture
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.correction import TimeCorrection
-from mebp_core.plan.timing import StepWork, step_time, step_work
+from mebp_core.plan.timing import MEMO_ENTRIES, StepWork, step_time, step_work
 from mebp_core.plan.workload import (
     DTYPE_BYTES,
     MLP_PROJECTIONS,
@@ -114,12 +117,12 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
         memory, checkpoint_file = _gradient_memory(workload, knobs, resident)
     native_bf16 = NATIVE_BF16_BYTES if matmul_dtype_of(workload, knobs) == "bfloat16" else 0
     memory = {"runtime": host.runtime_bytes + RUNTIME_OVERHEAD_BYTES + native_bf16, **memory}
-    store_bytes = _lazy_store_bytes(workload, set(resident))
-    modelled, work = step_time(workload, knobs, host, set(resident))
+    store_bytes = _lazy_store_bytes(workload, resident.names)
+    modelled, work = step_time(workload, knobs, host, resident.names)
     if matmul_bytes(workload, knobs) != e:
         # a phone runs its 16-bit matmuls natively: it never pays this host's upcasts
         work = step_work(workload, knobs.model_copy(update={"bf16_matmul": "native"}),
-                         set(resident))
+                         resident.names)
     correction = host.time_corrections.get(matmul_dtype_of(workload, knobs))
     time = modelled if correction is None else correction.apply(modelled)
     return Prediction(memory=memory, time=time, store_bytes=store_bytes,
@@ -127,7 +130,7 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
                       modelled_time=modelled, correction=correction)
 
 
-def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: dict[str, int]
+def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
                      ) -> tuple[dict[str, int], int]:
     """MeBP's (and plain backprop's) components above the runtime, and the bytes of
     checkpoints kept in a mapped file."""
@@ -136,7 +139,7 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: dict[str,
     upcast = em != e  # held weights are upcast a tile at a time, inputs per matmul
     shared = shares_decompression(workload, knobs)
     n_tokens = workload.tokens
-    weights = _transient_weights(arch, knobs, e, em, set(resident), shared)
+    weights = _transient_weights(arch, knobs, e, em, resident.names, shared)
     every = knobs.checkpoint_blocks
     hidden_bytes = n_tokens * arch.hidden_size * e
     # the MLP part of a block's backward runs a chunk of tokens at a time if asked
@@ -148,9 +151,7 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: dict[str,
     if upcast or every == "none" or not shared:
         # a tiled input gradient's running sum, (N, in); when upcasting, in the matmul dtype
         # beside its cast back (the LoRA branch upcasts a bounded chunk of rows at a time)
-        widest = {part: max(inp for suffix, (_, inp) in arch.projections().items()
-                            if (suffix in MLP_PROJECTIONS) == (part == "mlp"))
-                  for part in ("attention", "mlp")}
+        widest = _widest_inputs(arch)
         block_grads += max(n_tokens * widest["attention"], chunk * widest["mlp"]) * \
             (em + e if upcast else e)
     if chunk < n_tokens:
@@ -177,7 +178,7 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: dict[str,
                      "loss_chunk": loss}
     backward_phase = {"weights": weights_bwd, "activations": activations_bwd, "loss_chunk": 0}
     phase = max((forward_phase, backward_phase), key=lambda p: sum(p.values()))
-    memory = {"weights": sum(resident.values()) + phase["weights"], "checkpoints": saved,
+    memory = {"weights": resident.bytes + phase["weights"], "checkpoints": saved,
               "activations": phase["activations"], "lora": lora,
               "loss_chunk": phase["loss_chunk"]}
     checkpoint_file = 0
@@ -186,20 +187,20 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: dict[str,
     return memory, checkpoint_file
 
 
-def _mezo_memory(workload: Workload, knobs: EngineKnobs, resident: dict[str, int]
+def _mezo_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
                  ) -> dict[str, int]:
     """MeZO's components above the runtime: inference's. Two forwards without autograd (one
     block's temporaries at a time, then the head's loss tiles without a gradient), the LoRA
     parameters alone (no gradients, no optimizer state) and one parameter's drawn z."""
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
     em = matmul_bytes(workload, knobs)
-    weights = _transient_weights(arch, knobs, e, em, set(resident), shared=False)
+    weights = _transient_weights(arch, knobs, e, em, resident.names, shared=False)
     blocks = forward_block_bytes(workload, knobs, em)
     loss = loss_chunk_bytes(workload, knobs, em, with_grad=False)
     adapted = adapted_projections(workload).values()
     largest_z = max((workload.lora.rank * max(out, inp) for out, inp in adapted), default=0)
     lora = 4 * (workload.arch.num_layers * lora_parameters_per_block(workload) + largest_z)
-    return {"weights": sum(resident.values()) + weights["tile"], "checkpoints": 0,
+    return {"weights": resident.bytes + weights["tile"], "checkpoints": 0,
             "activations": blocks, "lora": lora, "loss_chunk": loss}
 
 
@@ -216,34 +217,64 @@ def forward_block_bytes(workload: Workload, knobs: EngineKnobs, em: int) -> int:
     return int(FORWARD_RETENTION * (2 * n * arch.hidden_size * e + max(attention, mlp)))
 
 
-def _resident_weights(arch: Architecture, knobs: EngineKnobs, e: int) -> dict[str, int]:
+@dataclass(frozen=True)
+class Residency:
+    """The frozen weights a configuration keeps decompressed, and their bytes together."""
+
+    names: frozenset[str]
+    bytes: int
+
+
+_NOTHING_RESIDENT = Residency(frozenset(), 0)
+
+
+def _resident_weights(arch: Architecture, knobs: EngineKnobs, e: int) -> Residency:
     if knobs.frozen_weights != "resident":
-        return {}
+        return _NOTHING_RESIDENT
+    return _resident_within(arch, knobs.resident_weight_bytes, e)
+
+
+@lru_cache(maxsize=MEMO_ENTRIES)
+def _resident_within(arch: Architecture, budget_bytes: int | None, e: int) -> Residency:
     sizes = {name: params * e for name, params in arch.frozen_weights()}
-    return {name: sizes[name]
-            for name in select_resident(sizes.items(), knobs.resident_weight_bytes)}
+    names = select_resident(sizes.items(), budget_bytes)
+    return Residency(frozenset(names), sum(sizes[name] for name in names))
+
+
+@lru_cache(maxsize=64)
+def _widest_inputs(arch: Architecture) -> Mapping[str, int]:
+    """The widest input of a block's attention projections and of its MLP's."""
+    return MappingProxyType({part: max(inp for suffix, (_, inp) in arch.projections().items()
+                                       if (suffix in MLP_PROJECTIONS) == (part == "mlp"))
+                             for part in ("attention", "mlp")})
 
 
 def _transient_weights(arch: Architecture, knobs: EngineKnobs, e: int, em: int,
-                       resident: set[str], shared: bool) -> dict[str, int]:
+                       resident: frozenset[str], shared: bool) -> Mapping[str, int]:
     """The tile arena (largest lazy tile in the matmul dtype, forward and head, or largest
     upcast tile of a held weight) and the shared arena (the largest block's lazy weights,
     decompressed whole in the storage dtype for its backward)."""
+    return _transient_arenas(arch, knobs.decompress_tile_bytes, knobs.loss_vocab_tile_bytes,
+                             e, em, resident, shared)
+
+
+@lru_cache(maxsize=MEMO_ENTRIES)
+def _transient_arenas(arch: Architecture, block_tile_bytes: int, head_tile_bytes: int, e: int,
+                      em: int, resident: frozenset[str], shared: bool) -> Mapping[str, int]:
     tile = 0
     blocks: dict[int, int] = {}
     for name, params in arch.frozen_weights():
         if name in resident and em == e:
             continue
         rows, cols = shape_of(arch, name)
-        tile_bytes = knobs.loss_vocab_tile_bytes if "layers" not in name \
-            else knobs.decompress_tile_bytes
+        tile_bytes = head_tile_bytes if "layers" not in name else block_tile_bytes
         tile = max(tile, tile_rows(rows, cols, tile_bytes, em) * cols * em)
         if name in resident:
             continue
         if shared and "layers" in name:
             block = block_index(name)
             blocks[block] = blocks.get(block, 0) + params * e
-    return {"tile": tile, "block": max(blocks.values(), default=0)}
+    return MappingProxyType({"tile": tile, "block": max(blocks.values(), default=0)})
 
 
 def _backward_transient_bytes(workload: Workload, em: int, n_tokens: int,
@@ -289,11 +320,15 @@ def full_logits_bytes(workload: Workload) -> int:
     return n * vocab * FULL_LOGITS_FLOAT32_COPIES * 4
 
 
-def _lazy_store_bytes(workload: Workload, resident: set[str]) -> int:
+def _lazy_store_bytes(workload: Workload, resident: frozenset[str]) -> int:
     """Packed bytes a step reads from the memory-mapped store: every weight not resident,
     plus the embedding rows (a sliver, ignored)."""
-    lazy = sum(params for name, params in workload.arch.frozen_weights() if name not in resident)
-    return int(lazy * packed_bytes_per_param(workload))
+    return int(_lazy_params(workload.arch, resident) * packed_bytes_per_param(workload))
+
+
+@lru_cache(maxsize=MEMO_ENTRIES)
+def _lazy_params(arch: Architecture, resident: frozenset[str]) -> int:
+    return sum(params for name, params in arch.frozen_weights() if name not in resident)
 
 
 def under_budget(prediction: Prediction, budget_bytes: int, host: HostCalibration

@@ -14,15 +14,20 @@ of the matmul dtype (``workload.matmul_bytes``); upcasting held bf16 weights is 
 from __future__ import annotations
 
 import math
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
+from types import MappingProxyType
 
 from mebp_core.config import EngineKnobs
+from mebp_core.plan.arch import Architecture
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.workload import (
     DTYPE_BYTES,
     MLP_PROJECTIONS,
     Workload,
     adapted_projections,
+    frozen_weight_suffixes,
     matmul_bytes,
     matmul_dtype_of,
     mlp_chunk_tokens,
@@ -42,23 +47,34 @@ OPS_PER_BLOCK_FORWARD = 100  # torch ops dispatched by one block's forward (back
 OPS_PER_MLP_FORWARD = 30  # of those, its MLP part's (run again per extra chunk of tokens)
 
 
-def pass_counts(workload: Workload, knobs: EngineKnobs) -> dict[str, int]:
+def pass_counts(workload: Workload, knobs: EngineKnobs) -> Mapping[str, int]:
     """Block passes per step by kind: tiled or whole-weight forwards and backwards. MeZO
     runs two forwards without autograd (the loss at +eps and -eps) and no backward; plain
     backprop is the no-checkpoint case (its knobs are ``config.BACKPROP_KNOBS``)."""
-    layers, every = workload.arch.num_layers, knobs.checkpoint_blocks
-    if workload.method == "mezo":
-        return {"tiled_forward": 2 * layers, "whole_forward": 0, "tiled_backward": 0,
-                "whole_backward": 0, "rerun": 0}
+    return _passes(workload.arch.num_layers, workload.method, *_pass_knobs(workload, knobs))
+
+
+def _pass_knobs(workload: Workload, knobs: EngineKnobs) -> tuple[int | str, bool]:
+    """What of the knobs the passes depend on: the checkpoints, and whether a block's
+    recompute and backward share its decompressed weights."""
+    every = knobs.checkpoint_blocks
+    return every, every != "none" and workload.method != "mezo" and \
+        shares_decompression(workload, knobs)
+
+
+@lru_cache(maxsize=256)
+def _passes(layers: int, method: str, every: int | str, shared: bool) -> Mapping[str, int]:
+    if method == "mezo":
+        return MappingProxyType({"tiled_forward": 2 * layers, "whole_forward": 0,
+                                 "tiled_backward": 0, "whole_backward": 0, "rerun": 0})
     if every == "none":
-        return {"tiled_forward": layers, "whole_forward": 0, "tiled_backward": layers,
-                "whole_backward": 0, "rerun": 0}
+        return MappingProxyType({"tiled_forward": layers, "whole_forward": 0,
+                                 "tiled_backward": layers, "whole_backward": 0, "rerun": 0})
     rerun = sum(min(every, layers - first) - 1 for first in range(0, layers, every))
-    shared = shares_decompression(workload, knobs)
-    return {"tiled_forward": layers + rerun + (0 if shared else layers),
-            "whole_forward": layers if shared else 0,
-            "tiled_backward": 0 if shared else layers,
-            "whole_backward": layers if shared else 0, "rerun": rerun}
+    return MappingProxyType({"tiled_forward": layers + rerun + (0 if shared else layers),
+                             "whole_forward": layers if shared else 0,
+                             "tiled_backward": 0 if shared else layers,
+                             "whole_backward": layers if shared else 0, "rerun": rerun})
 
 
 @dataclass(frozen=True)
@@ -83,11 +99,12 @@ class StepWork:
         return sum(flops for flops, *_ in self.matmuls)
 
 
-def step_work(workload: Workload, knobs: EngineKnobs, resident: set[str]) -> StepWork:
+def step_work(workload: Workload, knobs: EngineKnobs, resident: Collection[str]) -> StepWork:
     """What one step of ``workload.method`` does with these knobs."""
+    resident = frozenset(resident)
     tile_params, tile_calls, whole_params, whole_calls = _decompress_work(
         workload, knobs, resident)
-    return StepWork(matmuls=tuple(_matmul_work(workload, knobs, resident)),
+    return StepWork(matmuls=_matmul_work(workload, knobs, resident),
                     matmul_dtype=matmul_dtype_of(workload, knobs), tile_params=tile_params,
                     tile_calls=tile_calls, whole_params=whole_params,
                     whole_calls=whole_calls,
@@ -98,8 +115,7 @@ def step_work(workload: Workload, knobs: EngineKnobs, resident: set[str]) -> Ste
 def host_step_time(work: StepWork, workload: Workload, host: HostCalibration
                    ) -> dict[str, float]:
     """Seconds per step by part at this host's measured rates."""
-    matmul = sum(flops / host.matmul_rate(work.matmul_dtype, rows, width, form)
-                 for flops, rows, width, form in work.matmuls)
+    matmul = host.matmul_time_s(work.matmul_dtype, work.matmuls)
     decompress = (
         work.tile_params / host.decompress_rate(
             workload.quant, work.matmul_dtype, work.tile_params / max(work.tile_calls, 1)) +
@@ -114,7 +130,7 @@ def host_step_time(work: StepWork, workload: Workload, host: HostCalibration
 
 
 def step_time(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
-              resident: set[str]) -> tuple[dict[str, float], StepWork]:
+              resident: Collection[str]) -> tuple[dict[str, float], StepWork]:
     """Seconds per step by part on this host, and what the step does."""
     work = step_work(workload, knobs, resident)
     return host_step_time(work, workload, host), work
@@ -125,29 +141,48 @@ def _attention_flops(workload: Workload) -> float:
     return 2 * workload.tokens * workload.seq_len * arch.num_heads * arch.head_dim  # causal
 
 
-def _resident_blocks(workload: Workload, resident: set[str]) -> dict[str, int]:
+def _resident_blocks(workload: Workload, resident: frozenset[str]) -> Mapping[str, int]:
     """Per projection suffix, how many blocks hold it resident."""
-    counts = dict.fromkeys(workload.arch.projections(), 0)
+    return _resident_blocks_of(workload.arch, resident)
+
+
+# The planner's pure per-architecture sums (here and in ``predict``) are memoized on exactly
+# their arguments: a plan's hundreds of candidates share a handful of residencies, tile sizes
+# and pass counts, and each sum walks every weight of the model. Read-only results: callers
+# share them.
+MEMO_ENTRIES = 4096
+
+
+@lru_cache(maxsize=MEMO_ENTRIES)
+def _resident_blocks_of(arch: Architecture, resident: frozenset[str]) -> Mapping[str, int]:
+    counts = dict.fromkeys(arch.projections(), 0)
     for name in resident:
         if "layers" in name:
             counts[name.split(".")[-2]] += 1
-    return counts
+    return MappingProxyType(counts)
 
 
-def _matmul_work(workload: Workload, knobs: EngineKnobs, resident: set[str]
-                 ) -> list[tuple[float, int, int, str]]:
+def _matmul_work(workload: Workload, knobs: EngineKnobs, resident: frozenset[str]
+                 ) -> tuple[tuple[float, int, int, str], ...]:
     """Each projection's FLOPs by pass kind and whether tiled, with the rows and output width
     of its matmuls; attention; the head's vocabulary tiles."""
+    return _matmuls(workload, matmul_bytes(workload, knobs), *_pass_knobs(workload, knobs),
+                    resident, mlp_chunk_tokens(workload, knobs), knobs.decompress_tile_bytes,
+                    knobs.loss_vocab_tile_bytes)
+
+
+@lru_cache(maxsize=MEMO_ENTRIES)
+def _matmuls(workload: Workload, e: int, every: int | str, shared: bool,
+             resident: frozenset[str], chunk: int, block_tile_bytes: int, head_tile_bytes: int
+             ) -> tuple[tuple[float, int, int, str], ...]:
     arch, n = workload.arch, workload.tokens
-    e = matmul_bytes(workload, knobs)
-    passes = pass_counts(workload, knobs)
+    passes = _passes(arch.num_layers, workload.method, every, shared)
     layers = arch.num_layers
     resident_blocks = _resident_blocks(workload, resident)
-    chunk = mlp_chunk_tokens(workload, knobs)
     work = []
     for suffix, (out, inp) in arch.projections().items():
         flops = 2 * n * out * inp
-        tile = tile_rows(out, inp, knobs.decompress_tile_bytes, e)
+        tile = tile_rows(out, inp, block_tile_bytes, e)
         share = resident_blocks[suffix] / layers  # resident blocks never tile
         rows = chunk if suffix in MLP_PROJECTIONS else n  # the same FLOPs, fewer rows
         for kind, form in (("forward", "nt"), ("backward", "nn")):
@@ -161,19 +196,18 @@ def _matmul_work(workload: Workload, knobs: EngineKnobs, resident: set[str]
     # the head runs in vocabulary tiles, resident or not: MeBP's logits, then its gradient
     # sum; MeZO's logits twice
     head_flops = 2 * n * arch.vocab_size * arch.hidden_size
-    head_tile = tile_rows(arch.vocab_size, arch.hidden_size, knobs.loss_vocab_tile_bytes, e)
+    head_tile = tile_rows(arch.vocab_size, arch.hidden_size, head_tile_bytes, e)
     work.append((head_flops, n, head_tile, "nt"))
     work.append((head_flops, n, head_tile, "nt" if workload.method == "mezo" else "nn"))
-    return [w for w in work if w[0] > 0]
+    return tuple(w for w in work if w[0] > 0)
 
 
-def _decompress_work(workload: Workload, knobs: EngineKnobs, resident: set[str]
+def _decompress_work(workload: Workload, knobs: EngineKnobs, resident: frozenset[str]
                      ) -> tuple[float, float, float, float]:
     """Parameters decompressed per step in tiles (to the matmul dtype) and their calls (one
     per tile), and whole (shared blocks, to the storage dtype) and theirs (one per
     projection)."""
     arch = workload.arch
-    e = matmul_bytes(workload, knobs)
     passes = pass_counts(workload, knobs)
     layers = arch.num_layers
     # per block weight: its share of the step's block passes (a shared block is decompressed
@@ -182,28 +216,44 @@ def _decompress_work(workload: Workload, knobs: EngineKnobs, resident: set[str]
     whole_uses = passes["whole_backward"] / layers
     head_uses = 2 if workload.method == "mezo" else 1  # MeBP's one pass makes loss and gradient
     chunks = mlp_chunks(workload, knobs)  # each decompresses the MLP's tiles again
+    return _decompressions(arch, resident, knobs.decompress_tile_bytes,
+                           knobs.loss_vocab_tile_bytes, matmul_bytes(workload, knobs),
+                           tiled_uses, whole_uses, head_uses, chunks)
+
+
+@lru_cache(maxsize=MEMO_ENTRIES, typed=True)
+def _decompressions(arch: Architecture, resident: frozenset[str], block_tile_bytes: int,
+                    head_tile_bytes: int, e: int, tiled_uses: float, whole_uses: float,
+                    head_uses: int, chunks: int) -> tuple[float, float, float, float]:
+    tiles = _tiles_per_projection(arch, block_tile_bytes, e)
+    uses = {suffix: tiled_uses * (chunks if suffix in MLP_PROJECTIONS else 1)
+            for suffix in tiles}
     tiled_params = tile_calls = whole_params = whole_calls = 0.0
-    for name, count in arch.frozen_weights():
+    for name, count, suffix in frozen_weight_suffixes(arch):
         if name in resident:
             continue
-        if "layers" not in name:  # the head, in vocabulary tiles
+        if suffix is None:  # the head, in vocabulary tiles
             rows, cols = arch.vocab_size, arch.hidden_size
             tiled_params += count * head_uses
             tile_calls += head_uses * math.ceil(
-                rows / tile_rows(rows, cols, knobs.loss_vocab_tile_bytes, e))
+                rows / tile_rows(rows, cols, head_tile_bytes, e))
             continue
-        suffix = name.split(".")[-2]
-        rows, cols = arch.projections()[suffix]
-        tiles = math.ceil(rows / tile_rows(rows, cols, knobs.decompress_tile_bytes, e))
-        uses = tiled_uses * (chunks if suffix in MLP_PROJECTIONS else 1)
-        tiled_params += count * uses
+        tiled_params += count * uses[suffix]
         whole_params += count * whole_uses
-        tile_calls += tiles * uses
+        tile_calls += tiles[suffix] * uses[suffix]
         whole_calls += whole_uses
     return tiled_params, tile_calls, whole_params, whole_calls
 
 
-def _traffic_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str]) -> float:
+@lru_cache(maxsize=MEMO_ENTRIES)
+def _tiles_per_projection(arch: Architecture, tile_bytes: int, e: int) -> Mapping[str, int]:
+    """Tiles each projection of a block is decompressed in."""
+    return MappingProxyType({suffix: math.ceil(rows / tile_rows(rows, cols, tile_bytes, e))
+                             for suffix, (rows, cols) in arch.projections().items()})
+
+
+def _traffic_bytes(workload: Workload, knobs: EngineKnobs, resident: frozenset[str]
+                   ) -> float:
     """Activation traffic of the blocks, the logits' softmax passes, the LoRA branches
     (rank-r matmuls are bandwidth-bound) and the tiled projections' copies."""
     arch, n, e = workload.arch, workload.tokens, DTYPE_BYTES[workload.compute_dtype]
@@ -215,12 +265,7 @@ def _traffic_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str]) -
     # MeBP's loss and its gradient come from one pass over the vocabulary; MeZO's two
     # forwards each make their own loss
     logits = n * arch.vocab_size * (4 * 6 + e) * (2 if workload.method == "mezo" else 1)
-    adapted = adapted_projections(workload).values()
-    lora_forward = sum(n * (inp + out) * e for out, inp in adapted)
-    # the backward reads x and the output gradient for A's, B's and x's gradients, and x once
-    # more to recompute h = xA unless it was kept
-    lora_backward = 3 * lora_forward - (sum(n * inp * e for _, inp in adapted)
-                                        if knobs.lora_hidden == "store" else 0)
+    lora_forward, lora_backward = _lora_traffic(workload, knobs.lora_hidden)
     traffic = (forwards + 2 * backwards) * block + logits + forwards * lora_forward + \
         backwards * lora_backward
     if workload.method == "mebp" and knobs.checkpoint_storage == "mmap" and \
@@ -229,19 +274,32 @@ def _traffic_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str]) -
         saved = math.ceil(arch.num_layers / knobs.checkpoint_blocks)
         traffic += 4 * saved * n * arch.hidden_size * e
     resident_blocks = _resident_blocks(workload, resident)
+    tiles = _tiles_per_projection(arch, knobs.decompress_tile_bytes, em)
     for suffix, (out, inp) in arch.projections().items():
         lazy = 1 - resident_blocks[suffix] / arch.num_layers
-        tiles = math.ceil(out / tile_rows(out, inp, knobs.decompress_tile_bytes, em))
         # a forward tile's output is copied into its columns; a backward tile's partial
         # input gradient is added into the whole
         traffic += lazy * passes["tiled_forward"] * n * out * e * 2
-        traffic += lazy * passes["tiled_backward"] * tiles * n * inp * e * 3
+        traffic += lazy * passes["tiled_backward"] * tiles[suffix] * n * inp * e * 3
     if em != e:
         traffic += _upcast_bytes(workload, knobs, resident, e, em)
     return traffic
 
 
-def _upcast_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str], e: int,
+@lru_cache(maxsize=256)
+def _lora_traffic(workload: Workload, lora_hidden: str) -> tuple[int, int]:
+    """Bytes the LoRA branches move in a block's forward and in its backward."""
+    n, e = workload.tokens, DTYPE_BYTES[workload.compute_dtype]
+    adapted = adapted_projections(workload).values()
+    forward = sum(n * (inp + out) * e for out, inp in adapted)
+    # the backward reads x and the output gradient for A's, B's and x's gradients, and x once
+    # more to recompute h = xA unless it was kept
+    backward = 3 * forward - (sum(n * inp * e for _, inp in adapted)
+                              if lora_hidden == "store" else 0)
+    return forward, backward
+
+
+def _upcast_bytes(workload: Workload, knobs: EngineKnobs, resident: frozenset[str], e: int,
                   em: int) -> float:
     """Bytes read and written upcasting held weights to the matmul dtype, a tile at a time:
     shared block weights at their recompute and backward, resident ones at every use."""
@@ -251,14 +309,20 @@ def _upcast_bytes(workload: Workload, knobs: EngineKnobs, resident: set[str], e:
     all_uses = sum(passes[k] for k in ("tiled_forward", "whole_forward", "tiled_backward",
                                        "whole_backward")) / layers
     chunks = mlp_chunks(workload, knobs)  # each upcasts the MLP's tiles again
+    return _upcast_params(arch, resident, shared_uses, all_uses, chunks) * (e + em)
+
+
+@lru_cache(maxsize=MEMO_ENTRIES, typed=True)
+def _upcast_params(arch: Architecture, resident: frozenset[str], shared_uses: float,
+                   all_uses: float, chunks: int) -> float:
     params = 0.0
-    for name, count in arch.frozen_weights():
-        per_use = chunks if "layers" in name and name.split(".")[-2] in MLP_PROJECTIONS else 1
+    for name, count, suffix in frozen_weight_suffixes(arch):
+        per_use = chunks if suffix in MLP_PROJECTIONS else 1
         if name in resident:
-            params += count * (all_uses * per_use if "layers" in name else 1)
-        elif "layers" in name:
+            params += count * (all_uses * per_use if suffix is not None else 1)
+        elif suffix is not None:
             params += count * shared_uses * per_use
-    return params * (e + em)
+    return params
 
 
 def _op_count(workload: Workload, knobs: EngineKnobs) -> float:

@@ -4,11 +4,14 @@ them alone (adapted projections, the bytes one block's autograd graph saves per 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
+from types import MappingProxyType
 
 from mebp_core.config import EngineKnobs, Method, TrainConfig
 from mebp_core.cpu import matmul_dtype
-from mebp_core.lora.spec import LoraSpec
+from mebp_core.lora.spec import TARGET_SUFFIXES, LoraSpec
 from mebp_core.plan.arch import Architecture, PlanInputError
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
@@ -55,6 +58,13 @@ class Workload:
         return self.batch_size * self.seq_len
 
 
+@lru_cache(maxsize=256)
+def canonical_workload(workload: Workload) -> Workload:
+    """The first instance equal to ``workload``: the planner's memos, keyed on workloads,
+    then find theirs by identity rather than comparing every field."""
+    return workload
+
+
 def matmul_dtype_of(workload: Workload, knobs: EngineKnobs) -> str:
     """What the matmuls run in (and lazy tiles are decompressed to): float32 for bfloat16
     storage on a host without bf16 matmul instructions."""
@@ -77,15 +87,29 @@ def tile_rows(rows: int, cols: int, tile_bytes: int, e: int) -> int:
     return max(1, min(rows, tile_bytes // (cols * e)))
 
 
+@lru_cache(maxsize=64)
+def frozen_weight_suffixes(arch: Architecture) -> tuple[tuple[str, int, str | None], ...]:
+    """``arch.frozen_weights()`` with each one's projection suffix (None: the head)."""
+    return tuple((name, params, name.split(".")[-2] if "layers" in name else None)
+                 for name, params in arch.frozen_weights())
+
+
 def shape_of(arch: Architecture, name: str) -> tuple[int, int]:
     if "layers" not in name:
         return arch.vocab_size, arch.hidden_size
     return arch.projections()[name.split(".")[-2]]
 
 
-def adapted_projections(workload: Workload) -> dict[str, tuple[int, int]]:
-    suffixes = {suffix.split(".")[-1] for suffix in workload.lora.module_suffixes()}
-    return {s: shape for s, shape in workload.arch.projections().items() if s in suffixes}
+def adapted_projections(workload: Workload) -> Mapping[str, tuple[int, int]]:
+    return _adapted_projections(workload.arch, workload.lora.targets)
+
+
+@lru_cache(maxsize=256)
+def _adapted_projections(arch: Architecture, targets: tuple[str, ...]
+                         ) -> Mapping[str, tuple[int, int]]:
+    suffixes = {TARGET_SUFFIXES[short].split(".")[-1] for short in targets}
+    return MappingProxyType({s: shape for s, shape in arch.projections().items()
+                             if s in suffixes})
 
 
 def lora_parameters_per_block(workload: Workload) -> int:
@@ -126,8 +150,15 @@ def saved_bytes_per_token(workload: Workload, knobs: EngineKnobs) -> float:
     return sum(saved_bytes_per_token_by_part(workload, knobs).values())
 
 
-def saved_bytes_per_token_by_part(workload: Workload, knobs: EngineKnobs) -> dict[str, float]:
+def saved_bytes_per_token_by_part(workload: Workload, knobs: EngineKnobs
+                                  ) -> Mapping[str, float]:
     """``saved_bytes_per_token`` split into the block's attention part and its MLP part."""
+    return _saved_bytes_per_token_by_part(workload, knobs.lora_hidden)
+
+
+@lru_cache(maxsize=256)
+def _saved_bytes_per_token_by_part(workload: Workload, lora_hidden: str
+                                   ) -> Mapping[str, float]:
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
     d, i = arch.hidden_size, arch.intermediate_size
     q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
@@ -137,7 +168,7 @@ def saved_bytes_per_token_by_part(workload: Workload, knobs: EngineKnobs) -> dic
     qk_normed = q + kv if arch.qk_norm else 0  # q and k kept before and after their norm
     parts = {"attention": e * (3 * q + kv_copies * kv + d + qk_normed) + 4 * 1.2 * d * norms,
              "mlp": e * (4 * i + d) + 4 * 1.2 * d * norms}
-    if knobs.lora_hidden == "store":
+    if lora_hidden == "store":
         for suffix in adapted_projections(workload):
             parts["mlp" if suffix in MLP_PROJECTIONS else "attention"] += e * workload.lora.rank
-    return parts
+    return MappingProxyType(parts)

@@ -1,0 +1,137 @@
+"""The planner's figures are part of its contract: made faster, a plan must stay the same to
+the last bit. Each case's every figure (memory by component, time by part before and after
+the host's correction, the store and checkpoint-file bytes, the work a phone is priced on,
+the phone's time, feasibility, reason and the front) is digested at full precision and held
+to the digest recorded from the planner before it was made faster (commit 433de5c, 0.7-1 s
+a plan).
+
+A deliberate change to the model moves these digests: record them again with
+``python tests/mebp_core/plan/test_plan_figures_unchanged.py`` and say so in the commit."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import replace
+
+import pytest
+
+from mebp_core.config import EngineKnobs, TrainConfig
+from mebp_core.plan.arch import load_architecture
+from mebp_core.plan.calibration import HostCalibration
+from mebp_core.plan.correction import correction_from
+from mebp_core.plan.devices import get_device
+from mebp_core.plan.planner import Plan, make_plan
+from mebp_core.plan.workload import Workload
+from mebp_core.units import MB
+
+# name -> (model, TrainConfig fields, make_plan arguments: budget_mb, device, knobs, margin,
+# bf16_matmul; "corrected": the host's time correction from recorded runs)
+CASES = {
+    "qwen-mebp-pixel8": ("qwen2.5-0.5b", {"seq_len": 256}, {"device": "pixel-8"}),
+    "qwen-mebp-bf16-upcast-corrected": (
+        "qwen2.5-0.5b", {"seq_len": 512, "compute_dtype": "bfloat16", "lora_rank": 16},
+        {"budget_mb": 400, "bf16_matmul": "float32", "corrected": True}),
+    "smollm-mebp-300mb-adamw-accum": (
+        "smollm2-135m", {"seq_len": 256, "batch_size": 2, "optimizer": "adamw",
+                         "grad_accum_steps": 2}, {"budget_mb": 300}),
+    "smollm-mebp-native-bf16-corrected-android": (
+        "smollm2-135m", {"seq_len": 128, "compute_dtype": "bfloat16",
+                         "lora_targets": ("q", "v")},
+        {"device": "android-4gb", "bf16_matmul": "native", "corrected": True}),
+    "gemma-mebp-nobudget-int8": ("gemma3-1b", {"seq_len": 256, "quant": "int8",
+                                               "group_size": 32}, {}),
+    "qwen3-mezo-iphone15": ("qwen3-0.6b", {"seq_len": 128, "method": "mezo"},
+                            {"device": "iphone-15", "corrected": True}),
+    "llama-backprop-2gb": ("llama3.2-1b", {"seq_len": 256, "method": "backprop"},
+                           {"budget_mb": 2000, "margin": 0.2}),
+    "tiny-mebp-requested-knobs": (
+        "tiny", {"seq_len": 32, "max_grad_norm": 1.0},
+        {"budget_mb": 64, "knobs": [EngineKnobs(frozen_weights="resident",
+                                                checkpoint_blocks=2)]}),
+}
+RECORDED = {  # from the planner of commit 433de5c
+    'gemma-mebp-nobudget-int8': (426, 'resident-nockpt-h-store-shared-tile8M', 292,
+        'a6d1036467090717fb88dc8d6802abf8f524b98b6391da5af85ffcae78baa520'),
+    'llama-backprop-2gb': (1, None, 7989,
+        'd6577ad47020762f0300ad3ceafd87b4cad2596cf1d3911f8e59d4ad73f2e64f'),
+    'qwen-mebp-bf16-upcast-corrected': (426, 'lazy-ckpt1-mmap-h-store-shared-tile8M', 272,
+        '2143b4a3131b15393307bf9201dcbbcfc16b4c3ee29173c17e6a7f7111c23a7c'),
+    'qwen-mebp-pixel8': (426, 'resident482384K-ckpt1-ram-h-store-shared-tile8M', 254,
+        '4aa440a76af543cc6570f8260e479c70b7bb18ce4cf1dcee6694f7d8b538745d'),
+    'qwen3-mezo-iphone15': (18, 'mezo-lazy-tile8M', 219,
+        '20cba4f19e3622c6543a7ceccdf6fe32c24676cb5112804c4b45924d2244b155'),
+    'smollm-mebp-300mb-adamw-accum': (426, 'lazy-ckpt1-mmap-h-store-shared-tile8M-mlp64', 273,
+        '05baea37b875e5e2f7a6ad38b1261e1e89daa511b4e8adf24768e996a4be2f88'),
+    'smollm-mebp-native-bf16-corrected-android': (
+        426, 'resident65664K-nockpt-h-store-shared-tile8M', 222,
+        '3e81e9e9cfbc11bfd8a62214604718f0ba0298c0eb27331abab0076e6524ec8a'),
+    'tiny-mebp-requested-knobs': (1, None, 207,
+        '47d01e40c775f49ab8ae53f930ca21894660e06cf3b2e756c4a9b927805e6e38'),
+}
+
+
+def timed_run(ratio: float, matmul_s: float, decompress_s: float, dtype: str) -> dict:
+    parts = {"matmul": matmul_s, "decompress": decompress_s, "elementwise": 0.1}
+    modelled = sum(parts.values())
+    return {"matmul_dtype": dtype, "ratio": ratio, "modelled_s": modelled,
+            "measured_s": ratio * modelled, "modelled_parts": parts,
+            "measured_parts": {"decompress": 1.3 * decompress_s}}
+
+
+def corrected(host: HostCalibration) -> HostCalibration:
+    """``host`` with what a few measured runs of each matmul dtype say."""
+    runs = [timed_run(1.4, 2.0, 0.5, "float32"), {"matmul_dtype": "float32", "ratio": 0.9},
+            timed_run(1.1, 0.5, 0.0, "float32"), timed_run(2.0, 1.0, 1.0, "float32")]
+    native = [timed_run(1.6, 0.4, 0.3, "bfloat16"), timed_run(1.2, 3.0, 0.1, "bfloat16")]
+    return replace(host, time_corrections={"float32": correction_from(runs, "float32"),
+                                           "bfloat16": correction_from(native, "bfloat16")})
+
+
+def case_plan(name: str, host: HostCalibration) -> Plan:
+    model, fields, args = CASES[name]
+    config = TrainConfig(**fields)
+    workload = Workload.from_config(load_architecture(f"preset:{model}"), config)
+    return make_plan(
+        workload, corrected(host) if args.get("corrected") else host,
+        budget_bytes=int(args["budget_mb"] * MB) if "budget_mb" in args else None,
+        device=get_device(args["device"]) if "device" in args else None,
+        margin=args.get("margin", 0.1), knobs=args.get("knobs"),
+        bf16_matmul=args.get("bf16_matmul", "auto"))
+
+
+def figures(plan: Plan) -> list:
+    """Everything the plan says, at full precision (JSON writes a float's shortest exact
+    repr)."""
+    return [plan.to_json(), [
+        [e.id, e.method, e.knobs.model_dump(mode="json"), e.prediction.memory,
+         e.prediction.time, e.prediction.modelled_time, e.prediction.store_bytes,
+         e.prediction.checkpoint_file_bytes, dataclasses.asdict(e.prediction.device_work),
+         e.device_step_time_s, e.feasible, e.reason, e.pareto] for e in plan.entries]]
+
+
+def digest(plan: Plan) -> str:
+    return hashlib.sha256(json.dumps(figures(plan), sort_keys=True).encode()).hexdigest()
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_every_figure_of_a_plan_is_what_the_unoptimized_planner_said(name, host):
+    plan = case_plan(name, host)
+    auto = None if plan.auto is None else plan.auto.id
+    assert (len(plan.entries), auto, plan.smallest_budget_mb(), digest(plan)) == \
+        tuple(RECORDED[name])
+
+
+if __name__ == "__main__":  # prints RECORDED afresh, with the suite's host calibration
+    import sys
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).parents[2]))
+    from conftest import host as host_fixture
+
+    fixed_host = host_fixture.__wrapped__()
+    for case in sorted(CASES):
+        made = case_plan(case, fixed_host)
+        print(f"    {case!r}: ({len(made.entries)}, "
+              f"{None if made.auto is None else made.auto.id!r}, "
+              f"{made.smallest_budget_mb()},\n        {digest(made)!r}),")
