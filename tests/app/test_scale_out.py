@@ -28,6 +28,8 @@ from service_harness import (
     temporary_postgres_database,
 )
 
+from service.disk_space import RESERVE_NAME
+
 ROWS = b"".join(json.dumps({"text": f"scale out {i}"}).encode() + b"\n" for i in range(8))
 LONG_JOB = {"model": "preset:tiny", "device": "pixel-8",
             "hyperparameters": {"steps": 100_000, "seq_len": 32}}
@@ -72,6 +74,7 @@ def test_two_workers_on_a_shared_redis_and_database_run_jobs_side_by_side(tmp_pa
 @dataclass
 class Host:
     worker: subprocess.Popen  # its `mebp worker`
+    data_dir: Path
     cache: Path
     threads: int
 
@@ -103,9 +106,9 @@ def two_hosts(tmp_path, model_cache, seed_calibration):
             cache = seed_calibration(tmp_path / f"host-{index}" / "cache")
             for count in range(1, cores + 1):
                 seed_calibration(cache, count, speed=count / cores)
-            worker = start_worker(tmp_path / f"host-{index}" / "data", cache,
-                                  {**shared, "MEBP_THREADS": str(threads)})
-            hosts.append(Host(worker, cache, threads))
+            data_dir = tmp_path / f"host-{index}" / "data"
+            worker = start_worker(data_dir, cache, {**shared, "MEBP_THREADS": str(threads)})
+            hosts.append(Host(worker, data_dir, cache, threads))
         try:
             poll_until(lambda: service.client.get("/v1/health").json(),
                        lambda health: health["workers"] >= 2, HANG_GUARD_S,
@@ -139,6 +142,8 @@ def test_a_fleet_spreads_over_two_hosts_and_a_killed_host_s_job_resumes_on_the_o
                                                for j in js), HANG_GUARD_S,
                          lambda js: f"round 0 never ran on both hosts at once: {js}\n"
                                     f"{service.output.read_text()[-3000:]}")
+    for host in hosts:  # each job's runner keeps its room in its own host's data dir
+        assert (host.data_dir / RESERVE_NAME).exists(), f"{host.data_dir} unused"
     doomed = max(running, key=lambda job: job["progress"]["step"])
     [survivor] = set(names) - {doomed["worker"]}
     kill_group(names[doomed["worker"]].worker)  # its worker, the horse and its engine
