@@ -69,6 +69,7 @@ def run_in_image(image: Image, command: list[str], env: dict[str, str], log: Pat
     return process
 
 
+@pytest.mark.slow  # its first run on a machine installs the image's libraries
 def test_the_image_serves_and_works_a_job_on_postgres_and_redis(image, tmp_path, model_cache):
     with ExitStack() as stack:
         settings = {

@@ -121,6 +121,7 @@ def two_hosts(tmp_path, model_cache, seed_calibration):
             stop_service(service)
 
 
+@pytest.mark.slow
 def test_a_fleet_spreads_over_two_hosts_and_a_killed_host_s_job_resumes_on_the_other(
         two_hosts):
     service, hosts = two_hosts
