@@ -5,6 +5,7 @@ WORKDIR /srv/mebp
 RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml README.md ./
 COPY mebp_core mebp_core
+COPY service service
 COPY app app
 COPY worker worker
 COPY migrations migrations

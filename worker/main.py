@@ -98,6 +98,9 @@ def work(settings: Settings, *, burst: bool = False) -> int:
         return 2
     if SUPERVISOR_ENV in os.environ:  # started by `mebp serve`: stop when it does
         die_with_parent(signal.SIGTERM, int(os.environ[SUPERVISOR_ENV]))
+    # the job functions RQ runs in forked horses read Settings from the environment: a data
+    # dir given on the command line (`mebp worker --data-dir`) must reach them too
+    os.environ["MEBP_DATA_DIR"] = str(settings.data_dir)
     settings.storage_root.mkdir(parents=True, exist_ok=True)
     remove_idle_caps()  # cgroups of jobs whose worker died on this host
     if build_kernel(settings.cache_dir) is None:  # here, not in a job's engine inside its cap

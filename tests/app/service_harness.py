@@ -11,6 +11,7 @@ import io
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import psutil
 import psycopg
 from fastapi.testclient import TestClient
 from waiting import HANG_GUARD_S, poll_until  # noqa: F401  (re-exported: the tests import them from here)
@@ -202,7 +204,14 @@ def start_service_on(port: int, root: Path, cache: Path, extra_env: dict[str, st
             [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers",
              str(workers), "--data-dir", str(root / "data")], stdout=log,
             stderr=subprocess.STDOUT, env=env, start_new_session=own_group)
-    service = Service(f"http://127.0.0.1:{port}", process, output)
+    return await_started(Service(f"http://127.0.0.1:{port}", process, output),
+                         workers=workers, ready=ready)
+
+
+def await_started(service: Service, *, workers: int, ready: bool = True) -> Service:
+    """``service`` once its health says it is calibrated with ``workers`` listening, or with
+    ``ready=False`` once it answers at all; its process killed and an error with its log if
+    it exits first or hangs."""
     deadline = time.monotonic() + HANG_GUARD_S  # imports alone take a minute at load 10
     while True:
         try:
@@ -214,13 +223,32 @@ def start_service_on(port: int, root: Path, cache: Path, extra_env: dict[str, st
                 return service
         except (httpx.HTTPError, ValueError, KeyError):
             pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            process.wait()
-            log_text = output.read_text()
+        if service.process.poll() is not None or time.monotonic() > deadline:
+            service.process.kill()
+            service.process.wait()
+            log_text = service.output.read_text()
             failure = PortTakenError if "address already in use" in log_text else RuntimeError
             raise failure(f"mebp serve did not start:\n{log_text}")
         time.sleep(0.2)
+
+
+def start_worker(data_dir: Path, cache: Path, extra_env: dict[str, str]) -> subprocess.Popen:
+    """A `mebp worker` with its own data dir, in a session of its own so a test can kill it
+    and everything under it (``kill_group``)."""
+    return subprocess.Popen([sys.executable, "-m", "app.cli", "worker", "--data-dir",
+                             str(data_dir)], env=service_env(cache, extra_env),
+                            start_new_session=True)
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the worker and everything under it (RQ's work horse runs the job in a process
+    group of its own), as when its machine dies."""
+    family = [process.pid] + [child.pid for child in
+                              psutil.Process(process.pid).children(recursive=True)]
+    for pid in family:
+        with suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    process.wait(timeout=30)
 
 
 @contextmanager

@@ -5,44 +5,24 @@ out-of-memory device). The services' faults are in test_faults_services."""
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
-import psutil
 import pytest
 import torch
-from service_harness import FAST_RECOVERY, service_env, start_service, stop_service, tiny_job
+from service_harness import (
+    FAST_RECOVERY,
+    kill_group,
+    start_service,
+    start_worker,
+    stop_service,
+    tiny_job,
+)
 
 from mebp_core.federated.rounds import fate
 from worker.memory_cap import GROUP_PARENT, v1_hierarchy, v2_hierarchy
 
 ROWS = b"".join(json.dumps({"text": f"fault row {i}"}).encode() + b"\n" for i in range(16))
 
-
-
-def start_worker(root: Path, cache: Path, extra_env: dict) -> subprocess.Popen:
-    """A `mebp worker` the test can kill."""
-    return subprocess.Popen([sys.executable, "-m", "app.cli", "worker"],
-                            env=service_env(cache, {**extra_env,
-                                                    "MEBP_DATA_DIR": str(root / "data")}),
-                            start_new_session=True)
-
-
-def kill_group(process: subprocess.Popen) -> None:
-    """SIGKILL the worker and everything under it (RQ's work horse runs the job in a process
-    group of its own), as when its machine dies."""
-    family = [process.pid] + [child.pid for child in
-                              psutil.Process(process.pid).children(recursive=True)]
-    for pid in family:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    process.wait(timeout=30)
 
 
 @pytest.fixture
@@ -54,8 +34,8 @@ def embedded_with_external_workers(tmp_path, model_cache):
         started.append(service)
         env = {**FAST_RECOVERY, **extra_env,
                "REDIS_URL": f"unix://{tmp_path / 'data' / 'redis.socket'}"}
-        return service, lambda: workers.append(start_worker(tmp_path, model_cache, env)) \
-            or workers[-1]
+        return service, lambda: workers.append(
+            start_worker(tmp_path / "data", model_cache, env)) or workers[-1]
     started, workers = [], []
     yield start
     for worker in workers:
