@@ -91,13 +91,15 @@ def _cpu_jiffies() -> tuple[int, int] | None:
 
 class IdleWindow:
     """Idle cores over a window opened now and read later, so the sampling overlaps work
-    (a job's preparation) instead of waiting: this process's own CPU time in the window
-    counts as idle, since it is what the sampling would have left free."""
+    (a job's preparation) instead of waiting. This process's own CPU time in the window, and
+    that of ``free_pids`` (work of its own that ends before the cores are needed, such as
+    the next job's engine importing), counts as idle."""
 
-    def __init__(self) -> None:
+    def __init__(self, free_pids: tuple[int, ...] = ()) -> None:
         self.opened = time.monotonic()
         self.jiffies = _cpu_jiffies()
         self.own_cpu_s = _own_cpu_s()
+        self.free_cpu_s = {pid: process_cpu_s(pid) for pid in free_pids}
 
     def idle_cores(self, min_window_s: float = 0.1) -> float | None:
         """Idle cores since the window opened, waiting until it is ``min_window_s`` long
@@ -108,12 +110,24 @@ class IdleWindow:
             return None
         cores = os.cpu_count() or 1
         idle = (after[0] - self.jiffies[0]) / (after[1] - self.jiffies[1]) * cores
-        return min(cores, idle + (_own_cpu_s() - self.own_cpu_s) / elapsed)
+        free_s = _own_cpu_s() - self.own_cpu_s + sum(
+            max(0.0, process_cpu_s(pid) - before) for pid, before in self.free_cpu_s.items())
+        return min(cores, idle + free_s / elapsed)
 
 
 def _own_cpu_s() -> float:
     times = os.times()
     return times.user + times.system
+
+
+def process_cpu_s(pid: int) -> float:
+    """The CPU time process ``pid`` has used (user + system), 0 once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2:].split()  # from field 3 on; the name may hold spaces
+    return (int(fields[14 - 3]) + int(fields[15 - 3])) / os.sysconf("SC_CLK_TCK")
 
 
 def idle_cores(window_s: float = 0.3) -> float | None:

@@ -24,6 +24,7 @@ from service.db import database_url, upgrade_database
 from service.queue import RUN_JOB, WORKER_HEARTBEAT_S, connect, job_queue
 from service.settings import Settings
 from service.supervisor import SUPERVISOR_ENV
+from worker import warm_engine
 from worker.memory_cap import remove_idle_caps
 from worker.warm_engine import EngineProcess, Spare
 
@@ -52,17 +53,18 @@ class ServiceWorker(Worker):
         if self.spare is None or job.func_name != RUN_JOB:
             super().fork_work_horse(job, queue)
             return
-        self.handed = self.spare.hand_over()  # the horse inherits it
+        # the horse inherits this engine; the next job's imports while this one runs
+        self.handed = self.spare.hand_over()
         super().fork_work_horse(job, queue)
-        self.spare.fill()  # the next job's engine imports while this one runs
+        warm_engine.HANDED = None  # the horse's now, not this process's
 
     def execute_job(self, job, queue) -> None:
-        try:
-            super().execute_job(job, queue)
-        finally:  # the horse has exited: reap its engine (or end it, if it took no job)
-            if self.handed is not None:
-                self.handed.discard()
-                self.handed = None
+        super().execute_job(job, queue)
+        # the horse has exited (an error above leaves its engine to die with it): reap its
+        # engine, or end it if the horse took no job
+        if self.handed is not None:
+            self.handed.discard()
+            self.handed = None
 
     def request_stop(self, signum, frame) -> None:
         if self.horse_pid:  # the horse runs in a process group of its own: tell it

@@ -8,6 +8,7 @@ and an ``RLIMIT_DATA`` when no cgroup can be made. ``mode`` says which one a job
 
 from __future__ import annotations
 
+import errno
 import os
 import resource
 import signal
@@ -34,6 +35,11 @@ def join_from_env(env: dict | None = None) -> None:
 
 class MemoryCapError(RuntimeError):
     """The requested enforcement cannot be set up on this machine."""
+
+
+class LimitRefused(MemoryCapError):
+    """The kernel refused a limit below what the group already holds (cgroup v1's EBUSY):
+    the engine's runtime alone is over the job's budget."""
 
 
 class RlimitCap:
@@ -84,8 +90,8 @@ class _CgroupCap:
         return str(pid) in (self.path / self._procs).read_text().split()
 
     def rename(self, name: str) -> None:
-        """Give the group another name under the same parent (the kernel allows it with
-        processes inside; one still to join by its old name could not)."""
+        """Give the group another name under the same parent, where the kernel allows it
+        (cgroup v1, with processes inside; one still to join by its old name could not)."""
         self.path = self.path.rename(self.path.with_name(name))
 
     @classmethod
@@ -149,6 +155,10 @@ class CgroupV2Cap(_CgroupCap):
                                                   "memory.swap.max?": "0",
                                                   "memory.oom.group": "1"})
 
+    def rename(self, name: str) -> None:
+        """cgroup v2 renames no group (EPERM): an engine started ahead keeps its waiting
+        name; its horse removes the group, or the next worker start once it is empty."""
+
     def set_limit(self, limit_bytes: int, pid: int) -> None:
         """Lower the limit of a group made without one: the kernel reclaims, or kills the
         group, if its usage is above it."""
@@ -184,7 +194,12 @@ class CgroupV1Cap(_CgroupCap):
         """Limit a group made without one; the kernel refuses (EBUSY) when its usage is
         above the limit and cannot be reclaimed. Memory first: memory+swap may not be
         set below it."""
-        (self.path / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        try:
+            (self.path / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                raise
+            raise LimitRefused(f"{self.path} holds more than {limit_bytes} bytes") from None
         if (self.path / "memory.memsw.limit_in_bytes").exists():
             (self.path / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
         self.limit_bytes = limit_bytes

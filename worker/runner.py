@@ -44,6 +44,7 @@ from service.registry import (
 )
 from service.settings import Settings
 from service.storage import base_config_path, job_dir
+from worker import warm_engine
 from worker.child import CHECKPOINT, METRICS
 from worker.engine_files import (
     RESULT,
@@ -54,12 +55,12 @@ from worker.engine_outcome import record_cgroup_peak, record_outcome
 from worker.host_plan import plan_on_this_worker
 from worker.lease import Heartbeat, claim_job, worker_name
 from worker.measured_time import predicted_figures
-from worker.memory_cap import MemoryCap, remove_stale_caps
+from worker.memory_cap import LimitRefused, MemoryCap, remove_stale_caps
 from worker.metrics_tail import MetricsTail
 from worker.packing_progress import PackingProgress
 from worker.stopping import EngineStop, StopSignal, checkpoint_step, ended_by_itself, give_back
 from worker.storage_full import end_storage_full, ran_out_of_space
-from worker.warm_engine import EngineProcess, engine_for_job
+from worker.warm_engine import EngineProcess, EngineStartError, engine_for_job
 
 POLL_S = 0.2
 
@@ -111,7 +112,6 @@ class JobRun:
         self.resumed_from = 0  # the checkpoint step this attempt continues from
         self.step_times: list[float] = []  # this attempt's, in step order
         self.decompress_times: list[float | None] = []  # the engine's clock on dequantizing
-        self.idle: IdleWindow | None = None  # opened as it claims its job
 
     def run(self) -> str:
         worker = worker_name()
@@ -125,7 +125,6 @@ class JobRun:
                 current = session.get(Job, self.job_id)
                 return "skipped" if current is None else current.status
             self.job_id, self.dir = job.id, job_dir(self.settings.storage_root, job.id)
-            self.idle = IdleWindow()  # the cores free as it starts, read once it is prepared
             beat = max(1.0, self.settings.heartbeat_timeout_s / 5)
             with Heartbeat(self.engine, self.job_id, worker, beat) as self.heartbeat:
                 keep_reserve(self.settings.data_dir, self.settings.storage_reserve_bytes,
@@ -188,13 +187,16 @@ class JobRun:
                                   cache_dir=self.settings.cache_dir or default_cache_dir(),
                                   isolated=True, progress=PackingProgress(session, job),
                                   stop_requested=self.stop.is_set)
+        # the cores free as it starts, sampled while it is prepared (not while it packs)
+        idle = IdleWindow(() if warm_engine.STARTING_PID is None
+                          else (warm_engine.STARTING_PID,))
         shutil.copyfile(model_dir / "config.json",
                         base_config_path(self.settings.storage_root, job.id))
         if job.init_adapter is not None:  # .../fleets/<id>/round-<n>/adapter
             add_event(session, job_id=job.id, kind="log", message=f"starting from fleet "
                       f"{job.fleet_id}'s {Path(job.init_adapter).parent.name} global adapter")
         config = plan_on_this_worker(session, job, config, source, self.settings,
-                                     worker_name(), self.idle)
+                                     worker_name(), idle)
         validation = None if job.validation_file is None else \
             session.get(Dataset, job.validation_file).path
         request = EngineRequest(config=config, model=source, model_dir=model_dir,
@@ -231,8 +233,8 @@ class JobRun:
         """Run the engine capped and record its end; "given back" if the worker is stopping
         and the job went back to the queue instead."""
         remove_stale_caps(job.id)  # an earlier attempt's, if its worker died holding it
-        child = engine_for_job(self.settings.enforcement,
-                               self.settings.cache_dir or default_cache_dir())
+        cache_dir = self.settings.cache_dir or default_cache_dir()
+        child = engine_for_job(self.settings.enforcement, cache_dir)
         cap = child.cap
         try:
             job.enforcement = cap.mode
@@ -250,9 +252,18 @@ class JobRun:
                 return None
             if self.stop.is_set():  # told to stop while it prepared the job
                 return self._give_back(session, job)
+            cap_name = f"{job.id}-a{job.attempts}"
             try:
-                child.assign(self.dir, f"{job.id}-a{job.attempts}", job.memory_budget_bytes)
-            except OSError as exc:  # cgroup v1 refuses a limit below what it holds
+                try:
+                    child.assign(self.dir, cap_name, job.memory_budget_bytes)
+                except (OSError, EngineStartError) as exc:  # the engine started ahead died
+                    print(f"mebp worker: {job.id}: an engine started for it ({exc})",
+                          file=sys.stderr, flush=True)
+                    cap.close()
+                    child = EngineProcess.start(self.settings.enforcement, cache_dir)
+                    cap = child.cap
+                    child.assign(self.dir, cap_name, job.memory_budget_bytes)
+            except LimitRefused as exc:
                 fail_job(session, job, "memory_budget_exceeded",
                          f"the engine's runtime alone is over the job's memory cap of "
                          f"{job.memory_budget_bytes / MB:.0f} MB ({cap.mode}: {exc})")

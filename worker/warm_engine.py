@@ -19,13 +19,15 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from contextlib import suppress
 from pathlib import Path
 
 from worker.child import PARENT_ENV, WAIT_FLAG
-from worker.memory_cap import WAITING_PREFIX, MemoryCap, open_memory_cap
+from worker.memory_cap import WAITING_PREFIX, MemoryCap, MemoryCapError, open_memory_cap
 
 JOIN_POLL_S = 0.005
+JOIN_TIMEOUT_S = 120.0  # an interpreter's start, on a host at any load
 
 
 class EngineStartError(RuntimeError):
@@ -91,10 +93,14 @@ class EngineProcess:
     def _wait_joined(self) -> None:
         """Until the engine has joined its cap by the cap's name, its first act (within
         its interpreter's start; it is not renamed from under it)."""
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
         while not self.cap.holds(self.pid):
             if self.wait_exit(JOIN_POLL_S):
                 raise EngineStartError(f"the engine (pid {self.pid}) exited with code "
                                        f"{self.poll()} before it joined its memory cap")
+            if time.monotonic() > deadline:
+                raise EngineStartError(f"the engine (pid {self.pid}) did not join its memory "
+                                       f"cap within {JOIN_TIMEOUT_S:.0f} s")
 
     def close_control(self) -> None:
         if self._control_fd is not None:
@@ -149,24 +155,34 @@ def exit_status(pid: int) -> int:
 
 class Spare:
     """The worker's engine waiting for the next job: handed to the horse the worker forks
-    for a job (the horse inherits it), replaced as soon as the horse has it, and reaped
-    once the horse has exited."""
+    for a job (the horse inherits it), replaced before that fork (so the horse knows the
+    engine importing beside it is its worker's, not other work), and reaped once the horse
+    has exited. Failing to start one fails no job: the horse then starts its own."""
 
     def __init__(self, enforcement: str, cache_dir: Path) -> None:
         self.enforcement, self.cache_dir = enforcement, cache_dir
         self.next: EngineProcess | None = None
 
     def fill(self) -> None:
-        if self.next is None or not self.next.waiting:
-            if self.next is not None:
-                self.next.discard()
-            self.next = EngineProcess.start(self.enforcement, self.cache_dir)
+        global STARTING_PID
+        if self.next is not None and not self.next.waiting:
+            self.next.discard()
+            self.next = None
+        if self.next is None:
+            try:
+                self.next = EngineProcess.start(self.enforcement, self.cache_dir)
+            except (OSError, MemoryCapError) as exc:
+                print(f"mebp worker: no engine started ahead of the next job ({exc}); its "
+                      "horse starts one", file=sys.stderr, flush=True)
+        STARTING_PID = None if self.next is None else self.next.pid
 
-    def hand_over(self) -> EngineProcess:
-        """The engine for the horse about to be forked (``HANDED`` there)."""
+    def hand_over(self) -> EngineProcess | None:
+        """The engine for the horse about to be forked (``HANDED`` there), and the next
+        one started."""
         global HANDED
         self.fill()
         HANDED, self.next = self.next, None
+        self.fill()
         return HANDED
 
     def close(self) -> None:
@@ -175,7 +191,11 @@ class Spare:
             self.next = None
 
 
-HANDED: EngineProcess | None = None  # in a horse: the engine its worker started for it
+# in a horse: the engine its worker started for it, and the one its worker started next
+# (importing beside this job: its CPU is the worker's own, counted free by the job's
+# idle-core sample)
+HANDED: EngineProcess | None = None
+STARTING_PID: int | None = None
 
 
 def engine_for_job(enforcement: str, cache_dir: Path) -> EngineProcess:

@@ -4,8 +4,11 @@ for a job's threads, from /proc/stat."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
+from waiting import poll_until
 
 from mebp_core.cpu import (
     IdleWindow,
@@ -14,6 +17,7 @@ from mebp_core.cpu import (
     idle_cores,
     matmul_dtype,
     native_bf16_matmul,
+    process_cpu_s,
     threads_for_idle_cores,
 )
 
@@ -71,3 +75,26 @@ def test_cores_kept_busy_are_not_counted_idle_and_take_no_thread(all_cores_but_o
     (None, 4, 4), (2.6, 2, 2)])
 def test_one_thread_per_core_that_is_mostly_idle(idle, cores, threads):
     assert threads_for_idle_cores(idle, cores) == threads
+
+
+def test_a_process_cpu_time_grows_while_it_spins_and_reads_zero_once_it_is_gone():
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        first = process_cpu_s(spinner.pid)
+        poll_until(lambda: process_cpu_s(spinner.pid), lambda now: now > first, 60,
+                   lambda now: f"no CPU time counted: {first} then {now}")
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert process_cpu_s(spinner.pid) == 0.0
+
+
+def test_work_of_its_own_counts_as_idle_in_a_window(all_cores_but_one_busy):
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        counted_free, counted_busy = IdleWindow((spinner.pid,)), IdleWindow()
+        busy, free = counted_busy.idle_cores(1.0), counted_free.idle_cores(1.0)
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert free > busy  # the spinner's share of the same second, counted idle

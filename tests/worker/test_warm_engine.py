@@ -15,13 +15,19 @@ import uuid
 from pathlib import Path
 
 import pytest
-from waiting import HANG_GUARD_S
+from waiting import HANG_GUARD_S, poll_until
 
 from mebp_core.config import TrainConfig
 from mebp_core.store.resolve import resolve_model
 from mebp_core.units import MB
 from worker.engine_files import EngineFinished, EngineRequest, read_result, write_request
-from worker.memory_cap import open_memory_cap, v1_hierarchy, v2_hierarchy
+from worker.memory_cap import (
+    LimitRefused,
+    open_memory_cap,
+    remove_stale_caps,
+    v1_hierarchy,
+    v2_hierarchy,
+)
 from worker.warm_engine import EngineProcess
 
 pytestmark = pytest.mark.skipif(v1_hierarchy() is None and v2_hierarchy() is None,
@@ -41,19 +47,28 @@ def job_dir(root: Path, cache: Path, steps: int, rows: bytes | None = None) -> P
     return directory
 
 
+@pytest.fixture
 def cap_name() -> str:
-    return f"test-warm-{uuid.uuid4().hex[:8]}-a1"
+    """The name an attempt's cap takes (where the kernel renames groups: cgroup v1); the
+    group is removed after the test, wherever it was renamed (a horse's rename is not seen
+    by the process that started the engine)."""
+    job = f"test-warm-{uuid.uuid4().hex[:8]}"
+    yield f"{job}-a1"
+    remove_stale_caps(job)
 
 
 def test_an_engine_started_ahead_runs_its_job_under_the_limit_it_is_given(tmp_path,
-                                                                         warm_cache):
+                                                                         warm_cache, cap_name):
     directory = job_dir(tmp_path, warm_cache, steps=3)
     engine = EngineProcess.start("auto", warm_cache)
     try:
         assert engine.cap.limit_bytes is None and engine.waiting
-        name = cap_name()
-        engine.assign(directory, name, 900 * MB)
-        assert engine.cap.path.name == name and not engine.waiting
+        waiting_name = engine.cap.path.name
+        engine.assign(directory, cap_name, 900 * MB)
+        renames = engine.cap.mode == "cgroup-v1"
+        assert engine.cap.path.name == (cap_name if renames else waiting_name)
+        assert str(engine.pid) in (engine.cap.path / "cgroup.procs").read_text().split()
+        assert not engine.waiting
         limit_file = "memory.max" if engine.cap.mode == "cgroup-v2" else "memory.limit_in_bytes"
         assert int((engine.cap.path / limit_file).read_text()) == 900 * MB
         assert engine.wait(HANG_GUARD_S) == 0, (directory / "engine.log").read_text()
@@ -67,7 +82,7 @@ def test_an_engine_started_ahead_runs_its_job_under_the_limit_it_is_given(tmp_pa
     # charged to the job alike, so the memory each reports is the same to within the noise
     # of an allocator
     cold_dir = job_dir(tmp_path, warm_cache, steps=3)
-    cap, _ = open_memory_cap("auto", cap_name(), 900 * MB)
+    cap, _ = open_memory_cap("auto", f"{cap_name}-cold", 900 * MB)
     try:
         env = {**os.environ, **cap.child_env(), "MEBP_CACHE_DIR": str(warm_cache)}
         done = subprocess.run([sys.executable, "-m", "worker.child", str(cold_dir)], env=env,
@@ -80,13 +95,13 @@ def test_an_engine_started_ahead_runs_its_job_under_the_limit_it_is_given(tmp_pa
 
 
 def test_a_limit_below_what_the_engine_needs_ends_it_before_its_job_runs(tmp_path,
-                                                                        warm_cache):
+                                                                        warm_cache, cap_name):
     directory = job_dir(tmp_path, warm_cache, steps=3)
     engine = EngineProcess.start("auto", warm_cache)
     try:
         try:
-            engine.assign(directory, cap_name(), 24 * MB)
-        except OSError:  # cgroup v1 refuses a limit below what the group holds
+            engine.assign(directory, cap_name, 24 * MB)
+        except LimitRefused:  # cgroup v1 refuses a limit below what the group holds
             pass
         else:  # the limit took: the imports that follow run into it
             assert engine.wait(HANG_GUARD_S) != 0
@@ -97,24 +112,31 @@ def test_a_limit_below_what_the_engine_needs_ends_it_before_its_job_runs(tmp_pat
         engine.discard()
 
 
-def run_as_horse(engine: EngineProcess, directory: Path, results, wait: bool) -> None:
-    """What a horse does with the engine its worker started: take it, send the job and,
-    with ``wait``, follow it to its end (a forked process, as RQ's horse is)."""
-    engine.assign(directory, cap_name(), 900 * MB)
-    if wait:
+def run_as_horse(engine: EngineProcess, directory: Path, name: str, results,
+                 follow: bool) -> None:
+    """What a horse does with the engine its worker started: take it and send the job;
+    then, with ``follow``, wait for its end and say how it ended, else exit once the engine
+    has trained a step (a forked process, as RQ's horse is)."""
+    engine.assign(directory, name, 900 * MB)
+    if follow:
         results.put(engine.wait(HANG_GUARD_S))
+        return
+    poll_until(lambda: (directory / "metrics.jsonl").is_file()
+               and (directory / "metrics.jsonl").read_text().strip(), bool, HANG_GUARD_S,
+               lambda _: "the engine trained no step")
 
 
 @pytest.mark.parametrize(("rows", "code"), [(None, 0), (b"{not json\n", 1)],
                          ids=["succeeded", "failed"])
-def test_a_horse_reads_how_an_engine_it_did_not_start_ended(tmp_path, warm_cache, rows,
-                                                           code):
+def test_a_horse_reads_how_an_engine_it_did_not_start_ended(tmp_path, warm_cache, cap_name,
+                                                           rows, code):
     directory = job_dir(tmp_path, warm_cache, steps=2, rows=rows)
     engine = EngineProcess.start("auto", warm_cache)
     fork = multiprocessing.get_context("fork")
     results = fork.Queue()
     try:
-        horse = fork.Process(target=run_as_horse, args=(engine, directory, results, True))
+        horse = fork.Process(target=run_as_horse,
+                             args=(engine, directory, cap_name, results, True))
         horse.start()
         horse.join(HANG_GUARD_S)
         assert horse.exitcode == 0
@@ -124,14 +146,16 @@ def test_a_horse_reads_how_an_engine_it_did_not_start_ended(tmp_path, warm_cache
         engine.discard()
 
 
-def test_an_engine_dies_with_the_horse_it_was_handed_to(tmp_path, warm_cache):
+def test_an_engine_dies_with_the_horse_it_was_handed_to(tmp_path, warm_cache, cap_name):
     directory = job_dir(tmp_path, warm_cache, steps=100_000)
     engine = EngineProcess.start("auto", warm_cache)
     fork = multiprocessing.get_context("fork")
     try:
-        horse = fork.Process(target=run_as_horse, args=(engine, directory, None, False))
+        horse = fork.Process(target=run_as_horse,
+                             args=(engine, directory, cap_name, None, False))
         horse.start()
-        horse.join(HANG_GUARD_S)  # it hands the job over and exits
+        horse.join(HANG_GUARD_S)  # it exits once the engine is training
+        assert horse.exitcode == 0
         assert engine.wait(HANG_GUARD_S) == -signal.SIGKILL
         assert read_result(directory) is None
     finally:
