@@ -42,6 +42,7 @@ def plan_on_this_worker(session: Session, job: Job, config: TrainConfig, source:
     only if predicted not to fit here. The job's config and plan are updated to match (the
     plan with this host's predictions)."""
     threads = attempt_threads(session, job, settings, idle or IdleWindow())
+    session.commit()  # no write is held open while it plans (SQLite: the heartbeat waits)
     here = config.model_copy(update={"knobs": fixed_bf16_path(config).model_copy(
         update={"threads": threads})})
     planned = job.planned()
@@ -63,8 +64,11 @@ def _predict_here(session: Session, job: Job, planned: PlanSummary, here: TrainC
     device = None if job.device_id is None else find_device(session, job.device_id)
 
     def plan_of(candidates: list[EngineKnobs] | None) -> Plan:
+        # a missing calibration is measured (the worker measured its usual thread counts
+        # as it started), an unsteady one is not measured again while a job waits on it
         return plan_on_host(arch, here, budget_bytes=job.memory_budget_bytes, device=device,
-                            candidates=candidates, cache_dir=settings.cache_dir)
+                            candidates=candidates, cache_dir=settings.cache_dir,
+                            remeasure=False)
 
     plan = plan_of(None if chosen_by == "auto" else [here.knobs])
     recorded = _entry_of(plan, here.knobs) or plan_of([here.knobs]).entries[0]

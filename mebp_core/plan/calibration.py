@@ -182,10 +182,12 @@ def calibration_path(cache_dir: Path, threads: int | None) -> Path:
 
 
 def load_calibration(cache_dir: Path, threads: int | None = None, *,
-                     measure: bool = True) -> HostCalibration | None:
-    """The cached calibration for this host, measuring it first if missing and allowed. One
-    process measures at a time (the API, the workers and the CLI may all start at once, and
-    two measurements side by side would each see the other's load); the others wait for it."""
+                     measure: bool = True, remeasure: bool = True) -> HostCalibration | None:
+    """The cached calibration for this host, measuring it first if missing and allowed
+    (``measure``), and again when unsteady and due (``remeasure`` too: not where a job
+    waits on it). One process measures at a time (the API, the workers and the CLI may all
+    start at once, and two measurements side by side would each see the other's load); the
+    others wait for it."""
     path = calibration_path(cache_dir, threads)
     if not path.exists():
         if not measure:
@@ -194,7 +196,7 @@ def load_calibration(cache_dir: Path, threads: int | None = None, *,
             if not path.exists():  # measured by the holder we waited for
                 write_json_atomically(path, asdict(measure_steady_host(threads)))
     calibration = _read_calibration(path)
-    if measure and _due_again(calibration):
+    if measure and remeasure and _due_again(calibration):
         with exclusive_lock(path.with_suffix(".lock")):
             calibration = _read_calibration(path)
             if _due_again(calibration):  # not re-measured by the holder we waited for

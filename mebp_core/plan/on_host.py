@@ -34,13 +34,14 @@ class CalibrationUnavailableError(CalibrationError):
 def plan_on_host(arch: Architecture, config: TrainConfig, *, budget_bytes: int | None = None,
                  device: DeviceProfile | None = None, margin: float = DEFAULT_MARGIN,
                  candidates: list[EngineKnobs] | None = None, cache_dir: Path | None = None,
-                 measure: bool = True) -> Plan:
+                 measure: bool = True, remeasure: bool = True) -> Plan:
     """Every candidate configuration (or ``candidates``) of ``config``'s workload, predicted
     with this host's calibration at ``config.knobs.threads`` threads; bf16 matmuls take
-    ``config.knobs.bf16_matmul``'s path. ``measure=False`` refuses to calibrate here."""
+    ``config.knobs.bf16_matmul``'s path. ``measure=False`` refuses to calibrate here,
+    ``remeasure=False`` to measure an unsteady calibration again."""
     workload = Workload.from_config(arch, config)
     host = load_calibration(cache_dir or default_cache_dir(), config.knobs.threads,
-                            measure=measure)
+                            measure=measure, remeasure=remeasure)
     if host is None:
         raise CalibrationUnavailableError(
             "this host's calibration is not measured yet and cannot be measured here")

@@ -6,12 +6,15 @@ first attempt."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from sqlmodel import Session, select
 
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.cpu import native_bf16_matmul
 from mebp_core.plan.arch import load_architecture
+from mebp_core.plan.calibration import calibration_path
 from mebp_core.plan.on_host import plan_on_host, plan_summary
 from mebp_core.plan.planner import knobs_id
 from mebp_core.plan.summary import PlanSummary
@@ -182,3 +185,18 @@ def test_without_a_thread_setting_a_job_takes_the_cores_free_as_it_starts(
     told = [e.data for e in session.exec(select(Event).where(Event.job_id == job.id)).all()
             if "idle_cores" in e.data]
     assert [e["threads"] for e in told] == [1] and told[0]["idle_cores"] <= 1.2
+
+
+def test_a_job_never_waits_on_its_host_being_measured_again(session, settings):
+    """An unsteady calibration due to be measured again (a busy host) plans the job as it
+    is: measuring again takes minutes at the load that made it unsteady, and a job's worker
+    planning inside its lease (with its database write open) would miss its heartbeats."""
+    path = calibration_path(settings.cache_dir, 1)
+    unsteady = {**json.loads(path.read_text()), "spread": {"matmul": 75.0},
+                "measured_at": "2026-01-01T00:00:00+00:00", "retried_at": None}
+    path.write_text(json.dumps(unsteady))
+    config = TrainConfig(seq_len=256)
+    job = job_with(session, config, recorded(settings, config))
+    plan_on_this_worker(session, job, job.train_config(), MODEL, settings, "w1")
+    assert json.loads(path.read_text()) == unsteady  # not measured, nor marked tried
+    assert job.planned().calibration["steady"] is False
