@@ -71,6 +71,15 @@ def record_outcome(session: Session, job: Job, job_dir: Path, returncode: int,
     session.commit()
 
 
+def fail_limit_refused(session: Session, job: Job, cap: MemoryCap) -> None:
+    """The kernel refused the job's limit on its engine (cgroup v1's EBUSY): what the engine
+    already held, the kernel's count, is over the job's budget."""
+    job.peak_memory_bytes = cap.peak_bytes()
+    record_cgroup_peak(job, cap)
+    _fail_over_budget(session, job, cap)
+    session.commit()
+
+
 def _fail_over_budget(session: Session, job: Job, cap: MemoryCap) -> None:
     cap_mb = job.memory_budget_bytes / MB
     # killed at the cap: the cgroup's usage then is memory it could not reclaim, and

@@ -51,7 +51,7 @@ from worker.engine_files import (
     EngineRequest,
     write_request,
 )
-from worker.engine_outcome import record_cgroup_peak, record_outcome
+from worker.engine_outcome import fail_limit_refused, record_cgroup_peak, record_outcome
 from worker.host_plan import plan_on_this_worker
 from worker.lease import Heartbeat, claim_job, worker_name
 from worker.measured_time import predicted_figures
@@ -263,11 +263,8 @@ class JobRun:
                     child = EngineProcess.start(self.settings.enforcement, cache_dir)
                     cap = child.cap
                     child.assign(self.dir, cap_name, job.memory_budget_bytes)
-            except LimitRefused as exc:
-                fail_job(session, job, "memory_budget_exceeded",
-                         f"the engine's runtime alone is over the job's memory cap of "
-                         f"{job.memory_budget_bytes / MB:.0f} MB ({cap.mode}: {exc})")
-                session.commit()
+            except LimitRefused:  # what the engine holds is already over the budget
+                fail_limit_refused(session, job, cap)
                 return None
             self._follow(session, job, child, cap)
             if self.heartbeat.lost.is_set():
