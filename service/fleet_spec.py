@@ -156,7 +156,8 @@ class FleetSpec(Record):
     simulated ``population``."""
 
     request: FleetRequest
-    members: list[FleetMemberSpec] = Field(default_factory=list)
+    # none for a population; required, so a row without it is malformed, not an empty fleet
+    members: list[FleetMemberSpec]
     population: Population | None = None
     references: list[ReferenceRecord] | None = None  # made with references: their jobs
 

@@ -167,7 +167,7 @@ def test_a_phone_has_its_shard_written_when_first_drawn_with_the_same_rows(tmp_p
         session.add(Dataset(id="src", tenant="t", filename="source.jsonl", path=str(source),
                             bytes=source.stat().st_size, rows=60, sha256="0" * 64))
         fleet = Fleet(id=new_id("fleet"), tenant="t", model="preset:tiny", spec=FleetSpec(
-            request=request, population=Population(profiles=[phone()], counts=[phones],
+            request=request, members=[], population=Population(profiles=[phone()], counts=[phones],
                                                    examples=[3] * phones)))
         session.add(fleet)
         start_round(session, fleet, 0, tmp_path)
