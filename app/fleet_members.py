@@ -14,7 +14,7 @@ from app.schemas import JobCreate
 from mebp_core.config import MAX_STEPS
 from mebp_core.federated.rounds import reference_steps, selected_count
 from mebp_core.plan.arch import Architecture
-from service.fleet_spec import FleetMemberSpec, JobTemplate
+from service.fleet_spec import MAX_COHORT, FleetMemberSpec, FleetSpec, JobTemplate, Population
 from service.models import Dataset
 from service.settings import Settings
 
@@ -34,43 +34,75 @@ def member_job_body(body: FleetCreate, device: str, training_file: str) -> JobCr
     return JobCreate(**common, training_file=training_file, device=device)
 
 
-def plan_members(session: Session, settings: Settings, body: FleetCreate, devices: list[str],
-                 source: Dataset, arch: Architecture) -> list[FleetMemberSpec]:
-    """One member per device: its plan and, if it runs (it fits, or ``allow_infeasible``),
-    its job's row as a template. A device with its own shard has no training file yet (its
-    shard is written only if it gets a job) nor a row count until the rows are dealt.
-    ``arch`` is the model's, resolved once for the request (``check_references``)."""
-    plans: dict[str, PlannedJob] = {}
-    for device in dict.fromkeys(devices):
-        plans[device] = plan_job(member_job_body(body, device, source.id), arch, settings,
-                                 session)
-    members = []
-    for index, device in enumerate(devices):
-        planned = plans[device]
-        training_file = None if body.shards_data else source.id
-        plan = planned.plan
-        template = None if not (planned.feasible or body.allow_infeasible) else JobTemplate(
-            model=body.model, device_id=None if planned.device is None else planned.device.id,
-            memory_budget_bytes=planned.budget_bytes, plan=plan, config=planned.config,
-            training_file=training_file, validation_file=body.validation_file,
-            metadata_=body.metadata)
-        members.append(FleetMemberSpec(
-            device=device, shard=index if body.shards_data else None,
-            training_file=training_file, fits=planned.feasible,
-            examples=None if body.shards_data else source.rows, plan=plan, job=template))
-    return members
+def plan_members(session: Session, settings: Settings, body: FleetCreate, source: Dataset,
+                 arch: Architecture) -> tuple[list[FleetMemberSpec], Population | None]:
+    """The fleet's members: one per named device, or one per simulated phone, each with its
+    plan and, if it runs (it fits, or ``allow_infeasible``), its job's row as a template; a
+    federated simulated fleet, a ``Population`` instead (one planned member a profile, its
+    phones derived). A device with its own shard has no training file yet (its shard is
+    written only if it gets a job) nor a row count until the rows are dealt. ``arch`` is the
+    model's, resolved once for the request (``check_references``)."""
+    counts = body.simulated.counts() if body.simulated is not None else None
+    profiles = {}
+    for device in counts or dict.fromkeys(body.devices):
+        planned = plan_job(member_job_body(body, device, source.id), arch, settings, session)
+        profiles[device] = _planned_member(body, device, planned, source)
+    if counts is not None and body.federated:
+        return [], Population(profiles=list(profiles.values()), counts=list(counts.values()))
+    devices = body.devices if counts is None else \
+        [device for device, count in counts.items() for _ in range(count)]
+    return [profiles[device].model_copy(update={"shard": index if body.shards_data else None})
+            for index, device in enumerate(devices)], None
 
 
-def seats_needed(body: FleetCreate, members: list[FleetMemberSpec]) -> int:
+def _planned_member(body: FleetCreate, device: str, planned: PlannedJob, source: Dataset
+                    ) -> FleetMemberSpec:
+    training_file = None if body.shards_data else source.id
+    template = None if not (planned.feasible or body.allow_infeasible) else JobTemplate(
+        model=body.model, device_id=None if planned.device is None else planned.device.id,
+        memory_budget_bytes=planned.budget_bytes, plan=planned.plan, config=planned.config,
+        training_file=training_file, validation_file=body.validation_file,
+        metadata_=body.metadata)
+    return FleetMemberSpec(device=device, shard=None, training_file=training_file,
+                           fits=planned.feasible,
+                           examples=None if body.shards_data else source.rows,
+                           plan=planned.plan, job=template)
+
+
+def seats_needed(body: FleetCreate, spec: FleetSpec) -> int:
     """The most jobs the fleet has queued at once: one per device that runs; federated, its
     largest round (the devices a round selects, at most those that run) and its
     references. Held in the tenant's queue from its creation until its last round is
     queued, so no round passes the tenant's limit."""
-    runs = sum(member.job is not None for member in members)
+    if spec.population is None:
+        runs = sum(member.job is not None for member in spec.members)
+    else:
+        runs = sum(count for profile, count in zip(spec.population.profiles,
+                                                   spec.population.counts, strict=True)
+                   if profile.job is not None)
     if not body.federated:
         return runs
     references = runs + 1 if body.references and runs else 0
-    return min(selected_count(len(members), body.participation), runs) + references
+    return min(selected_count(spec.member_count, body.participation), runs) + references
+
+
+def check_population(body: FleetCreate) -> None:
+    """422 naming the setting that would queue more than ``MAX_COHORT`` jobs at once."""
+    devices = body.simulated.count if body.simulated is not None else len(body.devices)
+    if devices <= MAX_COHORT:
+        return
+    if not body.federated:
+        raise invalid(("simulated", "count"), f"a fleet without rounds runs every phone at "
+                      f"once, at most {MAX_COHORT}; a larger population trains in rounds "
+                      "(aggregation fedavg or ffa), each round's cohort drawn by "
+                      "participation", devices)
+    if (cohort := selected_count(devices, body.participation)) > MAX_COHORT:
+        raise invalid("participation", f"draws {cohort} of {devices} phones a round, more "
+                      f"than {MAX_COHORT}: at most {MAX_COHORT / devices:.4g}",
+                      body.participation)
+    if body.references:
+        raise invalid("references", f"references train every phone alone: at most "
+                      f"{MAX_COHORT} phones, not {devices}", True)
 
 
 def check_round_settings(body: FleetCreate, devices: int) -> None:
@@ -95,10 +127,15 @@ def check_references_can_run(body: FleetCreate, devices: int) -> None:
                       f"steps, more than {MAX_STEPS}", True)
 
 
-def device_ids(session: Session, body: FleetCreate) -> list[str]:
-    if body.simulated is not None:
-        device_or_422(session, body.simulated.device, field=("simulated", "device"))
-        return [body.simulated.device] * body.simulated.count
-    for index, device in enumerate(body.devices):
-        device_or_422(session, device, field=("devices", str(index)))
-    return body.devices
+def check_devices(session: Session, body: FleetCreate) -> int:
+    """422 naming a profile that is not known; the fleet's number of devices."""
+    simulated = body.simulated
+    if simulated is None:
+        for index, device in enumerate(body.devices):
+            device_or_422(session, device, field=("devices", str(index)))
+        return len(body.devices)
+    if simulated.device is not None:
+        device_or_422(session, simulated.device, field=("simulated", "device"))
+    for device in simulated.mix or {}:
+        device_or_422(session, device, field=("simulated", "mix", device))
+    return simulated.count

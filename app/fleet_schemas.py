@@ -6,20 +6,66 @@ import copy
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from app.api.request_model import RequestModel
 from app.schemas import EngineKnobs, Hyperparameters, Metadata, Name
 from mebp_core.config import Method, TrainConfig
-from service.fleet_spec import Aggregation, FleetRequest, ReferenceRecord, RoundSeat
+from service.fleet_spec import (
+    MAX_COHORT,
+    MAX_POPULATION,
+    Aggregation,
+    FleetRequest,
+    ReferenceRecord,
+    RoundSeat,
+)
 
 # the round settings are the stored request's own fields (``service.fleet_spec``)
 ROUND = FleetRequest.model_fields
 
 
 class SimulatedDevices(RequestModel):
-    device: Name = Field(description="the profile of every simulated phone")
-    count: int = Field(ge=1, le=256, description="phones, each trained on its own shard")
+    """A population of phones, each trained on its own shard: of one profile, or a mix of
+    profiles with shares (phones numbered in the mix's order, each profile's count its share
+    rounded so that the counts add up)."""
+
+    device: Name | None = Field(default=None, description="the profile of every phone")
+    mix: dict[Name, float] | None = Field(
+        default=None, min_length=1, max_length=64, examples=[
+            {"iphone-15": 0.4, "pixel-8": 0.3, "android-4gb": 0.3}],
+        description="the profiles' shares of the population, summing to 1")
+    count: int = Field(ge=1, le=MAX_POPULATION, description=(
+        f"phones (at most {MAX_POPULATION}; over {MAX_COHORT} only in rounds, "
+        f"whose participation draws cohorts of at most {MAX_COHORT})"))
+
+    @field_validator("mix")
+    @classmethod
+    def _shares_sum_to_one(cls, mix: dict[str, float] | None) -> dict[str, float] | None:
+        if mix is None:
+            return None
+        if any(not 0 < share <= 1 for share in mix.values()):
+            raise ValueError("every share must be in (0, 1]")
+        if abs(sum(mix.values()) - 1) > 1e-6:
+            raise ValueError(f"the shares sum to {sum(mix.values()):g}, not 1")
+        return mix
+
+    @model_validator(mode="after")
+    def _one_profile_or_a_mix(self) -> SimulatedDevices:
+        if (self.device is None) == (self.mix is None):
+            raise ValueError("give exactly one of device (one profile) and mix (shares)")
+        return self
+
+    def counts(self) -> dict[str, int]:
+        """Phones per profile: each share of ``count`` rounded down, the phones left over
+        given to the largest remainders (the mix's order breaks ties)."""
+        shares = self.mix or {self.device: 1.0}
+        exact = {profile: share * self.count for profile, share in shares.items()}
+        counts = {profile: int(value) for profile, value in exact.items()}
+        left = self.count - sum(counts.values())
+        by_remainder = sorted(exact, key=lambda p: counts[p] - exact[p])  # stable
+        for profile in by_remainder[:left]:
+            counts[profile] += 1
+        return {profile: n for profile, n in counts.items() if n}
 
 
 class DataSplit(RequestModel):
@@ -79,7 +125,7 @@ class FleetCreate(RequestModel):
     def _one_way_to_name_devices(self) -> FleetCreate:
         if (self.devices is None) == (self.simulated is None):
             raise ValueError("give exactly one of devices (profile ids) and simulated "
-                             "({device, count})")
+                             "({device or mix, count})")
         return self
 
     def federated_fields_without_aggregation(self) -> list[str]:
@@ -110,6 +156,7 @@ class FleetCreate(RequestModel):
 
 
 class FleetMember(BaseModel):
+    index: int = Field(description="the member's number in the fleet, from 0")
     device: str
     shard: int | None = Field(description="which shard of the data (simulated fleets)")
     training_file: str | None = Field(description="none for a device that gets no job (its "
@@ -133,8 +180,12 @@ class FleetMember(BaseModel):
     error_code: str | None
 
 
+LISTED_MEMBERS = 256  # members a fleet's body lists; its members page has them all
+
+
 class FleetSummary(BaseModel):
     devices: int
+    by_device: dict[str, int] = Field(description="members per device profile")
     fit: int
     by_status: dict[str, int]
     failures_by_code: dict[str, int]
@@ -146,6 +197,26 @@ class RoundParticipant(RoundSeat):
     """A round's seat as stored, with its device's name."""
 
     device: str
+
+
+class Spread(BaseModel):
+    """How a figure spreads over a round's cohort."""
+
+    min: float
+    median: float
+    mean: float
+    max: float
+
+
+class RoundSummary(BaseModel):
+    cohort: int = Field(description="the phones the round drew")
+    outcomes: dict[str, int] = Field(description="how many came to each outcome")
+    final_loss: Spread | None = Field(description="the training loss after the last step of "
+                                      "each job that ended, over the cohort")
+    measured_peak_mb: Spread | None = Field(description="the kernel's count of each job's "
+                                            "peak (anonymous + shared memory)")
+    device_time_s: Spread | None = Field(description="each phone's estimated on-device time "
+                                         "for the round's local steps")
 
 
 class FleetRoundPublic(BaseModel):
@@ -160,6 +231,19 @@ class FleetRoundPublic(BaseModel):
     host_wall_s: float | None = Field(description="this host's time for the round")
     started_at: datetime
     finished_at: datetime | None
+    summary: RoundSummary
+
+
+class FleetRoundsPublic(BaseModel):
+    data: list[FleetRoundPublic]
+    count: int
+    next: str | None = Field(description="the next page's URL, also in the Link header")
+
+
+class FleetMembersPublic(BaseModel):
+    data: list[FleetMember]
+    count: int
+    next: str | None = Field(description="the next page's URL, also in the Link header")
 
 
 class ReferenceRun(ReferenceRecord):
@@ -193,7 +277,9 @@ class FleetPublic(BaseModel):
         "preparation failed (error says why), nothing of it was queued; cancelled before "
         "its jobs were made"))
     error: str | None = Field(description="why its preparation failed")
-    members: list[FleetMember]
+    members: list[FleetMember] = Field(description=(
+        f"its first {LISTED_MEMBERS} members (a fleet of up to {LISTED_MEMBERS}, all); "
+        "GET /v1/fleets/{id}/members pages them all; summary.devices counts them"))
     summary: FleetSummary
     planned_rounds: int | None = Field(description="federated: the rounds asked for")
     local_steps: int | None = Field(description="federated: each device's steps per round")

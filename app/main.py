@@ -24,7 +24,17 @@ from app.api.errors import validation_error_response
 from app.api.event_hub import EventHub
 from app.api.events import StreamSlots
 from app.api.request_sessions import SessionSlots
-from app.api.routes import adapters, comparisons, datasets, devices, fleets, jobs, models, plans
+from app.api.routes import (
+    adapters,
+    comparisons,
+    datasets,
+    devices,
+    fleet_pages,
+    fleets,
+    jobs,
+    models,
+    plans,
+)
 from app.api.url_guard import RefuseNulInUrl
 from app.calibration_gate import FAILURE_RETRY_S, RETRY_AFTER_S, CalibrationGate
 from app.keys import ensure_bootstrap_key
@@ -137,7 +147,8 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
         status_code=status.HTTP_409_CONFLICT))
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=ERRORS)
-    for module in (devices, models, plans, datasets, jobs, adapters, fleets, comparisons):
+    for module in (devices, models, plans, datasets, jobs, adapters, fleets, fleet_pages,
+                   comparisons):
         v1.include_router(module.router)
     v1.include_router(datasets.uploads, max_body_size=body_limits.upload_bytes)
     app.include_router(v1)

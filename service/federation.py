@@ -37,6 +37,7 @@ from service.crud import TERMINAL, create_queued_jobs, latest_adapter
 from service.fleet_spec import FleetRequest, JobTemplate, ReferenceRecord, RoundSeat
 from service.json_column import MalformedRowError, rows_that_load
 from service.models import Fleet, FleetRound, Job, utc_now
+from service.shard_files import write_missing_shards
 from service.storage import coordinator_lock_path, round_adapter_dir
 
 RUNNING, DONE, FAILED = "running", "done", "failed"
@@ -57,20 +58,21 @@ def rounds_of(session: Session, fleet_id: str) -> list[FleetRound]:
 def start_round(session: Session, fleet: Fleet, index: int, storage_root: Path) -> list[str]:
     """Add round ``index`` and the jobs of its selected devices; the caller commits, then
     enqueues the returned job ids."""
-    request, members = fleet.spec.request, fleet.spec.members
+    request, spec = fleet.spec.request, fleet.spec
     local_steps = request.steps_per_round
     init = None if index == 0 else str(round_adapter_dir(storage_root, fleet.id, index - 1))
     if init is not None and not Path(init).is_dir():
         init = _last_global_adapter(session, fleet, storage_root)
     seats, rows = [], []
     cursors = data_cursors(session, fleet.id)
-    for member in participants(len(members), request.participation, request.seed, index):
-        spec = members[member]
-        estimate = spec.plan.device_step_time_s_estimate
+    trainees = []
+    for member in participants(spec.member_count, request.participation, request.seed, index):
+        phone = spec.member(member, fleet.id)
+        estimate = phone.plan.device_step_time_s_estimate
         device_time_s = None if estimate is None else estimate * local_steps
         offline = fate(request.seed, index, member, request.dropout,
                        local_steps).offline_after_step
-        if spec.job is None:
+        if phone.job is None:
             outcome = DOES_NOT_FIT
         elif is_straggler(device_time_s, request.deadline_s):
             outcome = STRAGGLER
@@ -78,11 +80,14 @@ def start_round(session: Session, fleet: Fleet, index: int, storage_root: Path) 
             outcome = DROPPED
         else:
             outcome = TRAINING
-            rows.append(_round_job(spec.job, request, offline or local_steps,
+            trainees.append(member)
+            rows.append(_round_job(phone.job, request, offline or local_steps,
                                    cursors.get(member, 0)))
         seats.append(RoundSeat(member=member, job_id=None, outcome=outcome,
-                               examples=spec.examples, offline_after_step=offline,
+                               examples=phone.examples, offline_after_step=offline,
                                device_time_s=device_time_s))
+    if spec.population is not None:  # a phone's shard is written when it first trains
+        write_missing_shards(session, fleet, trainees, storage_root)
     jobs = iter(create_queued_jobs(session, rows, tenant=fleet.tenant, fleet_id=fleet.id,
                                    init_adapter=init))
     seats = [seat.model_copy(update={"job_id": next(jobs).id})
@@ -124,9 +129,10 @@ def queue_references(session: Session, fleet: Fleet) -> list[str]:
     and returns the job ids. The caller commits, then enqueues. They are claimed after any
     queued job of the fleet's rounds (``REFERENCE_PRIORITY``), so they never hold a round
     up waiting for a worker."""
-    request, members = fleet.spec.request, fleet.spec.members
+    request, spec = fleet.spec.request, fleet.spec
     local_steps, central_steps = reference_steps(
-        len(members), request.participation, request.rounds, request.steps_per_round)
+        spec.member_count, request.participation, request.rounds, request.steps_per_round)
+    members = (spec.member(index, fleet.id) for index in range(spec.member_count))
     templates = [(index, member.job) for index, member in enumerate(members)
                  if member.job is not None]
     runs = [("local_only", index, job.job_row(config={"steps": local_steps}))

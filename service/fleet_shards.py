@@ -8,19 +8,19 @@ nothing slow runs inside a transaction: dealing and writing come first, the rows
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from sqlmodel import Session
 
-from mebp_core.federated.split import SplitSpec, read_rows, split_rows
+from mebp_core.federated.rounds import participants
 from service.crud import create_queued_jobs
 from service.federation import queue_references, start_round
-from service.fleet_spec import FleetMemberSpec
+from service.fleet_spec import FleetMemberSpec, FleetSpec, shard_id
 from service.models import Dataset, Fleet
 from service.settings import Settings
-from service.storage import dataset_path, new_id, write_shards
+from service.shard_files import deal, write_member_shards
+from service.storage import new_id
 
 PREPARING, READY, FAILED, CANCELLED = "preparing", "ready", "failed", "cancelled"
 INLINE_SPLIT_BYTES = 16 << 20  # dealt and written in well under a second
@@ -43,35 +43,23 @@ class Shards:
             Path(dataset.path).unlink(missing_ok=True)
 
 
-def shard_id(fleet_id: str, index: int) -> str:
-    """Device ``index``'s shard: the same id each time the fleet is prepared, so a second
-    preparation writes over the first's files rather than beside them."""
-    return f"ds-{fleet_id.removeprefix('fleet-')}-{index}"
-
-
 def deal_shards(storage_root: Path, source: Dataset, fleet: Fleet) -> Shards:
     """Deal the source's rows by the fleet's data split (iid by default) and write the
-    shard of each member that has a job. ``SplitError`` names the line or field."""
-    request, members = fleet.spec.request, fleet.spec.members
-    dealt = split_rows(read_rows(Path(source.path).read_bytes()), len(members),
-                       request.data_split or SplitSpec(), request.seed)
-    wanted = [index for index, member in enumerate(members) if member.job is not None]
-    ids = [shard_id(fleet.id, index) for index in wanted]
-    paths = [dataset_path(storage_root, shard) for shard in ids]
-    try:
-        stats = write_shards([[row.text for row in dealt[index]] for index in wanted], paths)
-    except BaseException:
-        for path in paths:
-            path.unlink(missing_ok=True)
-        raise
-    datasets = []
-    for index, shard, path, (size, rows, digest) in zip(wanted, ids, paths, stats,
-                                                        strict=True):
-        name = f"{source.filename} (shard {index + 1} of {len(members)}, {fleet.id})"
-        datasets.append(Dataset(id=shard, tenant=source.tenant, filename=name[:255],
-                                path=str(path), bytes=size, rows=rows, sha256=digest,
-                                source_id=source.id))
-    return Shards([len(shard) for shard in dealt], datasets)
+    shards its jobs need now: every member's that has a job, or, for a federated population,
+    those of its first round's cohort (a later round writes its own, ``start_round``).
+    ``SplitError`` names the line or field."""
+    dealt = deal(source, fleet)
+    wanted = [index for index in shards_needed_now(fleet)
+              if fleet.spec.member(index, fleet.id).job is not None]
+    return Shards([len(shard) for shard in dealt],
+                  write_member_shards(storage_root, source, fleet, dealt, wanted))
+
+
+def shards_needed_now(fleet: Fleet) -> range | list[int]:
+    request, spec = fleet.spec.request, fleet.spec
+    if spec.population is None or not request.federated or request.references:
+        return range(spec.member_count)
+    return participants(spec.member_count, request.participation, request.seed, 0)
 
 
 def make_fleet_jobs(session: Session, fleet: Fleet, shards: Shards | None,
@@ -80,23 +68,18 @@ def make_fleet_jobs(session: Session, fleet: Fleet, shards: Shards | None,
     references), and mark it ready; returns the job ids to enqueue once the caller has
     committed. The jobs take the seats the fleet holds; a federated fleet keeps holding
     seats for its later rounds."""
-    request, members = fleet.spec.request, fleet.spec.members
+    request = fleet.spec.request
     if shards is not None:
         session.add_all(shards.datasets)
-        written = iter(shards.datasets)
-        members = [_dealt(member, rows, written) for member, rows in zip(members, shards.rows,
-                                                                        strict=True)]
-    if not request.federated:
-        members = [member if member.job is None else
-                   member.model_copy(update={"job_id": new_id("job")}) for member in members]
     # all set before the fleet's row is written (with the jobs' rows)
-    fleet.spec = fleet.spec.model_copy(update={"members": members})
+    fleet.spec = _dealt(fleet.spec, shards, fleet.id)
     fleet.status = READY
     if not request.federated or request.rounds == 1:
         fleet.reserved_jobs = 0  # every job it will make is made here
     session.add(fleet)
     runs = [] if request.federated else [member.job.job_row(id=member.job_id)
-                                         for member in members if member.job is not None]
+                                         for member in fleet.spec.members
+                                         if member.job is not None]
     jobs = [job.id for job in create_queued_jobs(session, runs, tenant=fleet.tenant,
                                                  fleet_id=fleet.id)]
     if request.federated:
@@ -106,11 +89,29 @@ def make_fleet_jobs(session: Session, fleet: Fleet, shards: Shards | None,
     return jobs
 
 
-def _dealt(member: FleetMemberSpec, rows: int, written: Iterator[Dataset]) -> FleetMemberSpec:
-    """A member once its rows are dealt: its count, and its shard if it has a job."""
+def _dealt(spec: FleetSpec, shards: Shards | None, fleet_id: str) -> FleetSpec:
+    """The fleet once its rows are dealt: each member's count and, if it has a job, its
+    shard; a fleet without rounds, each job's id."""
+    if spec.population is not None:
+        if shards is None:
+            return spec
+        return spec.model_copy(update={"population": spec.population.model_copy(
+            update={"examples": shards.rows})})
+    members = spec.members
+    if shards is not None:
+        members = [_dealt_member(member, rows, fleet_id)
+                   for member, rows in zip(members, shards.rows, strict=True)]
+    if not spec.request.federated:
+        members = [member if member.job is None else
+                   member.model_copy(update={"job_id": new_id("job")}) for member in members]
+    return spec.model_copy(update={"members": members})
+
+
+def _dealt_member(member: FleetMemberSpec, rows: int, fleet_id: str) -> FleetMemberSpec:
+    """A listed member once its rows are dealt: its count, and its shard if it has a job."""
     if member.job is None:
         return member.model_copy(update={"examples": rows})
-    shard = next(written).id
+    shard = shard_id(fleet_id, member.shard)
     return member.model_copy(update={
         "examples": rows, "training_file": shard,
         "job": member.job.model_copy(update={"training_file": shard})})

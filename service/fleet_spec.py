@@ -18,6 +18,8 @@ from mebp_core.federated.split import SplitSpec
 from service.job_plan import JobPlan
 
 MAX_ROUNDS = 100
+MAX_POPULATION = 10_000  # simulated phones in one fleet
+MAX_COHORT = 256  # jobs a round (or a fleet without rounds) queues at most
 Aggregation = Literal["none", "fedavg", "ffa"]
 Outcome = Literal["training", "trained", "dropped", "out_of_memory", "straggler",
                   "does_not_fit", "failed", "cancelled"]
@@ -132,10 +134,62 @@ class ReferenceRecord(Record):
     job_id: str
 
 
+class Population(Record):
+    """A simulated population: phones numbered in the order of its profiles (the first
+    ``counts[0]`` are ``profiles[0]``'s, and so on), phone ``i`` holding shard ``i``. A phone
+    is derived from its profile when read, so a fleet of 10,000 stores one plan a profile."""
+
+    profiles: list[FleetMemberSpec]  # each profile's plan and job template, no shard yet
+    counts: list[int]
+    examples: list[int] | None = None  # rows in each phone's shard, once dealt
+
+    def profile_of(self, index: int) -> FleetMemberSpec:
+        for profile, count in zip(self.profiles, self.counts, strict=True):
+            if index < count:
+                return profile
+            index -= count
+        raise IndexError(f"no phone {index} in a population of {sum(self.counts)}")
+
+
 class FleetSpec(Record):
+    """Its members: a list of named devices (and fleets made before populations), or a
+    simulated ``population``."""
+
     request: FleetRequest
+    # none for a population; required, so a row without it is malformed, not an empty fleet
     members: list[FleetMemberSpec]
+    population: Population | None = None
     references: list[ReferenceRecord] | None = None  # made with references: their jobs
+
+    @property
+    def member_count(self) -> int:
+        return len(self.members) if self.population is None else sum(self.population.counts)
+
+    @property
+    def job_templates(self) -> list[JobTemplate]:
+        """The jobs its members run, as planned (a population: one a profile)."""
+        kinds = self.members if self.population is None else self.population.profiles
+        return [member.job for member in kinds if member.job is not None]
+
+    def member(self, index: int, fleet_id: str) -> FleetMemberSpec:
+        """Member ``index``; a phone of a population with its shard's rows and file (the
+        file is written when the phone first trains: ``service.shard_files``)."""
+        if self.population is None:
+            return self.members[index]
+        population = self.population
+        profile = population.profile_of(index)
+        examples = None if population.examples is None else population.examples[index]
+        shard = shard_id(fleet_id, index) if profile.job is not None else None
+        job = None if profile.job is None else \
+            profile.job.model_copy(update={"training_file": shard})
+        return profile.model_copy(update={"shard": index, "examples": examples,
+                                          "training_file": shard, "job": job})
+
+
+def shard_id(fleet_id: str, index: int) -> str:
+    """Member ``index``'s shard: the same id each time it is written, so writing it again
+    (a second preparation, a round retried) writes over the first's file."""
+    return f"ds-{fleet_id.removeprefix('fleet-')}-{index}"
 
 
 class RoundSeat(Record):

@@ -71,7 +71,7 @@ class Scorer:
 
 
 def scoring(session: Session, settings: Settings, fleet: Fleet) -> Scoring:
-    config = next(member.job.config for member in fleet.spec.members if member.job is not None)
+    config = fleet.spec.job_templates[0].config
     model_dir = resolve_model(model_source(session, fleet.model), quant=config.quant,
                               group_size=config.group_size,
                               cache_dir=settings.cache_dir or default_cache_dir(), isolated=True)

@@ -84,11 +84,19 @@ def fleets_page(request: Request, session: SessionDep, principal: PagePrincipal)
 def fleet_page(fleet_id: str, request: Request, session: SessionDep,
                principal: PagePrincipal) -> HTMLResponse:
     fleet = read_fleet(fleet_id, session, principal).model_dump(mode="json")
+    per_device = fleet["summary"]["devices"] <= PER_DEVICE_VIEWS
+    rounds = [{**r, "participants": None} for r in fleet["rounds"]]  # the charts' share
     return templates.TemplateResponse(request, "fleet.html", {
-        "fleet": fleet, "chart": script_json({"curves": loss_curves(session, fleet),
-                                              "members": fleet["members"],
-                                              "rounds": fleet["rounds"],
-                                              "references": fleet["references"]})})
+        "fleet": fleet, "per_device": per_device,
+        "listed": fleet["members"][:PER_DEVICE_VIEWS],
+        "chart": script_json({"curves": loss_curves(session, fleet) if per_device else [],
+                              "members": fleet["members"], "rounds": rounds,
+                              "references": fleet["references"]})})
+
+
+# a fleet of up to this many devices gets a loss curve and a participation row per device;
+# a larger one, its first devices' rows and its rounds summed up over their cohorts
+PER_DEVICE_VIEWS = 32
 
 
 def member_label(member: dict) -> str:

@@ -293,9 +293,10 @@ def in_process_service(root: Path, cache: Path, model_root: Path,
     settings = Settings(data_dir=data, cache_dir=cache, api_key=API_KEY,
                         DATABASE_URL=database, REDIS_URL=REDIS_TEST_URL,
                         queue_name=f"mebp-test-{uuid.uuid4().hex[:8]}",
-                        model_roots=str(model_root), max_upload_bytes=MAX_UPLOAD_BYTES,
-                        max_upload_rows=MAX_UPLOAD_ROWS, max_line_bytes=MAX_LINE_BYTES,
-                        **settings_overrides)
+                        model_roots=str(model_root), **{
+                            "max_upload_bytes": MAX_UPLOAD_BYTES,
+                            "max_upload_rows": MAX_UPLOAD_ROWS,
+                            "max_line_bytes": MAX_LINE_BYTES, **settings_overrides})
     data.mkdir(parents=True)
     upgrade_database(database_url(database, data))
     output = root / "serve.log"

@@ -115,7 +115,8 @@ def test_the_openapi_document_describes_every_route(api):
         "/v1/jobs/{job_id}": {"get"}, "/v1/jobs/{job_id}/cancel": {"post"},
         "/v1/jobs/{job_id}/events": {"get"}, "/v1/jobs/{job_id}/metrics": {"get"},
         "/v1/jobs/{job_id}/adapter": {"get"}, "/v1/fleets": {"get", "post"},
-        "/v1/fleets/{fleet_id}": {"get"}, "/v1/health": {"get"}}
+        "/v1/fleets/{fleet_id}": {"get"}, "/v1/fleets/{fleet_id}/members": {"get"},
+        "/v1/fleets/{fleet_id}/rounds": {"get"}, "/v1/health": {"get"}}
     for path, methods in expected.items():
         assert methods <= paths.get(path, set()), path
     schemas = spec["components"]["schemas"]

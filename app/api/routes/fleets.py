@@ -15,8 +15,9 @@ from app.api.errors import invalid
 from app.api.routes.adapters import AdapterFormat, FormatQuery, adapter_download
 from app.fleet_members import (
     JOB_FIELDS,
+    check_devices,
+    check_population,
     check_round_settings,
-    device_ids,
     plan_members,
     seats_needed,
 )
@@ -58,20 +59,21 @@ def create_fleet(body: FleetCreate, request: Request, response: Response, sessio
     ``allow_infeasible``); the fleet says which fit and why the others do not. A federated
     fleet queues its first round; each round's end starts the next. A training file too
     large to split within the request is split by a worker: a 202, the fleet preparing."""
-    devices = device_ids(session, body)
-    check_round_settings(body, len(devices))
-    source, arch = _source(session, body, principal.tenant, len(devices))
+    devices = check_devices(session, body)
+    check_population(body)
+    check_round_settings(body, devices)
+    source, arch = _source(session, body, principal.tenant, devices)
     require_queue(request.app.state.redis)
-    members = plan_members(session, settings, body, devices, source, arch)  # once a profile
-    seats = seats_needed(body, members)
+    stored = FleetRequest.model_validate(body.model_dump(mode="json"))
+    members, population = plan_members(session, settings, body, source, arch)  # once a profile
+    spec = FleetSpec(request=stored, members=members, population=population)
+    seats = seats_needed(body, spec)
     require_queue_room(session, settings, tenant=principal.tenant, adding=seats)
     session.expunge(source)
     session.commit()  # no transaction open while the shards are dealt and written
     deal = body.shards_data and seats > 0
     on_worker = deal and not splits_in_request(source, settings)
-    stored = FleetRequest.model_validate(body.model_dump(mode="json"))
-    fleet = Fleet(id=new_id("fleet"), tenant=principal.tenant, model=body.model,
-                  spec=FleetSpec(request=stored, members=members),
+    fleet = Fleet(id=new_id("fleet"), tenant=principal.tenant, model=body.model, spec=spec,
                   status=PREPARING if on_worker else READY, reserved_jobs=seats)
     shards = _deal(settings, source, fleet, body) if deal and not on_worker else None
     try:

@@ -1,17 +1,19 @@
 // The fleet's own jobs: loss by step with one legend entry per device (through every round
-// of a federated fleet), each device's final loss against its memory budget, and a
+// of a federated fleet; a fleet of up to 32 devices), each listed device's final loss against its memory budget, and a
 // federated fleet's global loss per round beside its references.
 (function () {
   const data = JSON.parse(document.getElementById("chart-data").textContent);
   const config = {displaylogo: false, responsive: true};
-  Plotly.newPlot("loss-chart", data.curves.map((c) => ({
-    type: "scatter", mode: "lines", x: c.steps, y: c.loss, name: c.label, customdata: c.jobs,
-    hovertemplate: `${c.label}<br>step %{x}: %{y:.4f}<extra>%{customdata}</extra>`,
-  })), {
-    margin: {t: 20, r: 20}, yaxis: {title: {text: "loss"}},
-    xaxis: {title: {text: data.rounds.length ? "step (round × local steps + local step)" : "step"}},
-    legend: {orientation: "h", y: -0.25},
-  }, config);
+  if (document.getElementById("loss-chart")) {  // a fleet small enough for a curve each
+    Plotly.newPlot("loss-chart", data.curves.map((c) => ({
+      type: "scatter", mode: "lines", x: c.steps, y: c.loss, name: c.label, customdata: c.jobs,
+      hovertemplate: `${c.label}<br>step %{x}: %{y:.4f}<extra>%{customdata}</extra>`,
+    })), {
+      margin: {t: 20, r: 20}, yaxis: {title: {text: "loss"}},
+      xaxis: {title: {text: data.rounds.length ? "step (round × local steps + local step)" : "step"}},
+      legend: {orientation: "h", y: -0.25},
+    }, config);
+  }
   const done = data.members.filter((m) => m.final_loss !== null);
   const label = (m) => (m.shard === null ? m.device : `${m.device} · shard ${m.shard + 1}`);
   Plotly.newPlot("budget-chart", [{
