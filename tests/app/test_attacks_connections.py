@@ -174,7 +174,10 @@ def test_connections_past_the_bound_are_refused_at_once_and_idle_ones_closed(gua
     assert set(statuses) <= {408, 503}, statuses
     refused_at_once = [after for answer, after in results if status_of(answer) == 503]
     assert len(refused_at_once) >= 2 * MAX_CONNECTIONS - 4  # a few may open after others go
-    assert max(refused_at_once) < HEADER_TIMEOUT_S
+    timed_out = [after for answer, after in results if status_of(answer) == 408]
+    # at once: every refusal came before the first connection held past its header deadline
+    # was timed out (a bound in seconds would measure the host's load, not the server)
+    assert timed_out and max(refused_at_once) < min(timed_out), (refused_at_once, timed_out)
     assert httpx.get(guarded.url + "/v1/health", timeout=5).status_code == 200
     log = guarded.output.read_bytes()[log_before:]
     assert b"Traceback" not in log and len(log) < 20_000, log[-2000:]
