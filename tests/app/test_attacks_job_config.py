@@ -19,8 +19,7 @@ from dataclasses import asdict, replace
 import psutil
 import pytest
 import torch
-from service_harness import FAST_RECOVERY, start_service, stop_service
-from test_faults import kill_group, start_worker
+from service_harness import FAST_RECOVERY, kill_group, start_service, start_worker, stop_service
 
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.plan.arch import load_architecture
@@ -77,7 +76,7 @@ def test_a_job_resumed_on_another_host_reproduces_an_uninterrupted_run_bit_for_b
     env = {**FAST_RECOVERY, "REDIS_URL": f"unix://{tmp_path / 'data' / 'redis.socket'}"}
     service = start_service(tmp_path, two_hosts, {**FAST_RECOVERY, "MEBP_THREADS": "2"},
                             workers=0)
-    workers = [start_worker(tmp_path, two_hosts, {**env, "MEBP_THREADS": "2"})]
+    workers = [start_worker(tmp_path / "data", two_hosts, {**env, "MEBP_THREADS": "2"})]
     jobs = []
     try:
         dataset = service.upload("rows.jsonl", ROWS)[1]["id"]
@@ -95,7 +94,7 @@ def test_a_job_resumed_on_another_host_reproduces_an_uninterrupted_run_bit_for_b
         freeze(workers[0])
         frozen = service.request("GET", f"/v1/jobs/{resumed['id']}")[1]
         assert frozen["status"] == "running" and frozen["progress"]["step"] < STEPS, frozen
-        workers.append(start_worker(tmp_path, two_hosts, {**env, "MEBP_THREADS": "1"}))
+        workers.append(start_worker(tmp_path / "data", two_hosts, {**env, "MEBP_THREADS": "1"}))
         done = service.finished(resumed["id"], timeout_s=180)
         assert done["status"] == "succeeded" and done["attempts"] == 2, done
         kill_group(workers[0])
