@@ -21,6 +21,7 @@ from service_harness import (
 )
 
 from mebp_core.store.presets import save_preset_as_hf
+from service.db import database_url, upgrade_database
 
 
 @pytest.fixture(scope="session")
@@ -114,6 +115,16 @@ def any_service(request) -> Service:
 def postgres_url() -> Iterator[str]:
     with temporary_postgres_database() as url:
         yield url
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def migrated_database_url(request, tmp_path) -> str:
+    """A database of each kind the service runs on, migrated to the latest schema: SQLite in
+    the test's tmp dir, or a fresh PostgreSQL database."""
+    url = database_url(None, tmp_path) if request.param == "sqlite" \
+        else request.getfixturevalue("postgres_url")
+    upgrade_database(url)
+    return url
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import sys
 import threading
 
-import pytest
 import torch
 from sqlmodel import Session, select
 from waiting import poll_until
@@ -173,14 +172,10 @@ def blocked_in(thread: threading.Thread, function: str) -> bool:
     return False
 
 
-@pytest.mark.parametrize("database", ["sqlite", "postgres"])
-def test_two_coordinators_at_once_finish_the_round_once(tmp_path, request, database):
+def test_two_coordinators_at_once_finish_the_round_once(tmp_path, migrated_database_url):
     """Two coordinators woken by the round's last two jobs ending run ``advance`` at the
     same moment: the round is combined and evaluated once, the next starts once."""
-    url = database_url(None, tmp_path) if database == "sqlite" else \
-        request.getfixturevalue("postgres_url")
-    upgrade_database(url)
-    engine = make_engine(url)
+    engine = make_engine(migrated_database_url)
     with Session(engine) as session:
         fleet = federated_fleet(session)
         start_round(session, fleet, 0, tmp_path)

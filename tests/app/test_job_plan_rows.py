@@ -15,7 +15,7 @@ from sqlmodel import Session
 from app.job_view import job_public
 from mebp_core.config import TrainConfig
 from mebp_core.plan.summary import PlanSummary
-from service.db import database_url, make_engine, upgrade_database
+from service.db import make_engine
 from service.job_plan import UnplannedJob
 from service.json_column import MalformedRowError
 from service.models import Dataset, Job
@@ -24,12 +24,9 @@ UNPLANNED_ROW = {"planned": False, "budget_mb": 400.0, "device_step_time_s_estim
                  "reason": "the planner models method mebp, not mezo"}
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def engine(request, tmp_path):
-    url = database_url(None, tmp_path) if request.param == "sqlite" \
-        else request.getfixturevalue("postgres_url")
-    upgrade_database(url)
-    engine = make_engine(url)
+@pytest.fixture
+def engine(migrated_database_url):
+    engine = make_engine(migrated_database_url)
     with Session(engine) as session:
         session.add(Dataset(id="d1", tenant="t", filename="d.jsonl", path="/dev/null",
                             bytes=0, rows=1, sha256="0" * 64))

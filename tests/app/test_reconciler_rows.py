@@ -15,7 +15,7 @@ from sqlmodel import Session
 
 from app.reconciler import Reconciler
 from mebp_core.config import TrainConfig
-from service.db import database_url, make_engine, upgrade_database
+from service.db import make_engine
 from service.fleet_spec import FleetRequest, FleetSpec
 from service.models import Dataset, Fleet, Job, utc_now
 from service.queue import connect, job_queue
@@ -25,12 +25,9 @@ TIMEOUT_S = 30.0
 RENAMED = '{"planned": true, "configurashun": "lazy-tile8M"}'  # a key renamed
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def deployment(request, tmp_path):
-    url = database_url(None, tmp_path) if request.param == "sqlite" \
-        else request.getfixturevalue("postgres_url")
-    upgrade_database(url)
-    engine = make_engine(url)
+@pytest.fixture
+def deployment(migrated_database_url, tmp_path):
+    engine = make_engine(migrated_database_url)
     settings = Settings(data_dir=tmp_path, heartbeat_timeout_s=TIMEOUT_S, max_attempts=3,
                         max_running_jobs_per_tenant=4, advance_grace_s=5.0,
                         REDIS_URL=REDIS_TEST_URL,

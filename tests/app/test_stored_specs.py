@@ -14,7 +14,7 @@ from sqlalchemy import JSON, column, insert, table
 from sqlmodel import Session
 
 from mebp_core.plan.summary import PlanSummary
-from service.db import database_url, make_engine, upgrade_database
+from service.db import make_engine
 from service.json_column import MalformedRowError
 from service.models import Comparison, Fleet, FleetRound
 
@@ -50,12 +50,9 @@ COMPARISON_SPEC = {
                  "device_step_time_s_estimate": None}]}
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def engine(request, tmp_path):
-    url = database_url(None, tmp_path) if request.param == "sqlite" else \
-        request.getfixturevalue("postgres_url")
-    upgrade_database(url)
-    engine = make_engine(url)
+@pytest.fixture
+def engine(migrated_database_url):
+    engine = make_engine(migrated_database_url)
     yield engine
     engine.dispose()
 
