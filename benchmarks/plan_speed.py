@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import secrets
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,9 @@ import time
 from pathlib import Path
 
 import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.service_load import free_port, wait_until_ready  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 PLAN_TARGET_MS = 100.0
@@ -109,12 +111,6 @@ def summary(values: list[float]) -> dict:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def time_fleets(code: Path, cache: Path, fleets: int, root: Path) -> dict:
     """``fleets`` 256-phone fleets created one after another in a fresh ``mebp serve``."""
     key = secrets.token_hex(16)
@@ -132,7 +128,7 @@ def time_fleets(code: Path, cache: Path, fleets: int, root: Path) -> dict:
             cwd=code)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_ready(url, process, log)
+        wait_until_ready(url, process, log, timeout_s=900)  # may measure the host first
         client = httpx.Client(base_url=url, timeout=120,
                               headers={"Authorization": f"Bearer {key}"})
         rows = b"".join(json.dumps({"text": f"phone row {i}: the quick brown fox"}).encode() +
@@ -156,24 +152,6 @@ def time_fleets(code: Path, cache: Path, fleets: int, root: Path) -> dict:
         process.wait(timeout=60)
     return {"seconds": seconds, "first_s": seconds[0],
             "later_s": summary(seconds[1:]) if len(seconds) > 1 else None}
-
-
-def wait_until_ready(url: str, process: subprocess.Popen, log: Path,
-                     timeout_s: float = 900) -> None:
-    """Calibrated (ready or provisional): the benchmark measures it first if missing."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            health = httpx.get(url + "/v1/health", timeout=5).json()
-            if health.get("calibration") in ("ready", "provisional"):
-                return
-        except (httpx.HTTPError, ValueError):
-            pass
-        if process.poll() is not None:
-            break
-        time.sleep(0.3)
-    process.kill()
-    raise SystemExit(f"mebp serve did not start:\n{log.read_text()[-3000:]}")
 
 
 def ensure_calibration(code: Path, cache: Path, threads: int) -> None:

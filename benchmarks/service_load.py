@@ -47,24 +47,33 @@ def start_service(data_dir: Path, workers: int, key: str,
     busy host where the cache has none) with ``workers`` listening."""
     port = free_port()
     env = {**os.environ, "MEBP_API_KEY": key, "HF_HUB_OFFLINE": "1"}
+    log = data_dir.parent / "serve.log"
     process = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "serve", "--port", str(port), "--workers",
          str(workers), "--data-dir", str(data_dir)],
-        stdout=open(data_dir.parent / "serve.log", "w"), stderr=subprocess.STDOUT, env=env)
+        stdout=open(log, "w"), stderr=subprocess.STDOUT, env=env)
     url = f"http://127.0.0.1:{port}"
+    wait_until_ready(url, process, log, workers, timeout_s)
+    return process, url
+
+
+def wait_until_ready(url: str, process: subprocess.Popen, log: Path, workers: int = 0,
+                     timeout_s: float = 120) -> None:
+    """Until the service's health is 200 (calibrated: ready or provisional) with
+    ``workers`` listening; it is killed and the run ends, its log's tail shown, if not."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
             health = httpx.get(url + "/v1/health", timeout=2)
             if health.status_code == 200 and health.json()["workers"] >= workers:
-                return process, url
+                return
         except (httpx.HTTPError, ValueError, KeyError):
             pass
         if process.poll() is not None:
             break
         time.sleep(0.3)
     process.kill()
-    raise SystemExit(f"mebp serve did not start; see {data_dir.parent / 'serve.log'}")
+    raise SystemExit(f"mebp serve did not start:\n{log.read_text()[-3000:]}")
 
 
 def percentile(values: list[float], q: float) -> float:
