@@ -10,7 +10,9 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, create_model
 
 from app.api.request_model import RequestModel
-from app.schemas import Hyperparameters, JobError, Metadata, Name
+from app.common_schemas import Metadata, Name
+from app.job_schemas import JobError
+from app.training_schemas import Hyperparameters
 from mebp_core.config import MAX_STEPS, Method, TrainConfig
 from service.comparison_spec import MethodVerdict
 

@@ -21,8 +21,8 @@ from sqlmodel import Session, select
 
 from app.api.errors import invalid
 from app.comparison_schemas import ComparisonCreate, LearningRates
+from app.job_schemas import JobCreate
 from app.planning import PlannedJob, device_or_422, plan_job
-from app.schemas import Hyperparameters, JobCreate
 from app.submit import (
     check_references,
     insert_job,
@@ -30,6 +30,7 @@ from app.submit import (
     require_queue,
     require_queue_room,
 )
+from app.training_schemas import Hyperparameters
 from mebp_core.config import MAX_STEPS, Method, TrainConfig
 from mebp_core.plan.arch import Architecture
 from mebp_core.units import MB

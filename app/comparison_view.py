@@ -8,7 +8,7 @@ from sqlmodel import Session, col, select
 
 from app.comparison_schemas import ComparisonPublic, ComparisonRun, CurvePoint, MethodOutcome
 from app.comparison_sentence import TERMINAL, summarize
-from app.schemas import JobError
+from app.job_schemas import JobError
 from mebp_core.units import MB
 from service.comparison_spec import MethodRecord
 from service.models import Comparison, Job, Metric

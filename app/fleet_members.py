@@ -9,8 +9,8 @@ from sqlmodel import Session
 
 from app.api.errors import invalid
 from app.fleet_schemas import FleetCreate
+from app.job_schemas import JobCreate
 from app.planning import PlannedJob, device_or_422, plan_job
-from app.schemas import JobCreate
 from mebp_core.config import MAX_STEPS
 from mebp_core.federated.rounds import reference_steps, selected_count
 from mebp_core.plan.arch import Architecture

@@ -9,7 +9,9 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from app.api.request_model import RequestModel
-from app.schemas import EngineKnobs, Hyperparameters, Metadata, Name
+from app.common_schemas import Metadata, Name, WebhookUrl
+from app.fleet_status import FleetStatus
+from app.training_schemas import EngineKnobs, Hyperparameters
 from mebp_core.config import Method, TrainConfig
 from service.fleet_spec import (
     MAX_COHORT,
@@ -120,6 +122,9 @@ class FleetCreate(RequestModel):
     deadline_s: float | None = copy.copy(ROUND["deadline_s"])
     device_validation_rows: int | None = copy.copy(ROUND["device_validation_rows"])
     references: bool = copy.copy(ROUND["references"])
+    webhook_url: WebhookUrl | None = Field(default=None, description=(
+        "where each round's end and the fleet's end are POSTed, signed (README: Webhooks); "
+        "http or https, not this service itself"))
 
     @model_validator(mode="after")
     def _one_way_to_name_devices(self) -> FleetCreate:
@@ -189,8 +194,10 @@ class FleetSummary(BaseModel):
     fit: int
     by_status: dict[str, int]
     failures_by_code: dict[str, int]
-    final_loss: dict[str, float] | None = Field(description="mean, min and max over the "
-                                                "succeeded jobs")
+    final_loss: dict[str, float] | None = Field(description=(
+        "the training loss after each device's last step (a federated fleet's: in its latest "
+        "round): mean, min and max over its succeeded jobs; a federated fleet's global "
+        "validation loss is its rounds' eval_loss"))
 
 
 class RoundParticipant(RoundSeat):
@@ -271,11 +278,19 @@ class FleetPublic(BaseModel):
     method: str
     aggregation: str
     created_at: datetime
-    status: Literal["preparing", "ready", "failed", "cancelled"] = Field(description=(
+    status: FleetStatus = Field(description=(
         "preparing: a worker is dealing its rows into its devices' shards (a training file "
-        "too large to split within the request); ready: its jobs are made; failed: its "
-        "preparation failed (error says why), nothing of it was queued; cancelled before "
-        "its jobs were made"))
+        "too large to split within the request); running: a job of it (a device's, a "
+        "round's, a reference's) has not ended, or a federated fleet has rounds to come; "
+        "cancelled: asked to cancel, nothing of it runs any more and it stopped short (a "
+        "federated fleet after the round in progress at the cancel, whose global adapter it "
+        "keeps; cancelled while preparing, nothing of it was queued); done: it ran all it "
+        "planned and a round combined a global adapter (without rounds: a job succeeded); "
+        "failed: its preparation failed (error says why, nothing of it was queued), or it "
+        "came to nothing: every round failed, or no job succeeded (or no device fit)"))
+    cancel_requested: bool = Field(description=(
+        "asked to cancel: a federated fleet still running finishes the round in progress, "
+        "then reads cancelled"))
     error: str | None = Field(description="why its preparation failed")
     members: list[FleetMember] = Field(description=(
         f"its first {LISTED_MEMBERS} members (a fleet of up to {LISTED_MEMBERS}, all); "
@@ -287,6 +302,8 @@ class FleetPublic(BaseModel):
     references: FleetReferences | None = Field(description="federated fleets created with "
                                                "references")
     metadata: dict
+    webhook_url: str | None = Field(default=None, description=(
+        "where each round's end and the fleet's end are POSTed"))
 
 
 class FleetsPublic(BaseModel):

@@ -20,6 +20,7 @@ from app.fleet_schemas import (
     RoundSummary,
     Spread,
 )
+from app.fleet_status import fleet_status
 from mebp_core.plan.summary import PlanSummary
 from mebp_core.units import MB
 from service.crud import TERMINAL
@@ -43,13 +44,15 @@ def fleet_public(session: Session, fleet: Fleet) -> FleetPublic:
                        aggregation=request.aggregation,
                        planned_rounds=request.rounds if request.federated else None,
                        local_steps=request.steps_per_round if request.federated else None,
-                       created_at=fleet.created_at, status=fleet.status, error=fleet.error,
+                       created_at=fleet.created_at,
+                       status=fleet_status(fleet, rounds, (row[1] for row in facts.values())),
+                       cancel_requested=fleet.cancel_requested, error=fleet.error,
                        members=members_page(session, fleet, 0, LISTED_MEMBERS, latest),
                        summary=_summary(fleet, facts, latest),
                        rounds=[round_public(r, fleet, facts) for r in rounds],
                        references=None if spec.references is None else
                        _references(session, references, full, rounds),
-                       metadata=request.metadata)
+                       metadata=request.metadata, webhook_url=fleet.webhook_url)
 
 
 def job_facts(session: Session, fleet_id: str) -> dict[str, Facts]:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from app.schemas import JobError, JobProgress, JobPublic
+from app.job_schemas import JobError, JobProgress, JobPublic
 from mebp_core.units import MB
 from service.models import Adapter, Job
 
 
 def job_public(job: Job, adapter: Adapter | None) -> JobPublic:
     planned = job.planned()
+    device_step_s = None if job.plan is None else job.plan.device_step_time_s_estimate
     error = None if job.error_code is None else JobError(
         code=job.error_code, message=job.error_message or "", detail=job.error_detail)
     return JobPublic(
@@ -25,13 +26,16 @@ def job_public(job: Job, adapter: Adapter | None) -> JobPublic:
                              predicted_peak_mb=None if planned is None
                              else planned.predicted_peak_mb,
                              predicted_step_time_s=None if planned is None
-                             else planned.predicted_step_time_s),
+                             else planned.predicted_step_time_s,
+                             device_step_time_s_estimate=device_step_s,
+                             device_time_s_estimate=None if device_step_s is None
+                             else round(job.total_steps * device_step_s, 1)),
         error=error,
         adapter=None if adapter is None else {
             "id": adapter.id, "sha256": adapter.sha256, "bytes": adapter.bytes,
             "formats": ["peft", "mlx", "gguf"]},
-        metadata=job.metadata_, created_at=job.created_at, started_at=job.started_at,
-        finished_at=job.finished_at)
+        metadata=job.metadata_, webhook_url=job.webhook_url, created_at=job.created_at,
+        started_at=job.started_at, finished_at=job.finished_at)
 
 
 def _mb(nbytes: int | None) -> float | None:

@@ -1,5 +1,6 @@
 """``create_app``: the FastAPI application: the dashboard at ``/``, the API under ``/v1``
-behind the API keys, and the reconciler that keeps the queue true to the database."""
+behind the API keys, the reconciler that keeps the queue true to the database, and the
+webhook sender."""
 
 from __future__ import annotations
 
@@ -23,9 +24,11 @@ from app.api.deps import require_api_key
 from app.api.errors import validation_error_response
 from app.api.event_hub import EventHub
 from app.api.events import StreamSlots
+from app.api.openai_errors import OpenAIError
 from app.api.request_sessions import SessionSlots
 from app.api.routes import (
     adapters,
+    checkpoints,
     comparisons,
     datasets,
     devices,
@@ -33,20 +36,24 @@ from app.api.routes import (
     fleets,
     jobs,
     models,
+    openai_files,
+    openai_jobs,
     plans,
+    webhooks,
 )
 from app.api.url_guard import RefuseNulInUrl
 from app.calibration_gate import FAILURE_RETRY_S, RETRY_AFTER_S, CalibrationGate
+from app.common_schemas import ErrorMessage
 from app.keys import ensure_bootstrap_key
 from app.reconciler import Reconciler
-from app.schemas import ErrorMessage
 from app.uploads import storage_full_error
 from app.web import auth, base_page, comparison_pages, explorer, monitor
 from app.web.auth import SignInRequired
 from app.web.templating import PLOTLY_JS, STATIC_DIR
+from app.webhook_sender import WebhookSender
 from mebp_core.cache import default_cache_dir
 from mebp_core.plan.calibration import CalibrationError
-from service.bases import BaseExports
+from service.base_export_queue import BaseExports
 from service.db import database_url, make_engine
 from service.devices import sync_builtin_devices
 from service.disk_space import out_of_space, storage_state
@@ -63,6 +70,10 @@ ERRORS = {code: {"model": ErrorMessage, "description": text} for code, text in (
     (429, "a per-tenant or per-key limit is reached (queued jobs, open streams); retry later"),
     (503, "Redis or the database is unavailable; retry"),
     (507, "the service's storage is full"))}
+# the OpenAI-compatible routes answer their 4xx in OpenAI's shape (app.api.openai_errors)
+OPENAI_ERRORS = {code: {**answer, "model": OpenAIError} if code < 500 else answer
+                 for code, answer in ERRORS.items()} | {
+    422: {"model": OpenAIError, "description": "invalid field (error.param names it)"}}
 FAVICON_URL = "/static/favicon.svg"
 UNAVAILABLE = {RedisError: "the job queue (Redis) is unavailable; retry shortly",
                OperationalError: "the database is unavailable; retry shortly",
@@ -73,7 +84,8 @@ DATABASE_DISK_FULL = "the service's storage is full: the database has no room to
 
 def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
     """The app for ``settings``; its ``redis_url`` must be set (``mebp serve`` starts an
-    embedded Redis when the environment has none)."""
+    embedded Redis when the environment has none). ``reconcile``: run the reconciler and the
+    webhook sender beside the routes."""
     if settings.redis_url is None:
         raise ValueError("create_app needs settings.redis_url")
     engine = make_engine(database_url(settings.database_url, settings.data_dir))
@@ -88,10 +100,14 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         calibration.start()  # ready means calibrated: no request waits on a measurement
         reconciler = Reconciler(engine, queue, settings).start() if reconcile else None
+        # webhooks go out from here, never from a request nor a job's engine
+        sender = WebhookSender(engine, settings).start() if reconcile else None
         event_hub.start()  # one poller feeds every event stream of this process
         yield
         calibration.stop()
         await event_hub.stop()
+        if sender is not None:  # first: it cancels its attempts and is gone within 1 s
+            sender.stop()
         if reconciler is not None:
             reconciler.stop()
 
@@ -107,7 +123,7 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
     app.state.settings, app.state.engine, app.state.redis = settings, engine, redis
     app.state.enqueue = lambda job_id: _enqueue_or_defer(queue, job_id)
     app.state.session_slots = SessionSlots(engine)
-    app.state.base_exports = BaseExports(settings.storage_root,
+    app.state.base_exports = BaseExports(redis, settings.queue_name, settings.storage_root,
                                          settings.cache_dir or default_cache_dir(),
                                          settings.max_base_cache_bytes)
     app.state.base_export_quota = ExportQuota(redis, settings.queue_name,
@@ -147,11 +163,17 @@ def create_app(settings: Settings, *, reconcile: bool = True) -> FastAPI:
         status_code=status.HTTP_409_CONFLICT))
 
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)], responses=ERRORS)
-    for module in (devices, models, plans, datasets, jobs, adapters, fleets, fleet_pages,
-                   comparisons):
+    for module in (devices, models, plans, datasets, jobs, adapters, checkpoints, fleets,
+                   fleet_pages, comparisons, webhooks):
         v1.include_router(module.router)
     v1.include_router(datasets.uploads, max_body_size=body_limits.upload_bytes)
     app.include_router(v1)
+    openai_v1 = APIRouter(prefix="/v1", dependencies=[Depends(require_api_key)],
+                          responses=OPENAI_ERRORS)
+    openai_v1.include_router(openai_files.router)
+    openai_v1.include_router(openai_jobs.router)
+    openai_v1.include_router(openai_files.uploads, max_body_size=body_limits.upload_bytes)
+    app.include_router(openai_v1)
 
     @app.get("/v1/health", tags=["health"],
              responses={503: {"description": "starting (calibration measuring) or degraded"}})

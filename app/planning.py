@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from sqlmodel import Session
 
 from app.api.errors import invalid, invalid_from
-from app.schemas import JobCreate
+from app.job_schemas import JobCreate
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.plan.arch import Architecture, PlanInputError
 from mebp_core.plan.devices import DeviceProfile

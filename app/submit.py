@@ -14,8 +14,8 @@ from sqlmodel import Session, col, select
 
 from app.api.errors import invalid
 from app.api.model_lookup import model_architecture_or_422
+from app.job_schemas import JobCreate
 from app.planning import PlannedJob, plan_job
-from app.schemas import JobCreate
 from mebp_core.plan.arch import Architecture
 from service.crud import create_queued_job
 from service.models import Dataset, Fleet, Job
@@ -29,7 +29,8 @@ def check_references(session: Session, body: JobCreate, tenant: str) -> Architec
         dataset_id = getattr(body, field)
         dataset = None if dataset_id is None else session.get(Dataset, dataset_id)
         if dataset_id is not None and (dataset is None or dataset.tenant != tenant):
-            raise invalid(field, "no such dataset (upload it with POST /v1/datasets)",
+            raise invalid(field, "no such dataset (upload it with POST /v1/datasets or "
+                          "/v1/files)",
                           dataset_id)
     return model_architecture_or_422(session, body.model)
 
@@ -101,6 +102,7 @@ def insert_job(session: Session, body: JobCreate, planned: PlannedJob, *, tenant
         memory_budget_bytes=planned.budget_bytes, config=planned.config,
         training_file=body.training_file, validation_file=body.validation_file,
         fleet_id=fleet_id, comparison_id=comparison_id, metadata_=body.metadata,
+        webhook_url=None if body.webhook_url is None else str(body.webhook_url),
         idempotency_key=idempotency_key,
         request_sha256=None if idempotency_key is None else body_sha256(body))
 

@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import secrets
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks.service_load import start_service  # noqa: E402
+from benchmarks.service_load import service_at  # noqa: E402
 
 NAMES = {"mebp": "MeBP", "mezo": "MeZO", "backprop": "backprop"}
 
@@ -132,15 +129,7 @@ def save_chart(url: str, key: str, comparison_id: str, png: Path) -> None:
 
 def main() -> None:
     args = parse_args()
-    process = None
-    if args.url:
-        url, key = args.url, os.environ["MEBP_API_KEY"]
-    else:
-        key = "bench-" + secrets.token_hex(12)
-        data_dir = Path(tempfile.mkdtemp(prefix="mebp-comparison-")) / "data"
-        data_dir.mkdir()
-        process, url = start_service(data_dir, args.workers, key, timeout_s=1800)
-    try:
+    with service_at(args.url, args.workers, "mebp-comparison-") as (url, key):
         client = httpx.Client(base_url=url, timeout=120,
                               headers={"Authorization": f"Bearer {key}"})
         ids = {}
@@ -158,10 +147,6 @@ def main() -> None:
             args.json.write_text(json.dumps(body, indent=1))
         if args.png:
             save_chart(url, key, body["id"], args.png)
-    finally:
-        if process is not None:
-            process.terminate()
-            process.wait(timeout=60)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.service_load import start_service  # noqa: E402
 
-FINAL = {"done", "failed", "cancelled"}
+ROUND_ENDED = {"done", "failed"}
+FLEET_ENDED = {"done", "failed", "cancelled"}  # its status: nothing of it runs any more
 
 
 def run_fleet(url: str, key: str, args: argparse.Namespace) -> dict:
@@ -55,11 +56,10 @@ def run_fleet(url: str, key: str, args: argparse.Namespace) -> dict:
     while True:
         fleet = client.get(f"/v1/fleets/{fleet_id}").raise_for_status().json()
         rounds = fleet["rounds"]
-        done = len([r for r in rounds if r["status"] in FINAL])
+        done = len([r for r in rounds if r["status"] in ROUND_ENDED])
         print(f"\r  {done}/{args.rounds} rounds done, {time.monotonic() - posted:.0f} s",
               end="", file=sys.stderr, flush=True)
-        if fleet["status"] in ("failed", "cancelled") or (
-                done == args.rounds and all(r["status"] in FINAL for r in rounds)):
+        if fleet["status"] in FLEET_ENDED:
             break
         if time.monotonic() > deadline:
             raise SystemExit(f"\nfleet {fleet_id} not done after {args.timeout_s} s")

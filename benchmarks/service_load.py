@@ -25,7 +25,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -55,6 +57,24 @@ def start_service(data_dir: Path, workers: int, key: str,
     url = f"http://127.0.0.1:{port}"
     wait_until_ready(url, process, log, workers, timeout_s)
     return process, url
+
+
+@contextmanager
+def service_at(url: str | None, workers: int, prefix: str) -> Iterator[tuple[str, str]]:
+    """(url, API key): the service at ``url`` (its key in ``MEBP_API_KEY``), or a fresh
+    ``mebp serve`` in a new data dir with ``workers``, stopped when the block ends."""
+    if url:
+        yield url, os.environ["MEBP_API_KEY"]
+        return
+    key = "bench-" + secrets.token_hex(12)
+    data_dir = Path(tempfile.mkdtemp(prefix=prefix)) / "data"
+    data_dir.mkdir()
+    process, url = start_service(data_dir, workers, key, timeout_s=1800)
+    try:
+        yield url, key
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
 
 
 def wait_until_ready(url: str, process: subprocess.Popen, log: Path, workers: int = 0,

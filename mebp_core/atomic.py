@@ -35,6 +35,20 @@ def exclusive_lock(path: Path) -> Iterator[None]:
 
 
 @contextmanager
+def try_lock(path: Path) -> Iterator[bool]:
+    """Take the exclusive lock on ``path`` if no one holds it, without waiting: whether it
+    was taken (held for the block)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as lock:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
+@contextmanager
 def staged_directory(out: Path) -> Iterator[Path]:
     """Yield an empty directory next to ``out``; when the block succeeds it replaces ``out``,
     when it fails it vanishes."""

@@ -79,15 +79,22 @@ def build_parser(extra: Mapping[str, Command] = MappingProxyType({})) -> argpars
     export.add_argument("--model", required=True,
                         help="the base model (packed dir, Hugging Face dir or preset:NAME)")
 
+    from mebp_core.store.export_base_common import BASE_DTYPES, BASE_FORMATS, GGUF_QUANTS
+
     base = sub.add_parser("export-base", help="export the base model an adapter applies to: "
-                          "the packed weights it was trained against, dequantized")
+                          "the packed weights it was trained against")
     base.add_argument("model", help="a packed dir, a Hugging Face dir, or preset:NAME")
-    base.add_argument("--format", choices=["hf", "gguf"], required=True)
+    base.add_argument("--format", choices=BASE_FORMATS, required=True,
+                      help="hf and gguf: dequantized; mlx: the packed int4/int8 weights as "
+                           "MLX quantized ones")
     base.add_argument("--out", type=Path,
                       help="default: the name adapters give their base, in the current "
                            "directory (a .gguf file for gguf)")
-    base.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default="float32",
-                      help="the weights' dtype (gguf: float32 or float16)")
+    base.add_argument("--dtype", choices=BASE_DTYPES, default="float32",
+                      help="the weights' dtype (gguf: float32 or float16; mlx: the scales' "
+                           "and biases', float32 exact)")
+    base.add_argument("--gguf-quant", choices=GGUF_QUANTS,
+                      help="gguf only: llama.cpp's blocks (q4_1: the int4 store exactly)")
     add_model_arguments(base, TrainConfig, include=("quant", "group_size"))
 
     from mebp_core.bench import add_bench_arguments
@@ -270,14 +277,15 @@ def _run_export_base(args: argparse.Namespace) -> int:
     from mebp_core.store.export_base_common import base_model_name
     from mebp_core.store.resolve import resolve_model, source_config
 
-    check_base_format(source_config(args.model), args.format, args.dtype)  # before packing
+    check_base_format(source_config(args.model), args.format, args.dtype, quant=args.quant,
+                      group_size=args.group_size, gguf_quant=args.gguf_quant)  # before packing
     model_dir = resolve_model(args.model, quant=args.quant, group_size=args.group_size,
                               isolated=True)
     out = args.out
     if out is None:
         out = Path(base_model_name(model_dir) + (".gguf" if args.format == "gguf" else ""))
     print(export_base(model_dir, args.format, out, dtype=args.dtype,
-                      progress=_show_progress))
+                      gguf_quant=args.gguf_quant, progress=_show_progress))
     return 0
 
 

@@ -54,6 +54,11 @@ class EngineKnobs(BaseModel):
             "save every K-th block input (1: every block; the backward re-runs each "
             "segment's forward from its checkpoint), or none: one autograd graph over the "
             "whole model, every activation kept, no recompute"))
+    graph_tail_blocks: int = Field(default=0, ge=0, description=(
+        "with checkpoints: run the model's last K blocks under one autograd graph, their "
+        "activations kept and never recomputed (the earlier blocks checkpointed as "
+        "checkpoint_blocks says): memory for time, a block at a time; 0: every block "
+        "checkpointed"))
     checkpoint_storage: CheckpointStorage = Field(default="ram", description=(
         "keep block-input checkpoints in RAM or in a memory-mapped file beside the output"))
     lora_hidden: LoraHidden = Field(default="recompute", description=(
@@ -94,13 +99,22 @@ class EngineKnobs(BaseModel):
         if self.mlp_chunk_tokens is not None and self.checkpoint_blocks == "none":
             raise ValueError("mlp_chunk_tokens chunks the checkpointed backward; it needs "
                              "checkpoint_blocks other than 'none'")
+        if self.graph_tail_blocks and self.checkpoint_blocks == "none":
+            raise ValueError("graph_tail_blocks keeps the last blocks out of the "
+                             "checkpoints; with checkpoint_blocks 'none' every block is in "
+                             "the graph already (use 0)")
+        if self.graph_tail_blocks and self.mlp_chunk_tokens is not None:
+            raise ValueError("mlp_chunk_tokens bounds the recomputed blocks' (tokens, "
+                             "intermediate) tensors, graph_tail_blocks keeps whole blocks' "
+                             "activations: set one of them")
         return self
 
 
 # Plain backprop is the one engine with these knobs: every frozen projection and the head
 # decompressed once and kept, and one autograd graph over the whole model.
 BACKPROP_KNOBS = {"frozen_weights": "resident", "resident_weight_bytes": None,
-                  "checkpoint_blocks": "none", "mlp_chunk_tokens": None}
+                  "checkpoint_blocks": "none", "graph_tail_blocks": 0,
+                  "mlp_chunk_tokens": None}
 
 
 class TrainConfig(BaseModel):

@@ -6,19 +6,23 @@ exactly its bytes, the same bytes download after download.
 
 A job's worker makes the PEFT zip as it records the adapter (its digest is the adapter's);
 any other format, or an adapter kept before, is made by its first download, one maker at a
-time across processes (the others wait for it and serve its file).
+time across processes (the others wait for it and serve its file). An adapter folder gone (a
+checkpoint pruned while it was asked for) is an ``AdapterGoneError``, its downloads folder
+left removed; a file opened (``open_adapter_file``) is served whole even if pruned after.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from mebp_core.atomic import exclusive_lock
 from mebp_core.lora.export import export_adapter
+from mebp_core.lora.peft_io import AdapterError
 from service.storage import adapter_downloads_dir, kept_digest, write_with_digest, zip_directory
 
 AdapterFormat = Literal["peft", "mlx", "gguf"]
@@ -27,6 +31,10 @@ AdapterFormat = Literal["peft", "mlx", "gguf"]
 FORMATS: dict[str, tuple[str, str]] = {"peft": ("-peft.zip", "application/zip"),
                                        "mlx": ("-mlx.zip", "application/zip"),
                                        "gguf": (".gguf", "application/octet-stream")}
+
+
+class AdapterGoneError(FileNotFoundError):
+    """The adapter's folder is no longer there: a checkpoint pruned meanwhile."""
 
 
 @dataclass(frozen=True)
@@ -52,9 +60,32 @@ def adapter_file(source: Path, fmt: AdapterFormat, base_config: dict | None, *,
     kept = None if remake else _kept(path, fmt)
     if kept is not None:
         return kept
+    if not source.is_dir():  # before the lock, whose file would make its folder again
+        raise AdapterGoneError(f"no adapter at {source}")
     with exclusive_lock(path.with_name(f".{path.name}.lock")):
-        kept = None if remake else _kept(path, fmt)  # made while this one waited
-        return kept or _make(source, fmt, base_config, path)
+        try:
+            if not source.is_dir():  # renamed away (pruned) while this one waited
+                raise AdapterGoneError(f"no adapter at {source}")
+            kept = None if remake else _kept(path, fmt)  # made while this one waited
+            return kept or _make(source, fmt, base_config, path)
+        except (OSError, AdapterError) as exc:
+            if source.is_dir():
+                raise
+            shutil.rmtree(path.parent, ignore_errors=True)  # the lock made it again
+            raise AdapterGoneError(f"no adapter at {source}") from exc
+
+
+def open_adapter_file(source: Path, fmt: AdapterFormat,
+                      base_config: dict | None) -> tuple[AdapterFile, BinaryIO]:
+    """``adapter_file``'s file, opened: its bytes stay readable whole even if the adapter
+    is pruned before they are all read (Linux frees them once the file is closed)."""
+    kept = adapter_file(source, fmt, base_config)
+    try:
+        return kept, open(kept.path, "rb")  # noqa: SIM115  (closed once it is served)
+    except FileNotFoundError:
+        if source.is_dir():
+            raise
+        raise AdapterGoneError(f"no adapter at {source}") from None
 
 
 def _kept(path: Path, fmt: AdapterFormat) -> AdapterFile | None:

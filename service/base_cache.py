@@ -4,18 +4,22 @@ when it was last served, recorded as a marker's mtime (atime is unreliable: moun
 noatime or relatime). Beyond the bound, the least recently served go first (one never served
 by when it was made); one being made is not kept yet, so never a candidate.
 
-A download holds its file open from before it is answered (service/bases.py), so evicting
-one mid-download is safe: on Linux an unlinked file stays readable through the descriptors
-open on it, and its space is freed when the last one closes."""
+A download holds its file open from before it is answered (service/bases.py). Evicting
+renames the export to a grave (a hidden name, ``.NAME.grave-<time>``) and deletes graves
+GRAVE_GRACE_S old: the workers evict, and an unlink on a worker's host would cut short a
+download the API streams from the same file over NFS (only the host that unlinks keeps an
+open file readable); a rename keeps it readable everywhere."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from mebp_core.atomic import exclusive_lock
 from service.storage import digest_path
 
 EXPORT_SUFFIXES = (".zip", ".gguf")
+GRAVE_GRACE_S = 6 * 3600  # an evicted export stays readable this long: a slow download
 
 
 def served_file(path: Path) -> Path:
@@ -53,7 +57,8 @@ def evict_least_recently_served(bases: Path, max_bytes: int, keep: Path) -> list
     """Remove kept exports, least recently served first, until they total at most
     ``max_bytes``; never ``keep`` (the one just made, not fetched yet). The removed."""
     removed = []
-    with exclusive_lock(bases / ".eviction.lock"):  # the API processes of this machine
+    with exclusive_lock(bases / ".eviction.lock"):  # the workers of this machine
+        remove_old_graves(bases)
         kept = kept_exports(bases)
         total_bytes = sum(kept.values())
         for path in sorted(kept, key=last_used_s):
@@ -66,6 +71,24 @@ def evict_least_recently_served(bases: Path, max_bytes: int, keep: Path) -> list
     return removed
 
 
+def lock_path(path: Path) -> Path:
+    """The lock its makers take (service/bases.py ``make_base``)."""
+    return path.with_name(f".{path.name}.lock")
+
+
 def remove_export(path: Path) -> None:
-    for file in (digest_path(path), path, served_file(path)):  # the digest first: not kept
+    digest_path(path).unlink(missing_ok=True)  # first: not kept from now on
+    try:
+        path.rename(path.with_name(f".{path.name}.grave-{time.time():.0f}"))
+    except FileNotFoundError:
+        pass
+    for file in (served_file(path), lock_path(path)):
         file.unlink(missing_ok=True)
+
+
+def remove_old_graves(bases: Path, grace_s: float = GRAVE_GRACE_S) -> None:
+    """Delete the evicted exports renamed over ``grace_s`` ago."""
+    for grave in bases.glob(".*.grave-*"):
+        made_s = grave.name.rsplit("-", 1)[1]
+        if made_s.isdigit() and time.time() - int(made_s) > grace_s:
+            grave.unlink(missing_ok=True)

@@ -10,14 +10,19 @@ from mebp_core.plan.summary import PlanSummary
 from service.job_plan import UnplannedJob, load_plan
 from service.models import Adapter, Event, Job, Metric, utc_now
 from service.storage import new_id
+from service.webhooks import add_job_event_delivery
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 
 
 def add_event(session: Session, *, job_id: str, kind: str, message: str,
               data: dict | None = None) -> Event:
+    """The job's event, and its webhook delivery if it posts one (``service.webhooks``);
+    the caller commits both at once."""
     event = Event(job_id=job_id, kind=kind, message=message, data=data or {})
     session.add(event)
+    add_job_event_delivery(session, job_id=job_id, kind=kind, message=message,
+                           data=event.data)
     return event
 
 
@@ -94,14 +99,16 @@ def latest_adapter(session: Session, job_id: str) -> Adapter | None:
                         .order_by(Adapter.created_at.desc())).first()
 
 
-def events_page(session: Session, job_id: str, *, after_id: int | None,
-                limit: int) -> list[Event]:
+def events_page(session: Session, job_id: str, *, after_id: int | None, limit: int,
+                newest_first: bool = False) -> list[Event]:
     """The job's events after the one ``after_id`` (from the first if None), in id order,
-    at most ``limit``."""
+    at most ``limit``; ``newest_first``: in reverse, so after means older."""
     query = select(Event).where(Event.job_id == job_id)
     if after_id is not None:
-        query = query.where(col(Event.id) > after_id)
-    return list(session.exec(query.order_by(col(Event.id)).limit(limit)).all())
+        query = query.where(col(Event.id) < after_id if newest_first
+                            else col(Event.id) > after_id)
+    order = col(Event.id).desc() if newest_first else col(Event.id)
+    return list(session.exec(query.order_by(order).limit(limit)).all())
 
 
 def metrics_page(session: Session, job_id: str, *, after_step: int | None,

@@ -14,6 +14,8 @@ from service.fleet_spec import FleetSpec, RoundSeat
 from service.job_plan import JobPlan, UnplannedJob
 from service.json_column import ModelJSON, check_on_load
 
+WEBHOOK_URL_CHARS = 2048
+
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
@@ -70,7 +72,8 @@ class Fleet(SQLModel, table=True):
     spec: FleetSpec = Field(sa_column=Column(ModelJSON(FleetSpec), nullable=False))
     # federated fleets stop after the round in progress once asked to
     cancel_requested: bool = False
-    # preparing (a worker deals its rows and makes its jobs), ready, failed (``error`` says
+    # its preparation (the status shown is app/fleet_status.py's, derived from it): preparing
+    # (a worker deals its rows and makes its jobs), ready, failed (``error`` says
     # why) or cancelled (before its jobs were made)
     status: str = Field(default="ready", max_length=16)
     error: str | None = None
@@ -80,6 +83,8 @@ class Fleet(SQLModel, table=True):
     # times the reconciler asked a worker again to prepare it, its earlier ask lost (the
     # worker killed, Redis emptied); it fails once its tries reach max_attempts
     prepare_retries: int = 0
+    # where its rounds' ends and its own end are POSTed (``service.webhooks``)
+    webhook_url: str | None = Field(default=None, max_length=WEBHOOK_URL_CHARS)
     created_at: datetime = Field(default_factory=utc_now)
 
 
@@ -173,6 +178,8 @@ class Job(SQLModel, table=True):
     heartbeat_at: datetime | None = None  # refreshed while it runs; stale means worker lost
     metadata_: dict = Field(default_factory=dict, sa_column=Column("metadata", JSON,
                                                                    nullable=False))
+    # where its status moves and checkpoints are POSTed (``service.webhooks``)
+    webhook_url: str | None = Field(default=None, max_length=WEBHOOK_URL_CHARS)
     created_at: datetime = Field(default_factory=utc_now)
     started_at: datetime | None = None
     finished_at: datetime | None = None
@@ -236,6 +243,26 @@ class Adapter(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utc_now)
 
 
+class JobCheckpoint(SQLModel, table=True):
+    """The adapter a job kept at a step (every ``checkpoint_every`` steps, and at its last
+    its final adapter, the ``Adapter``'s folder), with that step's losses; its files under
+    the job's folder. Its id is made of the job's and the
+    step, so a step trained again after a resume is the same checkpoint, written again."""
+
+    __tablename__ = "job_checkpoints"
+    __table_args__ = (Index("ix_job_checkpoints_job_id_step", "job_id", "step", unique=True),)
+
+    id: str = Field(primary_key=True, max_length=64)
+    job_id: str = Field(foreign_key="jobs.id", max_length=40)
+    step: int
+    train_loss: float | None = None
+    valid_loss: float | None = None  # when the job validated at this step, else None
+    path: str = Field(max_length=1024)  # the PEFT adapter folder
+    sha256: str = Field(max_length=64)  # of its PEFT zip, as an adapter's
+    bytes: int = Field(sa_column=Column(BigInteger, nullable=False))
+    created_at: datetime = Field(default_factory=utc_now)
+
+
 class DashboardSession(SQLModel, table=True):
     """A signed-in browser: the cookie holds a random id, the table only its sha256."""
 
@@ -246,3 +273,45 @@ class DashboardSession(SQLModel, table=True):
     key_hash: str = Field(index=True, max_length=128)  # the key it signed in with
     created_at: datetime = Field(default_factory=utc_now)
     expires_at: datetime = Field(index=True)
+
+
+class WebhookSecret(SQLModel, table=True):
+    """A tenant's webhook signing secret, as Standard Webhooks writes one: ``whsec_`` and the
+    key in base64. Kept as it is: signing needs it."""
+
+    __tablename__ = "webhook_secrets"
+
+    tenant: str = Field(primary_key=True, max_length=64)
+    secret: str = Field(max_length=128)
+    created_at: datetime = Field(default_factory=utc_now)
+    # the secret a rotation replaced, signing beside it until previous_expires_at
+    previous_secret: str | None = Field(default=None, max_length=128)
+    previous_expires_at: datetime | None = None
+
+
+class WebhookDelivery(SQLModel, table=True):
+    """One event of a job or fleet to POST to its ``webhook_url``, until a 2xx or the attempts
+    run out (``service.webhooks``); kept after, as its record."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (Index("ix_webhook_deliveries_status_next_attempt_at", "status",
+                            "next_attempt_at"),
+                      # a fleet's event is seen in its rows, by any API process: once each
+                      Index("ix_webhook_deliveries_fleet_id_fleet_event", "fleet_id",
+                            "fleet_event", unique=True))
+
+    id: str = Field(primary_key=True, max_length=40)  # the webhook-id header
+    tenant: str = Field(max_length=64)
+    job_id: str | None = Field(default=None, foreign_key="jobs.id", index=True, max_length=40)
+    fleet_id: str | None = Field(default=None, foreign_key="fleets.id", max_length=40)
+    fleet_event: str | None = Field(default=None, max_length=32)  # round-<n> or end
+    event: str = Field(max_length=64)  # job.succeeded, fleet.round.done...
+    url: str = Field(max_length=WEBHOOK_URL_CHARS)
+    body: str  # the exact JSON sent at every attempt
+    status: str = Field(default="pending", max_length=16)  # pending, delivered, failed
+    attempts: int = 0
+    next_attempt_at: datetime | None = Field(default_factory=utc_now)  # None once it ended
+    last_status_code: int | None = None
+    last_error: str | None = None
+    created_at: datetime = Field(default_factory=utc_now)
+    delivered_at: datetime | None = None

@@ -87,6 +87,28 @@ class Settings(BaseSettings):
     advance_grace_s: float = Field(default=30.0, ge=0)
     checkpoint_every: int = Field(default=25, ge=1, description="steps between checkpoints, "
                                   "unless the job sets its own")
+    # the adapters a job keeps at its checkpoint steps, for download: the newest this many
+    # (the oldest go as new ones are kept)
+    max_checkpoints_per_job: int = Field(default=10, ge=1, le=10_000)
+    # webhooks (service/webhooks.py): an attempt is cut after webhook_timeout_s; one that
+    # failed for a reason that may pass (no answer, 408, 429, 5xx) is tried again after
+    # webhook_retry_base_s, doubling up to webhook_retry_max_s, webhook_max_attempts in all
+    # (with the defaults: over about 3 hours); due deliveries are looked for every
+    # webhook_interval_s
+    webhook_timeout_s: float = Field(default=10.0, gt=0, le=300)
+    webhook_retry_base_s: float = Field(default=30.0, gt=0, le=86400)
+    webhook_retry_max_s: float = Field(default=3600.0, gt=0, le=86400)
+    webhook_max_attempts: int = Field(default=10, ge=1, le=100)
+    webhook_interval_s: float = Field(default=1.0, gt=0, le=3600)
+    # at most webhook_max_in_flight attempts at once, webhook_max_in_flight_per_host of them
+    # to one host (host:port), so one slow receiver holds neither the others nor all slots
+    webhook_max_in_flight: int = Field(default=64, ge=1, le=1024)
+    webhook_max_in_flight_per_host: int = Field(default=8, ge=1, le=1024)
+    # a receiver resolving to a loopback, private, link-local (169.254.169.254, the cloud's
+    # metadata), unique-local or unspecified address is refused unless this allows it
+    webhook_allow_private: bool = False
+    # after a rotation, the previous secret signs too (a second v1 signature) this long
+    webhook_secret_grace_s: float = Field(default=86400.0, ge=0, le=30 * 86400)
 
     @property
     def model_root_paths(self) -> list[Path]:

@@ -94,7 +94,10 @@ def write_with_digest(path: Path, write: Callable[[Path], None]) -> str:
 def zip_directory(directory: Path, out: Path | BinaryIO, *, top: str = "",
                   compression: int = zipfile.ZIP_DEFLATED) -> None:
     """Zip the files under ``directory`` (below a folder ``top`` when given) in name order
-    with a fixed timestamp, so the same files always give the same bytes."""
+    with a fixed timestamp, so the same files always give the same bytes. A missing
+    ``directory`` is a FileNotFoundError, never an empty zip."""
+    if not directory.is_dir():
+        raise FileNotFoundError(f"no folder to zip at {directory}")
     with zipfile.ZipFile(out, "w", compression) as archive:
         for path in sorted(directory.rglob("*")):
             if not path.is_file():

@@ -1,5 +1,6 @@
-"""The processes `mebp serve` keeps running: its workers (`mebp worker` subprocesses) and the
-embedded Redis; each is started again when it exits, after a growing delay while it keeps
+"""The processes `mebp serve` keeps running: its workers (`mebp worker` subprocesses), with
+them one exports worker (base exports only: never behind a training job), and the embedded
+Redis; each is started again when it exits, after a growing delay while it keeps
 exiting soon after it started, until the service stops: then none is restarted, each worker
 is asked to stop once (SIGTERM: it gives its job back to the queue, ``worker.stopping``) and
 killed if it has not exited by the service's deadline."""
@@ -62,6 +63,11 @@ class Watcher:
         self._thread = threading.Thread(target=self._watch, name=name, daemon=True)
         self._thread.start()
 
+    def request_stop(self) -> None:
+        """No restart after the watch's current check: quick, never waits (a signal handler
+        may call it while this thread waits on a lock the handler's thread holds)."""
+        self._stopping.set()
+
     def stop(self) -> None:
         """No restart from now on (once this returns); safe to call again."""
         self._stopping.set()
@@ -78,11 +84,21 @@ class Watcher:
                     log.exception("could not restart %s", child.name)
 
 
+EXPORTS_ONLY_FLAG = "--exports-only"
+
+
 class WorkerPool:
-    def __init__(self, settings: Settings) -> None:
+    """``workers`` training workers and, with any, one exports worker (``exports_only``: the
+    exports worker alone, as `mebp worker` keeps its own)."""
+
+    def __init__(self, settings: Settings, *, exports_only: bool = False) -> None:
         self.settings = settings
-        self.children = [Child("worker", self._start) for _ in range(settings.workers)]
+        self.children = [] if exports_only else \
+            [Child("worker", self._start) for _ in range(settings.workers)]
+        if exports_only or self.children:
+            self.children.append(Child("exports worker", lambda: self._start(EXPORTS_ONLY_FLAG)))
         self._stop_requested = False
+        self._asked: set[int] = set()  # pids sent their SIGTERM
         self._watcher = Watcher("mebp-workers", self.children)
 
     @property
@@ -96,14 +112,20 @@ class WorkerPool:
         if self._stop_requested:
             return
         self._stop_requested = True
-        self._watcher.stop()
+        self._watcher.request_stop()
+        self._ask_to_stop()
+
+    def _ask_to_stop(self) -> None:
         for process in self.processes:
-            if process.poll() is None:
+            if process.poll() is None and process.pid not in self._asked:
+                self._asked.add(process.pid)
                 process.send_signal(signal.SIGTERM)
 
     def stop(self, deadline: float) -> None:
         """Stop the workers: asked (if not yet), then killed at ``deadline`` (monotonic)."""
         self.request_stop()
+        self._watcher.stop()
+        self._ask_to_stop()  # one the watch restarted before it saw the stop
         for process in self.processes:
             try:
                 process.wait(timeout=max(0.0, deadline - time.monotonic()))
@@ -112,7 +134,7 @@ class WorkerPool:
                 process.kill()
                 process.wait()
 
-    def _start(self) -> subprocess.Popen:
+    def _start(self, *flags: str) -> subprocess.Popen:
         settings = self.settings
         env = {**os.environ, "MEBP_DATA_DIR": str(settings.data_dir),
                "REDIS_URL": settings.redis_url, "MEBP_QUEUE_NAME": settings.queue_name,
@@ -124,4 +146,4 @@ class WorkerPool:
             if value is not None:
                 env[name] = str(value)
         env[SUPERVISOR_ENV] = str(os.getpid())  # the worker stops when we die, however
-        return subprocess.Popen([sys.executable, "-m", "worker"], env=env)
+        return subprocess.Popen([sys.executable, "-m", "worker", *flags], env=env)

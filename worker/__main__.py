@@ -9,6 +9,7 @@ import sys
 
 from service.cli_args import add_worker_arguments
 from service.settings import load_settings
+from service.supervisor import EXPORTS_ONLY_FLAG
 from worker.main import work
 
 
@@ -17,8 +18,10 @@ def main(argv: list[str] | None = None) -> int:
         "run a worker for a shared Redis (REDIS_URL), database (DATABASE_URL) and storage "
         "(MEBP_STORAGE_DIR)"))
     add_worker_arguments(parser)
+    parser.add_argument(EXPORTS_ONLY_FLAG, action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    return work(load_settings(data_dir=args.data_dir), burst=args.burst)
+    return work(load_settings(data_dir=args.data_dir), burst=args.burst,
+                exports_only=args.exports_only)
 
 
 def exit_now(code: int) -> None:

@@ -8,7 +8,8 @@ Its first acts, before any import that allocates: enter the cap, tie its life to
 worker's, and turn SIGTERM (a cancel) into "stop after this step". Started ahead of its job
 (``--wait FD``, ``worker.warm_engine``), it imports what training needs and then reads the
 job's directory and its horse's pid from the pipe FD; it writes its output to the job's
-``engine.log`` from then on and dies with that horse.
+``engine.log`` from then on and dies with that horse. Forked from the worker's zygote
+(``worker.engine_zygote``), it starts at ``serve`` with the imports done.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ if TYPE_CHECKING:  # imported once the cap is joined, as is everything that allo
     from worker.engine_files import EngineFailed, EngineFinished
 
 METRICS = "metrics.jsonl"
-ADAPTER, CHECKPOINT = "adapter", "checkpoint"
+# the adapter trained, the resume checkpoint, and the adapters kept at checkpoint steps
+ADAPTER, CHECKPOINT, KEPT = "adapter", "checkpoint", "checkpoints"
 ALLOCATION_FAILURES = ("can't allocate memory", "not enough memory", "out of memory")
 EXIT_STORAGE_FULL = 28  # ENOSPC: the result itself may not fit on the disk, so say it so
 PARENT_ENV = "MEBP_ENGINE_PARENT_PID"
@@ -52,6 +54,7 @@ def run(job_dir: Path, stop: StopOnSignals) -> EngineFinished:
                        validation_data=request.validation_data,
                        metrics_path=job_dir / METRICS, checkpoint_dir=job_dir / CHECKPOINT,
                        resume=request.resume, init_adapter=request.init_adapter,
+                       kept_dir=job_dir / KEPT if request.keep_checkpoints else None,
                        stop_requested=stop.is_set)
     return EngineFinished(status="cancelled" if result.interrupted else "succeeded",
                           steps=result.steps, final_loss=result.final_loss,
@@ -87,6 +90,9 @@ def wait_for_job(control_fd: int) -> Path | None:
         os.dup2(log, stream)
     os.close(log)
     die_with(int(horse))
+    # from now on it lives as long as its horse (which dies with the worker), not as long
+    # as the process it was forked from, whose end must not end a job (0: no signal)
+    die_with_parent(0)
     return Path(job_dir)
 
 
@@ -108,6 +114,12 @@ def main(argv: list[str]) -> int:
     join_from_env()
     if PARENT_ENV in os.environ:  # a killed worker leaves no engine training on
         die_with_parent(signal.SIGKILL, int(os.environ[PARENT_ENV]))
+    return serve(argv)
+
+
+def serve(argv: list[str]) -> int:
+    """Once in its cap and tied to its parent: run the job of ``JOB_DIR``, or of the job
+    directory ``--wait FD`` reads; the exit code."""
     if argv[0] == WAIT_FLAG:
         job_dir = wait_for_job(int(argv[1]))
         if job_dir is None:

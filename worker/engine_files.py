@@ -30,6 +30,9 @@ class EngineRequest(BaseModel):
     validation_data: Path | None = None
     init_adapter: Path | None = None  # a federated round's global adapter
     resume: bool = False  # from the checkpoint an earlier attempt left
+    # the adapter of every checkpoint step kept for download (a fleet's phone keeps none: its
+    # update is its adapter, and thousands of phones would keep thousands each)
+    keep_checkpoints: bool = False
 
 
 class EngineFinished(BaseModel):

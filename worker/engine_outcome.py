@@ -1,7 +1,8 @@
-"""How a job's engine ended, recorded on the job: its adapter kept and its time measured
-(succeeded or cancelled), or the failure it ended with, named: over its memory cap (with the
-kernel's figures and the planner's smallest budget), out of storage, an error the user can
-act on, or a crash (with the last lines of its log)."""
+"""How a job's engine ended, recorded on the job: its adapter kept (and listed as its last
+checkpoint) and its time measured (succeeded or cancelled), or the failure it ended with,
+named: over its memory cap (with the kernel's figures and the planner's smallest budget),
+out of storage, an error the user can act on, or a crash (with the last lines of its
+log)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from service.crud import add_event, fail_job, set_status
 from service.models import Adapter, Job
 from service.settings import Settings
 from service.storage import new_id
-from worker.child import ADAPTER, ENGINE_LOG, EXIT_STORAGE_FULL
+from worker.child import ADAPTER, ENGINE_LOG, EXIT_STORAGE_FULL, KEPT
 from worker.engine_files import EngineFinished, EngineRequest, read_result
+from worker.kept_checkpoints import record_final, remove_folders
 from worker.measured_time import correct_host_time
 from worker.memory_cap import MemoryCap
 
@@ -36,8 +38,12 @@ def record_outcome(session: Session, job: Job, job_dir: Path, returncode: int,
     """The job's end, from the engine's result, exit code and the kernel's cap, committed."""
     result = read_result(job_dir)
     record_cgroup_peak(job, cap)
+    dropped: list[Path] = []
     if isinstance(result, EngineFinished):
-        _keep_adapter(session, job, job_dir)
+        adapter = _keep_adapter(session, job, job_dir)
+        if request.keep_checkpoints:  # listed as the job's last checkpoint (a phone keeps none)
+            dropped = record_final(session, job.id, adapter, result.steps,
+                                   settings.max_checkpoints_per_job)
         message = "succeeded" if result.status == "succeeded" else \
             f"cancelled after step {result.steps}; the adapter so far is kept"
         set_status(session, job, result.status, message,
@@ -69,6 +75,7 @@ def record_outcome(session: Session, job: Job, job_dir: Path, returncode: int,
                  f"the engine exited with code {returncode} and no result; "
                  f"last lines: {_log_tail(job_dir)}")
     session.commit()
+    remove_folders(dropped, job_dir / KEPT)
 
 
 def fail_limit_refused(session: Session, job: Job, cap: MemoryCap) -> None:
@@ -101,13 +108,15 @@ def _fail_over_budget(session: Session, job: Job, cap: MemoryCap) -> None:
               else planned.smallest_configuration})
 
 
-def _keep_adapter(session: Session, job: Job, job_dir: Path) -> None:
+def _keep_adapter(session: Session, job: Job, job_dir: Path) -> Adapter:
     adapter = job_dir / ADAPTER
     files = [adapter / name for name in sorted(ADAPTER_FILES)]
-    session.add(Adapter(id=new_id("ad"), job_id=job.id, path=str(adapter),
-                        # its PEFT zip, made once here and served from disk
-                        sha256=adapter_file(adapter, "peft", None, remake=True).sha256,
-                        bytes=sum(f.stat().st_size for f in files)))
+    row = Adapter(id=new_id("ad"), job_id=job.id, path=str(adapter),
+                  # its PEFT zip, made once here and served from disk
+                  sha256=adapter_file(adapter, "peft", None, remake=True).sha256,
+                  bytes=sum(f.stat().st_size for f in files))
+    session.add(row)
+    return row
 
 
 def _log_tail(job_dir: Path, lines: int = 5) -> str:

@@ -25,7 +25,9 @@ from sqlmodel import Session, delete, select
 
 from mebp_core.cache import default_cache_dir
 from mebp_core.cpu import IdleWindow
+from mebp_core.engine.kept_adapters import kept_steps
 from mebp_core.engine.metrics_file import keep_steps_through
+from mebp_core.lora.peft_io import AdapterError
 from mebp_core.plan.correction import measured_step_time
 from mebp_core.proc import die_with_parent
 from mebp_core.store.resolve import PackingStopped, resolve_model
@@ -45,7 +47,7 @@ from service.registry import (
 from service.settings import Settings
 from service.storage import base_config_path, job_dir
 from worker import warm_engine
-from worker.child import CHECKPOINT, METRICS
+from worker.child import CHECKPOINT, KEPT, METRICS
 from worker.engine_files import (
     RESULT,
     EngineRequest,
@@ -53,6 +55,13 @@ from worker.engine_files import (
 )
 from worker.engine_outcome import fail_limit_refused, record_cgroup_peak, record_outcome
 from worker.host_plan import plan_on_this_worker
+from worker.kept_checkpoints import (
+    drop_oldest,
+    record_kept,
+    recorded_steps,
+    remove_folders,
+    settle_resumed,
+)
 from worker.lease import Heartbeat, claim_job, worker_name
 from worker.measured_time import predicted_figures
 from worker.memory_cap import LimitRefused, MemoryCap, remove_stale_caps
@@ -112,6 +121,7 @@ class JobRun:
         self.resumed_from = 0  # the checkpoint step this attempt continues from
         self.step_times: list[float] = []  # this attempt's, in step order
         self.decompress_times: list[float | None] = []  # the engine's clock on dequantizing
+        self.kept: set[int] = set()  # the steps whose kept adapters have rows, committed
 
     def run(self) -> str:
         worker = worker_name()
@@ -203,7 +213,8 @@ class JobRun:
                                 init_adapter=job.init_adapter,
                                 data=session.get(Dataset, job.training_file).path,
                                 validation_data=validation,
-                                resume=self._resume_point(session, job))
+                                resume=self._resume_point(session, job),
+                                keep_checkpoints=job.fleet_id is None)
         write_request(self.dir, request)
         return request
 
@@ -226,8 +237,25 @@ class JobRun:
         if self.resumed_from:
             add_event(session, job_id=job.id, kind="log",
                       message=f"resuming from the checkpoint at step {self.resumed_from}")
-        session.commit()
+        # the kept adapters of the steps trained again go; a lost worker's others are recorded
+        new, dropped = settle_resumed(session, job.id, self.dir / KEPT, self.resumed_from)
+        self.kept = recorded_steps(session, job.id)
+        self._record_kept(session, job, new, dropped)
         return bool(self.resumed_from)
+
+    def _record_kept(self, session: Session, job: Job, on_disk: list[int],
+                     dropped: list[Path] | None = None) -> None:
+        """Record the adapters kept at ``on_disk`` steps not recorded yet, drop the oldest
+        beyond the limit, and commit (what else the session holds too); only then are the
+        dropped folders removed."""
+        new = [step for step in on_disk if step not in self.kept]
+        dropped = dropped or []
+        if new:
+            record_kept(session, job.id, self.dir / KEPT, new)
+            dropped += drop_oldest(session, job.id, self.settings.max_checkpoints_per_job)
+        session.commit()
+        self.kept.update(new)
+        remove_folders(dropped, self.dir / KEPT)
 
     def _run_capped(self, session: Session, job: Job, request: EngineRequest) -> str | None:
         """Run the engine capped and record its end; "given back" if the worker is stopping
@@ -243,7 +271,8 @@ class JobRun:
                       f"{job.memory_budget_bytes / MB:.0f} MB"
                       + (f"; {child.warning}" if child.warning else ""),
                       data={"enforcement": cap.mode, "cap_mb": job.memory_budget_bytes / MB,
-                            "engine_started_ahead": child.started_ahead})
+                            "engine_started_ahead": child.started_ahead,
+                            "engine_forked": child.forked})
             session.commit()
             session.refresh(job)
             if job.cancel_requested:
@@ -296,13 +325,14 @@ class JobRun:
                 child.kill()
                 child.wait()
                 return
+            kept = kept_steps(self.dir / KEPT)  # before the lines: a kept step's comes first
             pending += tail.read_new()  # after poll: a finished child's lines are all in
             try:
                 for row in pending:
                     self._record_step(session, job, row)
                 record_cgroup_peak(job, cap)
                 session.add(job)
-                session.commit()
+                self._record_kept(session, job, kept)  # and commits
                 pending.clear()
                 session.refresh(job)
             except OperationalError as exc:  # the database is briefly away; the engine goes on
@@ -313,6 +343,11 @@ class JobRun:
                     raise
                 time.sleep(POLL_S)
                 continue
+            except (OSError, AdapterError):  # a kept adapter not recorded (a full disk, ...):
+                session.rollback()  # the job ends with the engine, which no cap may stop
+                child.kill()
+                child.wait()
+                raise
             if exited:
                 return
             said = engine_stop.act(child, job.cancel_requested)

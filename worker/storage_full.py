@@ -14,7 +14,7 @@ from sqlmodel import Session
 
 from service.disk_space import out_of_space, release_reserve
 from service.storage import adapter_downloads_dir
-from worker.child import ADAPTER, CHECKPOINT
+from worker.child import ADAPTER, CHECKPOINT, KEPT
 
 STORAGE_FULL_TRIES = 10  # a second apart, recording a storage_full failure on a full disk
 
@@ -31,7 +31,8 @@ def end_storage_full(session: Session, directory: Path, data_dir: Path,
     giving back the room reserved in ``data_dir`` for this write if the disk is full."""
     for partial in (directory / CHECKPOINT, directory / ADAPTER,
                     adapter_downloads_dir(directory / ADAPTER),
-                    *directory.glob(f".{ADAPTER}.tmp-*")):
+                    *directory.glob(f".{ADAPTER}.tmp-*"),
+                    *(directory / KEPT).glob(".step-*")):  # the kept ones are whole: kept
         shutil.rmtree(partial, ignore_errors=True)
     for attempt in range(STORAGE_FULL_TRIES):
         try:

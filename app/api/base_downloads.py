@@ -14,9 +14,10 @@ from starlette.background import BackgroundTask
 
 from app.api.errors import invalid
 from app.keys import Principal
-from app.schemas import BaseExporting
+from app.model_schemas import BaseExporting
 from mebp_core.errors import MebpError
 from mebp_core.store.export_base import check_base_format
+from mebp_core.store.export_base_common import GGUF_QUANTS, BaseExportError
 from mebp_core.store.resolve import source_config
 from service.bases import BaseExportFailed, BaseRequest, ExportedBase
 from service.export_quota import ExportQuotaExceeded
@@ -30,25 +31,42 @@ from service.registry import (
 from service.settings import Settings
 
 EXPORT_RETRY_S = 5
+GGUF_BLOCKS_STORE = "int4"  # the store a GGUF base of q4_1 or q8_0 blocks is made from
 
 
 def base_request_or_error(session: Session, settings: Settings, name: str, *, fmt: str,
                           quant: str, group_size: int, dtype: str) -> BaseRequest:
     """The export asked for, or a 404 (no such model) or a 422 naming what it cannot do."""
+    source, config = model_or_error(session, settings, name)
+    try:
+        return base_request(source, config, fmt=fmt, quant=quant, group_size=group_size,
+                            dtype=dtype)
+    except BaseExportError as exc:
+        value = {"format": fmt, "quant": quant, "group_size": group_size, "dtype": dtype}
+        raise invalid(exc.field, str(exc), value[exc.field], where="query") from None
+
+
+def model_or_error(session: Session, settings: Settings, name: str) -> tuple[str, dict]:
+    """(the model's source, its config), or a 404 (no such model) or a 422 naming it."""
     try:
         source = model_source(session, name)
         if not source.startswith(PRESET):
             confine_model_dir(settings.model_root_paths, source)
-        config = source_config(source)
+        return source, source_config(source)
     except UnknownModelError as exc:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"model {name!r}: {exc}") from None
     except (ModelPathError, MebpError) as exc:  # a registered directory changed since
         raise invalid("name", str(exc), name, where="path") from None
-    try:
-        check_base_format(config, fmt, dtype)
-    except MebpError as exc:
-        raise invalid("format", str(exc), fmt, where="query") from None
-    return BaseRequest(source, quant, group_size, fmt, dtype)
+
+
+def base_request(source: str, config: dict, *, fmt: str, quant: str, group_size: int,
+                 dtype: str) -> BaseRequest:
+    """The export of ``source`` asked for, or a ``BaseExportError`` naming the parameter at
+    fault. ``quant`` is the job's storage, or a GGUF block type made from its int4 store."""
+    store_quant, gguf_quant = (GGUF_BLOCKS_STORE, quant) if quant in GGUF_QUANTS else (quant, None)
+    check_base_format(config, fmt, dtype, quant=store_quant, group_size=group_size,
+                      gguf_quant=gguf_quant)
+    return BaseRequest(source, store_quant, group_size, fmt, dtype, gguf_quant)
 
 
 def start_export(request: Request, principal: Principal, base: BaseRequest) -> None:
@@ -70,8 +88,8 @@ def start_export(request: Request, principal: Principal, base: BaseRequest) -> N
 
 
 def exporting_response(name: str, base: BaseRequest) -> JSONResponse:
-    body = BaseExporting(detail=f"the base of {name!r} ({base.fmt}, {base.dtype}) is being "
-                         f"exported; ask again in {EXPORT_RETRY_S} s")
+    body = BaseExporting(detail=f"the base of {name!r} ({base.fmt}, {base.variant}) is being "
+                         f"exported by a worker; ask again in {EXPORT_RETRY_S} s")
     return JSONResponse(body.model_dump(), status_code=status.HTTP_202_ACCEPTED,
                         headers={"Retry-After": str(EXPORT_RETRY_S)})
 

@@ -34,9 +34,14 @@ MAX_ECHO_ITEMS = 20
 async def validation_error_response(request: Request, exc: RequestValidationError) -> JSONResponse:
     """FastAPI's 422 body, with the offending input echoed JSON-safely: a non-finite number
     as its name (``"nan"``), long strings and containers cut short."""
-    errors = [{**error, "input": _echo(error["input"])} if "input" in error else error
-              for error in jsonable_encoder(exc.errors(), custom_encoder={float: _finite})]
-    return JSONResponse({"detail": errors}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+    return JSONResponse({"detail": validation_errors(exc)},
+                        status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
+def validation_errors(exc: RequestValidationError) -> list[dict]:
+    """The errors of ``exc``, JSON-safe, as a 422 body carries them."""
+    return [{**error, "input": _echo(error["input"])} if "input" in error else error
+            for error in jsonable_encoder(exc.errors(), custom_encoder={float: _finite})]
 
 
 def _finite(value: float) -> float | str:

@@ -13,18 +13,23 @@ from app.api.errors import invalid
 
 Sink = Callable[[bytes], None]
 MAX_HEADER_BYTES = 8 << 10
+MAX_TEXT_FIELD_BYTES = 1024
 
 
 class MultipartField:
     """Feed ``write`` the body's pieces: the bytes of the first part named ``name`` go to
-    ``open_sink(filename)``'s writer; other parts are skipped. ``finish`` says whether the
-    field was there, whole."""
+    ``open_sink(filename)``'s writer; the parts named in ``text_fields`` are kept in
+    ``values`` (each up to ``MAX_TEXT_FIELD_BYTES``); other parts are skipped. ``finish``
+    says whether the field was there, whole."""
 
-    def __init__(self, content_type: str, name: str, open_sink: Callable[[str | None], Sink]):
+    def __init__(self, content_type: str, name: str, open_sink: Callable[[str | None], Sink],
+                 text_fields: tuple[str, ...] = ()):
         media_type, params = parse_options_header(content_type)
         if media_type != b"multipart/form-data" or not params.get(b"boundary"):
             raise invalid(name, "Field required (send multipart/form-data)")
-        self.name, self.open_sink = name, open_sink
+        self.name, self.open_sink, self.text_fields = name, open_sink, text_fields
+        self.values: dict[str, str] = {}
+        self._text: tuple[str, bytearray] | None = None  # the text part being read
         self._header_name, self._header_value = bytearray(), bytearray()
         self._disposition = b""
         self._sink: Sink | None = None  # set while inside the wanted part
@@ -62,7 +67,11 @@ class MultipartField:
 
     def _headers_finished(self) -> None:
         _, params = parse_options_header(self._disposition)
-        if self.found or params.get(b"name", b"").decode("latin-1") != self.name:
+        name = params.get(b"name", b"").decode("latin-1")
+        if name in self.text_fields and name not in self.values:
+            self._text = (name, bytearray())
+            return
+        if self.found or name != self.name:
             return
         self.found = True
         filename = params.get(b"filename")
@@ -72,8 +81,16 @@ class MultipartField:
     def _part_data(self, data: bytes, start: int, end: int) -> None:
         if self._sink is not None:
             self._sink(data[start:end])
+        elif self._text is not None:
+            name, value = self._text
+            value.extend(data[start:end])
+            if len(value) > MAX_TEXT_FIELD_BYTES:
+                raise invalid(name, f"longer than {MAX_TEXT_FIELD_BYTES} bytes")
 
     def _part_end(self) -> None:
+        if self._text is not None:
+            name, value = self._text
+            self.values[name], self._text = value.decode("utf-8", "replace"), None
         if self._sink is not None:
             self._sink, self.whole = None, True
 

@@ -24,7 +24,7 @@ from app.comparison_schemas import (
     ComparisonCreate,
     SharedHyperparameters,
 )
-from app.schemas import PUBLIC_NAMES
+from app.training_schemas import PUBLIC_NAMES
 from app.web.job_form import hyperparameter_inputs
 
 METHODS = tuple(DEFAULT_LEARNING_RATES)

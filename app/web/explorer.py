@@ -13,13 +13,14 @@ from starlette.concurrency import run_in_threadpool
 from app.api.deps import SessionDep, SettingsDep
 from app.api.routes.plans import plan_for
 from app.comparison_schemas import DEFAULT_METHODS
-from app.schemas import Hyperparameters, PlanCreate
+from app.plan_schemas import PlanCreate
 from app.submit import submit_job
+from app.training_schemas import Hyperparameters
 from app.uploads import store_upload
 from app.web.auth import PagePrincipal
 from app.web.csrf import SameOrigin, require_form_token
 from app.web.explorer_comparison import latest_comparison
-from app.web.explorer_plans import METHOD_CHOICES, plan_view
+from app.web.explorer_plans import COMPUTE_DTYPES, METHOD_CHOICES, plan_view
 from app.web.job_form import JobForm, hyperparameter_inputs
 from app.web.measured import measured_points
 from app.web.templating import script_json, templates
@@ -51,21 +52,26 @@ def explorer(request: Request, session: SessionDep, settings: SettingsDep,
              principal: PagePrincipal,
              model: str = DEFAULTS["model"], device: str = "", budget_mb: str = "",
              seq_len: int = DEFAULTS["seq_len"], method: str = DEFAULTS["method"],
-             compare_device: str = "", compare_seq_len: str = "") -> HTMLResponse:
+             compare_device: str = "", compare_seq_len: str = "",
+             time_tolerance: str = "", compute_dtype: str = "") -> HTMLResponse:
     device = device if device or budget_mb else DEFAULTS["device"]
     form = {"model": model, "device": device, "budget_mb": budget_mb, "seq_len": seq_len,
             "method": method, "compare_device": compare_device,
-            "compare_seq_len": compare_seq_len}
+            "compare_seq_len": compare_seq_len, "time_tolerance": time_tolerance,
+            "compute_dtype": compute_dtype}
+    # the setting every chart's plans share (blank: the API's default)
+    setting = {k: form[k] for k in ("time_tolerance", "compute_dtype") if form[k]}
     view, error, measured, compared = None, None, [], None
     try:
         view, measured = _plan_and_measured(session, settings, principal, model, device,
-                                            budget_mb, seq_len, method)
+                                            budget_mb, seq_len, method, setting)
         if compare_device or compare_seq_len:  # the same query but for the device or length
             other_device = compare_device or device
             compared = dict(zip(("view", "measured"), _plan_and_measured(
                 session, settings, principal, model, other_device,
                 "" if compare_device else budget_mb,
-                int(compare_seq_len) if compare_seq_len else seq_len, method), strict=True))
+                int(compare_seq_len) if compare_seq_len else seq_len, method,
+                setting), strict=True))
             compared["label"] = _label(other_device, budget_mb if not compare_device else "",
                                        int(compare_seq_len or seq_len))
     except (RequestValidationError, ValidationError, ValueError) as exc:
@@ -78,7 +84,7 @@ def explorer(request: Request, session: SessionDep, settings: SettingsDep,
         charts.append(_chart(compared["label"], compared["view"], compared["measured"]))
     return templates.TemplateResponse(request, "explorer.html", {
         "form": form, "view": view, "error": error, "compared": compared,
-        "methods": METHOD_CHOICES, "method_names": METHOD_NAMES,
+        "methods": METHOD_CHOICES, "method_names": METHOD_NAMES, "dtypes": COMPUTE_DTYPES,
         "comparison_methods": comparison_methods(method),
         "comparison": None if not device else latest_comparison(
             session, tenant=principal.tenant, model=model, device=device),
@@ -87,10 +93,10 @@ def explorer(request: Request, session: SessionDep, settings: SettingsDep,
 
 
 def _plan_and_measured(session, settings, principal, model: str, device: str, budget_mb: str,
-                       seq_len: int, method: str) -> tuple[dict, list[dict]]:
+                       seq_len: int, method: str, setting: dict) -> tuple[dict, list[dict]]:
     query = PlanCreate(model=model, seq_len=seq_len, device=device or None,
                        memory_budget_mb=float(budget_mb) if budget_mb else None,
-                       method=method)
+                       method=method, **setting)
     view = plan_view(plan_for(query, settings, session, "query").model_dump(mode="json"))
     return view, measured_points(session, query, principal.tenant, tuple(view["plans"]))
 
@@ -105,14 +111,11 @@ def _chart(label: str, view: dict, measured: list[dict]) -> dict:
 def comparison_methods(method: str) -> list[str]:
     """What the explorer's comparison button compares: every method under ``all``, else
     MeBP against MeZO (the paper's question) and the method shown."""
-    if method == "all":
-        return list(METHODS)
-    return list(dict.fromkeys([*DEFAULT_METHODS, method]))
+    return list(METHODS) if method == "all" else list(dict.fromkeys([*DEFAULT_METHODS, method]))
 
 
 def _label(device: str, budget_mb: str, seq_len: int) -> str:
-    where = device or f"{budget_mb} MB"
-    return f"{where}, seq {seq_len}"
+    return f"{device or f'{budget_mb} MB'}, seq {seq_len}"
 
 
 @router.get("/jobs/new", response_class=HTMLResponse)
@@ -120,11 +123,12 @@ def job_form(request: Request, session: SessionDep, principal: PagePrincipal,
              model: str = DEFAULTS["model"],
              device: str = "", budget_mb: str = "", seq_len: int = DEFAULTS["seq_len"],
              method: str = DEFAULTS["method"], config: str = "auto",
-             configuration: str = "auto") -> HTMLResponse:
-    try:
+             configuration: str = "auto", compute_dtype: str = "") -> HTMLResponse:
+    try:  # the explorer's setting, as it planned it (blank: the API's default)
         form, error = JobForm(model=model, device=device, memory_budget_mb=budget_mb,
                               method=method, config=config, configuration=configuration,
-                              hyperparameters={"seq_len": str(seq_len)}), None
+                              hyperparameters={"seq_len": str(seq_len),
+                                               "compute_dtype": compute_dtype}), None
     except ValidationError as exc:  # a hand-edited link: start from the defaults, say why
         form, error = JobForm(model=model), _describe(exc)
     return _render_form(request, session, principal, form.model_dump(), error)

@@ -5,9 +5,12 @@ recommendation, naming the method, why, and its knobs in words."""
 from __future__ import annotations
 
 from app.web.knob_words import describe_knobs
+from mebp_core.config import TrainConfig
+from mebp_core.config_args import value_kinds
 from mebp_core.plan.methods import METHOD_NAMES, METHODS
 
 METHOD_CHOICES = (*METHODS, "all")
+COMPUTE_DTYPES = value_kinds(TrainConfig.model_fields["compute_dtype"].annotation)[1]
 
 
 def plan_view(answer: dict) -> dict:
@@ -15,11 +18,10 @@ def plan_view(answer: dict) -> dict:
     the page shows: ``plans`` (method -> plan), ``skipped`` (method -> why it is not
     planned), ``configurations`` (every method's), ``recommendation`` (or None)."""
     if answer["method"] == "all":
-        plans, skipped, recommendation = answer["plans"], answer["skipped"], \
-            answer["recommendation"]
+        plans, skipped = answer["plans"], answer["skipped"]
     else:
         plans, skipped = {answer["method"]: answer}, {}
-        recommendation = _fastest_that_fits(answer)
+    recommendation = answer["recommendation"]
     configurations = [c for plan in plans.values() for c in plan["configurations"]]
     if recommendation is not None:
         chosen = next(c for c in configurations if c["id"] == recommendation["configuration"])
@@ -30,13 +32,3 @@ def plan_view(answer: dict) -> dict:
             "names": {method: METHOD_NAMES[method] for method in plans},
             "configurations": configurations, "recommendation": recommendation}
 
-
-def _fastest_that_fits(plan: dict) -> dict | None:
-    """One method's recommendation: its plan's ``auto``, said as ``MethodPlans`` says it."""
-    if plan["auto"] is None:
-        return None
-    chosen = next(c for c in plan["configurations"] if c["id"] == plan["auto"])
-    fits = f"peak {chosen['peak_mb']:.0f} MB" + (
-        "" if plan["budget_mb"] is None else f", fits {plan['budget_mb']:.0f} MB")
-    return {"method": plan["method"], "configuration": chosen["id"],
-            "why": f"fastest per step among this method's configurations ({fits})"}

@@ -5,7 +5,8 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 from pydantic_core import from_json
 
-from app.schemas import Hyperparameters, JobCreate
+from app.job_schemas import JobCreate
+from app.training_schemas import Hyperparameters
 from mebp_core.config import Method
 from mebp_core.config_args import value_kinds
 

@@ -53,4 +53,8 @@ def _checkpoints(knobs: dict) -> str:
     where = "in RAM" if knobs["checkpoint_storage"] == "ram" else \
         "in a memory-mapped file (reclaimable page cache)"
     blocks = "every block's input" if every == 1 else f"every {every}th block's input"
+    tail = knobs.get("graph_tail_blocks")
+    if tail:
+        return f"the last {tail} blocks in one autograd graph (kept, not recomputed), " \
+               f"before them {blocks} checkpointed {where}"
     return f"{blocks} checkpointed {where}"

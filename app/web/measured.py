@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from sqlmodel import Session, select
 
-from app.schemas import PlanCreate
+from app.plan_schemas import PlanCreate
 from mebp_core.units import MB
 from service.models import Job
 

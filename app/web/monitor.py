@@ -4,22 +4,20 @@ from __future__ import annotations
 
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.responses import HTMLResponse, RedirectResponse
-from sqlmodel import Session, col, select
+from sqlmodel import col, select
 
 from app.api.deps import SessionDep
+from app.api.paging import MAX_LISTED
+from app.api.routes.checkpoints import list_checkpoints
 from app.api.routes.fleets import list_fleets, read_fleet
 from app.api.routes.jobs import cancel_job, read_job
 from app.job_view import job_public
 from app.web.auth import PagePrincipal, SessionRequired
-from app.web.base_page import PAGE_DTYPE, base_page_url
+from app.web.base_page import base_links
 from app.web.csrf import FormToken
 from app.web.templating import script_json, templates
-from mebp_core.errors import MebpError
-from mebp_core.store.export_base import BASE_FORMATS, check_base_format
-from mebp_core.store.resolve import source_config
 from service.crud import latest_adapter
 from service.models import Job, Metric
-from service.registry import UnknownModelError, model_source
 
 router = APIRouter(include_in_schema=False)
 
@@ -42,25 +40,12 @@ def jobs_page(request: Request, session: SessionDep, principal: PagePrincipal) -
 def job_page(job_id: str, request: Request, session: SessionDep,
              principal: PagePrincipal) -> HTMLResponse:
     job = read_job(job_id, session, principal).model_dump(mode="json")
+    checkpoints = list_checkpoints(job_id, session, principal, limit=MAX_LISTED)
     return templates.TemplateResponse(request, "job.html", {
-        "job": job, "job_json": script_json(job), "base_links": base_links(session, job)})
-
-
-def base_links(session: Session, job: dict) -> dict[str, str]:
-    """{format: URL of the job's base page} for the formats its model can be exported in;
-    that page downloads a made base, or starts its export with a form (app/web/base_page.py)."""
-    try:
-        model_config = source_config(model_source(session, job["model"]))
-    except (UnknownModelError, MebpError):
-        return {}
-    links = {}
-    for fmt in BASE_FORMATS:
-        try:
-            check_base_format(model_config, fmt, PAGE_DTYPE)
-        except MebpError:
-            continue
-        links[fmt] = base_page_url(job["id"], fmt)
-    return links
+        "job": job, "job_json": script_json(job),
+        "base_links": base_links(request.app.state.base_exports, session, job),
+        "checkpoints_json": script_json(checkpoints.model_dump(mode="json")),
+        "checkpoints_shown": MAX_LISTED})
 
 
 @router.post("/jobs/{job_id}/cancel", dependencies=[FormToken])
@@ -86,10 +71,11 @@ def fleet_page(fleet_id: str, request: Request, session: SessionDep,
     fleet = read_fleet(fleet_id, session, principal).model_dump(mode="json")
     per_device = fleet["summary"]["devices"] <= PER_DEVICE_VIEWS
     rounds = [{**r, "participants": None} for r in fleet["rounds"]]  # the charts' share
+    curves = loss_curves(session, fleet) if per_device else []
     return templates.TemplateResponse(request, "fleet.html", {
-        "fleet": fleet, "per_device": per_device,
+        "fleet": fleet, "per_device": per_device, "curves_drawn": bool(curves),
         "listed": fleet["members"][:PER_DEVICE_VIEWS],
-        "chart": script_json({"curves": loss_curves(session, fleet) if per_device else [],
+        "chart": script_json({"curves": curves,
                               "members": fleet["members"], "rounds": rounds,
                               "references": fleet["references"]})})
 

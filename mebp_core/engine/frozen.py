@@ -222,6 +222,10 @@ class FrozenLinear(nn.Module):
         self.block = block_index(weight_name)
         row_bytes = self.in_features * self.matmul_dtype.itemsize
         self.tile_rows = max(1, min(self.out_features, tile_bytes // row_bytes))
+        # set while a forward runs only for its backward and nothing reads this output
+        # (``mebp._residual_output_unused``): the forward makes zeros, neither
+        # decompressing nor multiplying, and the backward is what it always is
+        self.output_unused = False
 
     def extra_repr(self) -> str:
         return f"{self.weight_name}, in={self.in_features}, out={self.out_features}"
@@ -254,16 +258,18 @@ class FrozenLinear(nn.Module):
         return self._tiled_forward(x, self._upcaster(weight))
 
     def matmul_transposed(self, grad_y: torch.Tensor) -> torch.Tensor:
-        """``grad_y @ W``: the input gradient, consuming the shared weight if there is one."""
+        """``grad_y @ W``: the input gradient, consuming the shared weight if there is one
+        (decompressed here if its forward made none: its output was unused)."""
         weight = self.working_set.resident.get(self.weight_name)
         shared = self.working_set.shared
-        consumed = weight is None and shared is not None and self.weight_name in shared
+        consumed = weight is None and shared is not None
         if consumed:
-            weight = shared[self.weight_name]
+            weight = shared.pop(self.weight_name, None)
+            if weight is None:
+                weight = self.decompress(keep=True)
             if self.working_set.reusing_shared:
+                shared[self.weight_name] = weight  # for the next chunk's backward
                 consumed = False  # released when the reuse scope ends
-            else:
-                del shared[self.weight_name]
         if weight is None:
             return self._tiled_backward(grad_y, self.decompress)
         if weight.dtype == self.matmul_dtype:
@@ -314,6 +320,8 @@ class _FrozenMatmul(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, layer: FrozenLinear) -> torch.Tensor:
         ctx.layer = layer
+        if layer.output_unused:
+            return x.new_zeros(*x.shape[:-1], layer.out_features)
         return layer.matmul(x)
 
     @staticmethod

@@ -8,6 +8,8 @@ The gradients are exactly those of plain autograd over the same model.
 The ``checkpoint_blocks`` knob trades this: with k > 1 only every k-th block input is saved
 and the backward re-runs each segment's forward from it (keeping that segment's k inputs
 meanwhile); with "none" one autograd graph spans the model, every activation kept.
+``graph_tail_blocks`` K keeps the last K blocks in one autograd graph (their activations
+kept, never recomputed) and checkpoints the blocks before them: the two, a block at a time.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mebp_core.engine.frozen import FrozenLinear
 from mebp_core.engine.loss import (
     IGNORE_INDEX,
     compute_full_logits_loss,
@@ -53,15 +56,17 @@ def backward_from(output: torch.Tensor, grad: torch.Tensor) -> None:
 
 
 def forward_blocks(engine: EngineModel, input_ids: torch.Tensor, checkpoints=None,
-                   every: int = 1) -> torch.Tensor:
-    """Run the frozen forward without autograd, saving the input of every ``every``-th block
-    (in checkpoint slot ``index // every``) if asked."""
+                   every: int = 1, stop: int | None = None) -> torch.Tensor:
+    """Run the frozen forward without autograd through the blocks before ``stop`` (all of
+    them by default), saving the input of every ``every``-th block (in checkpoint slot
+    ``index // every``) if asked."""
     ctx = engine.context(input_ids.shape[1])
+    layers = engine.layers[:stop]
     with torch.no_grad():
         hidden = engine.arch.embed(input_ids).to(engine.dtype)  # (B, T, D)
         if checkpoints is not None:
-            checkpoints.reserve(-(-len(engine.layers) // every), hidden)
-        for index, layer in enumerate(engine.layers):
+            checkpoints.reserve(-(-len(layers) // every), hidden)
+        for index, layer in enumerate(layers):
             if checkpoints is not None and index % every == 0:
                 checkpoints.put(index // every, hidden)
             hidden = run_block(engine, layer, hidden, ctx)
@@ -131,21 +136,24 @@ def run_mebp_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Te
     every = engine.knobs.checkpoint_blocks
     if full_logits and every != "none":
         raise ValueError("full logits are plain backprop's: they need checkpoint_blocks none")
-    if every == "none":
+    n_blocks = len(engine.layers)
+    # the blocks before ``first_tail`` are checkpointed, the rest run in one autograd graph
+    first_tail = 0 if every == "none" else \
+        n_blocks - min(engine.knobs.graph_tail_blocks, n_blocks)
+    if first_tail == 0:
         return _run_whole_graph_step(engine, input_ids, labels, loss_scale, on_block_done,
                                      full_logits)
-    hidden = forward_blocks(engine, input_ids, checkpoints, every)
-    head, grad = _head_backward(engine, hidden, labels, loss_scale)
-    del hidden
-
     ctx = engine.context(input_ids.shape[1])
-    if engine.shares_decompression:  # the backward decompresses whole projections
-        engine.working_set.release_buffers(shared=False)
-    n_blocks = len(engine.layers)
     try:
-        for first in reversed(range(0, n_blocks, every)):
+        hidden = forward_blocks(engine, input_ids, checkpoints, every, stop=first_tail)
+        grad, head = _tail_backward(engine, hidden, labels, loss_scale, first_tail, ctx,
+                                    on_block_done)
+        del hidden
+        if engine.shares_decompression:  # the backward decompresses whole projections
+            engine.working_set.release_buffers(shared=False)
+        for first in reversed(range(0, first_tail, every)):
             inputs = _segment_inputs(engine, checkpoints.pop(first // every), first,
-                                     min(first + every, n_blocks), ctx)
+                                     min(first + every, first_tail), ctx)
             for index in reversed(range(first, first + len(inputs))):
                 block_input = inputs.pop().requires_grad_(True)
                 with torch.enable_grad(), _weight_sharing(engine):
@@ -160,10 +168,55 @@ def run_mebp_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Te
     return StepLoss(float(head.loss_sum), head.valid_tokens, head.correct_tokens)
 
 
+def _tail_backward(engine: EngineModel, hidden: torch.Tensor, labels: torch.Tensor,
+                   loss_scale: float, first: int, ctx,
+                   on_block_done: Callable[[int], None] | None):
+    """The blocks from ``first`` on, run forward under one autograd graph from ``hidden``
+    (their input), the head's loss and the backward through them: the gradient w.r.t.
+    ``hidden``, and the head's loss. No tail (``first`` past the last block): the head's
+    alone."""
+    tail_input = hidden.requires_grad_(True) if first < len(engine.layers) else hidden
+    with torch.enable_grad():
+        for layer in engine.layers[first:]:
+            hidden = layer(hidden, ctx)
+    head, grad = _head_backward(engine, hidden, labels, loss_scale)
+    if hidden is tail_input:
+        return grad, head
+    backward_from(hidden, grad)
+    del hidden, grad
+    if on_block_done is not None:
+        for index in reversed(range(first, len(engine.layers))):
+            on_block_done(index)
+    return tail_input.grad, head
+
+
 def _block_backward(engine: EngineModel, block, block_input: torch.Tensor,
                     grad: torch.Tensor, ctx) -> None:
     """Recompute one block from its input under autograd and run its backward, the MLP part
     ``mlp_chunk_tokens`` tokens at a time if asked (the same sums, in a different order)."""
+    with _residual_output_unused(block):
+        _recompute_and_backward(engine, block, block_input, grad, ctx)
+
+
+@contextlib.contextmanager
+def _residual_output_unused(block):
+    """The recompute of ``block`` does not multiply the projection whose output only enters
+    the block's output sum: its backward never reads that output (nor, then, the sum), so
+    the gradients are the same bits for one product (and, unshared, its tiles) less."""
+    projection = block.residual_output_projection()
+    frozen = getattr(projection, "base", projection)  # under a LoRA branch, or bare
+    if not isinstance(frozen, FrozenLinear):
+        yield
+        return
+    frozen.output_unused = True
+    try:
+        yield
+    finally:
+        frozen.output_unused = False
+
+
+def _recompute_and_backward(engine: EngineModel, block, block_input: torch.Tensor,
+                            grad: torch.Tensor, ctx) -> None:
     chunks = _mlp_row_chunks(engine, grad)
     if chunks is None:
         backward_from(block(block_input, ctx), grad)

@@ -31,6 +31,7 @@ from mebp_core.data.jsonl import read_examples
 from mebp_core.data.tokenizer import load_tokenizer
 from mebp_core.engine.checkpoints import make_checkpoints
 from mebp_core.engine.evaluate import evaluate_examples
+from mebp_core.engine.kept_adapters import kept_adapter_dir
 from mebp_core.engine.memory import MemoryTracker
 from mebp_core.engine.methods import make_step_function
 from mebp_core.engine.metrics_file import keep_steps_through
@@ -157,12 +158,15 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
           memory: MemoryTracker, init_adapter: Path | None = None,
           validation_data: Path | None = None, metrics_path: Path | None = None,
           checkpoint_dir: Path | None = None, resume: bool = False,
+          kept_dir: Path | None = None,
           on_step: Callable[[StepMetrics], None] | None = None,
           stop_requested: Callable[[], bool] | None = None) -> TrainResult:
     """Fine-tune LoRA adapters on ``data`` and write the PEFT adapter to ``out``.
 
     ``stop_requested`` is polled between steps (signals, cancellation): the run then saves a
     checkpoint and the adapter trained so far, and returns with ``interrupted`` set.
+    ``kept_dir``: where the adapter of every ``checkpoint_every`` step is kept, a folder per
+    step (``mebp_core.engine.kept_adapters``).
     """
     if config.knobs.threads:
         torch.set_num_threads(min(config.knobs.threads, os.cpu_count() or 1))
@@ -179,7 +183,7 @@ def train(config: TrainConfig, *, model_dir: Path, data: Path, out: Path,
         run = TrainingRun(engine, config, load_train_data(engine, model_dir, data,
                                                           validation_data, config),
                           memory=memory, checkpoint_dir=checkpoint_dir,
-                          scratch_dir=Path(out).absolute().parent)
+                          scratch_dir=Path(out).absolute().parent, kept_dir=kept_dir)
         if resume:
             run.resume()
             if metrics_path is not None:
@@ -211,11 +215,11 @@ class TrainingRun:
 
     def __init__(self, engine: EngineModel, config: TrainConfig, data: TrainData, *,
                  memory: MemoryTracker, checkpoint_dir: Path | None,
-                 scratch_dir: Path) -> None:
+                 scratch_dir: Path, kept_dir: Path | None = None) -> None:
         """``scratch_dir``: where memory-mapped block checkpoints go (on disk, beside the
         run's output, not a temp dir that may be tmpfs, i.e. shared memory)."""
         self.engine, self.config, self.data, self.memory = engine, config, data, memory
-        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_dir, self.kept_dir = checkpoint_dir, kept_dir
         self.optimizers = make_block_optimizers(engine, config)
         self.checkpoints = make_checkpoints(config.knobs.checkpoint_storage, scratch_dir)
         self.run_step = make_step_function(engine, config, self.optimizers, self.checkpoints)
@@ -239,6 +243,11 @@ class TrainingRun:
                 if on_step is not None:
                     on_step(metrics)
                 if self._due(self.config.checkpoint_every, step):
+                    # the adapter first: killed between the two, the run resumes from the
+                    # checkpoint before and trains this step again, keeping it then; the
+                    # last step's is the run's own adapter (``out``), not kept twice
+                    if step < self.config.steps:
+                        self.keep_adapter(step)
                     self.save_checkpoint()
                 if stop_requested() and step < self.config.steps:
                     self.interrupted = True
@@ -252,6 +261,12 @@ class TrainingRun:
         if self.checkpoint_dir is not None:
             self.saved_checkpoint = save_run_state(self.checkpoint_dir, self.engine,
                                                    self.optimizers, self.position, self.config)
+
+    def keep_adapter(self, step: int) -> None:
+        if self.kept_dir is None:
+            return
+        check_finite_adapter(self.engine, step)
+        self.engine.save_adapter(kept_adapter_dir(self.kept_dir, step))
 
     def _batches(self) -> Iterator[Batch]:
         return iter_batches(self.data.train, batch_size=self.config.batch_size,

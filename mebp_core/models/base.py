@@ -266,6 +266,12 @@ class DecoderBlock(nn.Module):
         """``h`` of any leading shape (..., D): no position depends on another."""
         raise NotImplementedError
 
+    def residual_output_projection(self) -> nn.Module | None:
+        """The projection whose output goes straight into the block's output sum, so that
+        nothing in the block's backward reads it (a recompute for a backward may skip its
+        product), or None if its output is read (e.g. normed before the sum)."""
+        return None
+
 
 class PreNormBlock(DecoderBlock):
     """Llama's block (Qwen2/2.5/3, SmolLM2): RMSNorm before attention and before the MLP."""
@@ -280,6 +286,9 @@ class PreNormBlock(DecoderBlock):
 
     def mlp_part(self, h: torch.Tensor) -> torch.Tensor:
         return h + self.mlp(self.post_attention_layernorm(h))
+
+    def residual_output_projection(self) -> nn.Module:
+        return self.mlp.down_proj  # h + down(...): the sum's backward never reads it
 
 
 class CausalLM(nn.Module):

@@ -54,6 +54,13 @@ class Architecture:
                                  "down_proj": (d, i)})
 
     @property
+    def residual_output_projection(self) -> str | None:
+        """The projection whose output goes straight into a block's output sum (the engine's
+        recompute for a backward skips its product): the MLP's down projection, except where
+        it is normed first (Gemma 3)."""
+        return None if self.model_type == "gemma3_text" else "down_proj"
+
+    @property
     def qk_norm(self) -> bool:
         """Whether q and k pass a per-head RMSNorm before RoPE (Qwen3, Gemma 3)."""
         return self.model_type in ("qwen3", "gemma3_text")

@@ -5,7 +5,9 @@ A step's estimated time on a phone sums the parts the host prediction has (``tim
 StepWork``), each priced at the phone's rates: matmul FLOPs at its effective throughput,
 decompression (the packed weights read, the 16-bit tiles written) and elementwise traffic at
 its memory bandwidth, every dispatched op and dequantization call at its per-op overhead,
-and the store re-reads a budget forces at its storage speed. So every knob moves it.
+and the store re-reads a budget forces at its storage speed. So every knob moves it: a
+graph tail, for one, saves its blocks' recompute (FLOPs and dispatched ops) at the same
+decompressions.
 
 Two constants are fitted, on the reference phone alone: its effective throughput and its
 per-op overhead, from one model's published MeBP and MeZO step times. Another phone runs
@@ -150,7 +152,9 @@ def paper_knobs(lora_hidden: str = "store") -> EngineKnobs:
 def paper_step_work(model: str, seq_len: int, method: str,
                     lora_hidden: str = "store") -> tuple[StepWork, Workload]:
     workload = paper_workload(model, seq_len, method)
-    return step_work(workload, paper_knobs(lora_hidden), set()), workload
+    # the paper's engine recomputes each block whole: its timings are fitted on that work
+    return step_work(workload, paper_knobs(lora_hidden), set(),
+                     recompute_skips_residual_output=False), workload
 
 
 @cache

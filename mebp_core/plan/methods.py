@@ -12,8 +12,14 @@ from mebp_core.config import TrainConfig
 from mebp_core.plan.arch import Architecture, PlanInputError
 from mebp_core.plan.devices import DeviceProfile
 from mebp_core.plan.on_host import plan_on_host
-from mebp_core.plan.planner import DEFAULT_MARGIN, Plan, PlanEntry
-from mebp_core.units import MB
+from mebp_core.plan.planner import (
+    DEFAULT_MARGIN,
+    DEFAULT_TIME_TOLERANCE,
+    Plan,
+    PlanEntry,
+    smallest_within,
+    why_recommended,
+)
 
 METHODS = ("mebp", "mezo", "backprop")
 EXACT_METHODS = ("mebp", "backprop")  # the same gradients; MeZO estimates them
@@ -39,40 +45,40 @@ class MethodPlans:
     plans: dict[str, Plan]  # method -> its plan
     skipped: dict[str, str]  # method -> why the setting does not apply to it
 
-    def recommendation(self) -> dict | None:
-        """The method and configuration to run, and why: the fastest exact configuration
-        that fits (MeBP and backprop give the same gradients), else MeZO's when only it fits.
-        Per step only: MeZO needs far more steps to a loss, which a comparison measures."""
+    def recommendation(self, time_tolerance: float = DEFAULT_TIME_TOLERANCE) -> dict | None:
+        """The method and configuration to run, and why: the smallest exact configuration
+        that fits within ``time_tolerance`` of the fastest one (MeBP and backprop give the
+        same gradients), else MeZO's recommendation when only it fits. Per step only: MeZO
+        needs far more steps to a loss, which a comparison measures."""
         fitting = {m: p.auto for m, p in self.plans.items() if p.auto is not None}
-        exact = [fitting[m] for m in EXACT_METHODS if m in fitting]
+        exact = [e for m in EXACT_METHODS if m in fitting for e in self.plans[m].fitting]
         if exact:
-            best = min(exact, key=_rank)
-            why = f"fastest per step among exact methods ({_fits(best, self.plans[best.method])})"
-            if "mezo" in fitting and _rank(fitting["mezo"]) < _rank(best):
+            best = smallest_within(exact, time_tolerance)
+            fastest = min(exact, key=_rank)
+            why = why_recommended(best, fastest, time_tolerance,
+                                  self.plans[best.method].budget_bytes,
+                                  among=" exact configuration")
+            if "mezo" in fitting and _rank(fitting["mezo"]) < _rank(fastest):
                 why += ("; MeZO's step is shorter but it needs many more steps to the same "
                         "loss (a comparison measures the time to a loss)")
         elif "mezo" in fitting:
-            best = fitting["mezo"]
-            why = f"the only method that fits ({_fits(best, self.plans['mezo'])})"
+            mezo = self.plans["mezo"]
+            best = mezo.recommended(time_tolerance)
+            why = "the only method that fits; " + why_recommended(
+                best, mezo.auto, time_tolerance, mezo.budget_bytes)
         else:
             return None
         return {"method": best.method, "configuration": best.id, "why": why}
 
-    def to_json(self) -> dict:
+    def to_json(self, time_tolerance: float = DEFAULT_TIME_TOLERANCE) -> dict:
         return {"method": "all",
-                "plans": {method: plan.to_json() for method, plan in self.plans.items()},
-                "skipped": self.skipped, "recommendation": self.recommendation()}
+                "plans": {method: plan.to_json(time_tolerance)
+                          for method, plan in self.plans.items()},
+                "skipped": self.skipped, "recommendation": self.recommendation(time_tolerance)}
 
 
 def _rank(entry: PlanEntry) -> tuple[float, int]:
     return entry.ranking_time_s, entry.prediction.peak_bytes
-
-
-def _fits(entry: PlanEntry, plan: Plan) -> str:
-    peak = f"{entry.prediction.peak_bytes / MB:.0f} MB"
-    if plan.budget_bytes is None:
-        return f"peak {peak}"
-    return f"peak {peak}, fits {plan.budget_bytes / MB:.0f} MB"
 
 
 def plan_methods_on_host(arch: Architecture, config: TrainConfig, methods=METHODS, *,

@@ -18,10 +18,19 @@ from mebp_core.plan.workload import DTYPE_BYTES, Workload, canonical_workload
 from mebp_core.units import MB
 
 DEFAULT_MARGIN = 0.10  # a configuration fits when its predicted peak * 1.10 is within budget
+# the recommendation gives up at most this much of the fastest step time for less memory
+DEFAULT_TIME_TOLERANCE = 0.03
+# a plan shows a host's step time to 0.1 ms and a phone's estimate to 1 ms; its front is
+# judged on the figures as shown
+HOST_TIME_DECIMALS, DEVICE_TIME_DECIMALS = 4, 3
 SMALL_TILE_BYTES = 1 << 20
 # MLP chunks the grid tries (each only below the batch's tokens): a quarter of a seq-256
 # batch, where the (tokens, intermediate) tensors stop dominating a block's backward
 MLP_CHUNK_TOKENS = (64,)
+# graph tails the grid tries: every length short of the whole model, or this many evenly
+# spaced in a deeper one (a tail's memory and time move a block at a time: on qwen2.5-0.5b
+# at seq 256 in bfloat16, 25 MB and one block's recompute each)
+GRAPH_TAILS = 24
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,11 @@ class PlanEntry:
         return self.prediction.step_time_s if self.device_step_time_s is None \
             else self.device_step_time_s
 
+    @property
+    def shown_time_s(self) -> float:
+        """``ranking_time_s`` as the plan shows it: its front and ``auto`` are judged on it."""
+        return shown_time_s(self.prediction.step_time_s, self.device_step_time_s)
+
     def to_json(self) -> dict:
         p = self.prediction
         return {
@@ -49,11 +63,11 @@ class PlanEntry:
             "knobs": self.knobs.model_dump(mode="json", exclude={"threads"}),
             "peak_mb": round(p.peak_bytes / MB, 1),
             "memory_mb": {name: round(value / MB, 1) for name, value in p.memory.items()},
-            "step_time_s": round(p.step_time_s, 4),
+            "step_time_s": round(p.step_time_s, HOST_TIME_DECIMALS),
             "time_s": {name: round(value, 4) for name, value in p.time.items()},
             "feasible": self.feasible, "reason": self.reason, "pareto": self.pareto,
             "device_step_time_s_estimate": None if self.device_step_time_s is None
-            else round(self.device_step_time_s, 3),
+            else round(self.device_step_time_s, DEVICE_TIME_DECIMALS),
         }
 
 
@@ -79,12 +93,35 @@ class Plan:
                       key=lambda e: e.prediction.peak_bytes)
 
     @property
+    def fitting(self) -> list[PlanEntry]:
+        """The configurations that fit the budget (every one without a budget)."""
+        return [e for e in self.entries if e.feasible is not False]
+
+    @property
     def auto(self) -> PlanEntry | None:
         """The fastest configuration that fits (the fastest overall without a budget)."""
-        fitting = [e for e in self.entries if e.feasible is not False]
+        fitting = self.fitting
         if not fitting:
             return None
-        return min(fitting, key=lambda e: (e.ranking_time_s, e.prediction.peak_bytes))
+        return min(fitting, key=lambda e: (e.shown_time_s, e.prediction.peak_bytes))
+
+    def recommended(self, time_tolerance: float = DEFAULT_TIME_TOLERANCE) -> PlanEntry | None:
+        """The smallest configuration that fits whose step time is within ``time_tolerance``
+        of ``auto``'s: a near-tie in time should not cost hundreds of MB."""
+        return smallest_within(self.fitting, time_tolerance)
+
+    def recommendation(self, time_tolerance: float = DEFAULT_TIME_TOLERANCE) -> dict | None:
+        """``recommended``'s id and why, in words, or None when nothing fits."""
+        chosen = self.recommended(time_tolerance)
+        if chosen is None:
+            return None
+        return {"method": chosen.method, "configuration": chosen.id,
+                "why": why_recommended(chosen, self.auto, time_tolerance, self.budget_bytes)}
+
+    @property
+    def largest_fitting_peak_bytes(self) -> float | None:
+        """The peak at which a configuration stops fitting: the budget less the margin."""
+        return None if self.budget_bytes is None else self.budget_bytes / (1 + self.margin)
 
     @property
     def smallest(self) -> PlanEntry:
@@ -103,9 +140,10 @@ class Plan:
         """That budget in whole MB, rounded up: asking for it always fits."""
         return math.ceil(self.smallest_budget_bytes() / MB)
 
-    def to_json(self) -> dict:
+    def to_json(self, time_tolerance: float = DEFAULT_TIME_TOLERANCE) -> dict:
         auto = self.auto
         smallest = self.smallest
+        fits_below = self.largest_fitting_peak_bytes
         arch = self.workload.arch
         return {
             "method": self.workload.method,
@@ -120,11 +158,14 @@ class Plan:
                          "quant": self.workload.quant, "group_size": self.workload.group_size},
             "budget_mb": None if self.budget_bytes is None else round(self.budget_bytes / MB, 1),
             "margin": self.margin,
+            "largest_fitting_peak_mb": None if fits_below is None else round(fits_below / MB, 1),
             "calibration": self.calibration,
             "device": None if self.device is None else self.device.to_json(),
             "device_mezo_step_time_s_estimate": self.device_mezo_step_time_s(),
             "ranked_by": self.ranked_by,
             "auto": None if auto is None else auto.id,
+            "time_tolerance": time_tolerance,
+            "recommendation": self.recommendation(time_tolerance),
             "feasible": None if self.budget_bytes is None else auto is not None,
             "smallest_budget_mb": self.smallest_budget_mb(),
             "dominant_component": smallest.prediction.dominant_component(),
@@ -133,13 +174,41 @@ class Plan:
         }
 
 
+def smallest_within(entries: list[PlanEntry], time_tolerance: float) -> PlanEntry | None:
+    """The entry of least peak memory whose ranking time is within ``time_tolerance`` of the
+    fastest entry's (the fastest itself when nothing smaller is that close)."""
+    if not entries:
+        return None
+    fastest = min(e.ranking_time_s for e in entries)
+    close = [e for e in entries if e.ranking_time_s <= fastest * (1 + time_tolerance)]
+    return min(close, key=lambda e: (e.prediction.peak_bytes, e.ranking_time_s))
+
+
+def why_recommended(chosen: PlanEntry, fastest: PlanEntry, time_tolerance: float,
+                    budget_bytes: int | None, among: str = "") -> str:
+    """``chosen`` said as the smallest within the tolerance of ``fastest``, with both figures,
+    e.g. "smallest within 3% of the fastest that fits (4.05 s/step at 821 MB): 4.08 s/step
+    at 350 MB, fits 1024 MB"."""
+    def figures(entry: PlanEntry) -> str:
+        return f"{entry.ranking_time_s:.3g} s/step at {entry.prediction.peak_bytes / MB:.0f} MB"
+    fits = "" if budget_bytes is None else f", fits {budget_bytes / MB:.0f} MB"
+    that_fits = "" if budget_bytes is None else " that fits"
+    rule = f"smallest within {time_tolerance * 100:g}% of the fastest{among}{that_fits}"
+    if chosen.id == fastest.id:
+        return f"{rule}: the fastest itself ({figures(chosen)}){fits}"
+    return f"{rule} ({figures(fastest)}): {figures(chosen)}{fits}"
+
+
 def candidate_knobs(workload: Workload, threads: int | None = None,
                     bf16_matmul: str = "auto") -> list[EngineKnobs]:
     """The grid of ``workload.method``'s knobs. MeBP: weights lazy, resident to a quarter,
     half, three quarters, or all; checkpoints every 1, 2, 4 blocks or none, in RAM or a file;
     LoRA h kept or not; one decompression per block or two; default or small tiles; the
-    backward's MLP whole or in chunks of tokens. MeZO (forwards only): the weights, the
-    tiles and the MLP's chunks. Plain backprop: its one configuration."""
+    backward's MLP whole or in chunks of tokens; and between checkpointing every block and
+    none, graph tails of ``GRAPH_TAILS`` lengths (with every block's input checkpointed in
+    RAM before them, shared decompression and default tiles: the fast configurations, which
+    the tail's memory is traded against). MeZO (forwards only): the weights, the tiles and
+    the MLP's chunks. Plain backprop: its one configuration."""
     run = {"bf16_matmul": bf16_matmul, "threads": threads}
     if workload.method == "backprop":
         return [EngineKnobs(**BACKPROP_KNOBS, **run)]
@@ -173,7 +242,18 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
                                lora_hidden=hidden, share_decompression=shared,
                                decompress_tile_bytes=tile, loss_vocab_tile_bytes=tile,
                                mlp_chunk_tokens=chunk, **run))
+    out += [EngineKnobs(frozen_weights=frozen, resident_weight_bytes=budget,
+                        graph_tail_blocks=tail, lora_hidden=hidden, share_decompression=True,
+                        **run)
+            for (frozen, budget), tail, hidden in itertools.product(
+                weights, graph_tails(arch.num_layers), ("recompute", "store"))]
     return out
+
+
+def graph_tails(layers: int) -> range:
+    """The graph tails the grid tries: from 1 block, evenly spaced, short of the whole model
+    (a tail of every block is checkpoint_blocks none)."""
+    return range(1, layers, max(1, math.ceil((layers - 1) / GRAPH_TAILS)))
 
 
 def knobs_id(knobs: EngineKnobs, method: str = "mebp") -> str:
@@ -196,6 +276,8 @@ def knobs_id(knobs: EngineKnobs, method: str = "mebp") -> str:
         every = knobs.checkpoint_blocks
         checkpoints = "nockpt" if every == "none" else \
             f"ckpt{every}-{knobs.checkpoint_storage}"
+        if knobs.graph_tail_blocks and every != "none":
+            checkpoints += f"-tail{knobs.graph_tail_blocks}"
         parts = [weights, checkpoints, f"h-{knobs.lora_hidden}",
                  _SHARING[knobs.share_decompression], tiles]
     if knobs.mlp_chunk_tokens is not None:
@@ -232,8 +314,8 @@ def make_plan(workload: Workload, host: HostCalibration, *, budget_bytes: int | 
     device_times = [None if device is None else
                     device.estimate_step_time(p, workload, budget_bytes)
                     for _, p in predictions]
-    # with a device, the front and auto are the phone's: ranked by its estimated time
-    front = _pareto_ids([(p, p.step_time_s if device_time is None else device_time)
+    # with a device that has rates, the front and auto are the phone's: ranked by its time
+    front = _pareto_ids([(p, shown_time_s(p.step_time_s, device_time))
                          for (_, p), device_time in zip(predictions, device_times, strict=True)])
     entries = []
     for (k, p), device_time in zip(predictions, device_times, strict=True):
@@ -262,11 +344,21 @@ class InfeasibleBudgetError(MebpError, ValueError):
             f"{self.smallest_budget_mb} MB, where {self.dominant_component} dominates")
 
 
+def shown_time_s(host_step_time_s: float, device_step_time_s: float | None) -> float:
+    """The step time a plan ranks by (the phone's estimate when there is one), rounded as the
+    plan shows it."""
+    if device_step_time_s is None:
+        return round(host_step_time_s, HOST_TIME_DECIMALS)
+    return round(device_step_time_s, DEVICE_TIME_DECIMALS)
+
+
 def _pareto_ids(timed: list[tuple[Prediction, float]]) -> set[int]:
-    """Configurations no other one beats on both peak memory and step time."""
-    ranked = sorted(timed, key=lambda pt: (pt[0].peak_bytes, pt[1]))
+    """Configurations no other one beats on both peak memory and step time as a plan shows
+    them (the peak to 0.1 MB, ``timed``'s shown times): one that holds more to save less
+    than is shown is not on the front."""
+    shown = [(round(p.peak_bytes / MB, 1), seconds, p) for p, seconds in timed]
     front, best_time = set(), float("inf")
-    for p, seconds in ranked:
+    for _, seconds, p in sorted(shown, key=lambda row: row[:2]):
         if seconds < best_time:
             front.add(id(p))
             best_time = seconds

@@ -4,11 +4,13 @@
 Memory is what the kernel charges (anonymous + shared). It follows the engine's phases: the
 forward and the loss (checkpoints, the head's vocab tiles and the online-softmax state), then
 the backward (the checkpoints, counted whole as at its start, one block's activations and
-gradients, one block's decompressed weights). The peak is the larger phase on top of what
-lives throughout: the runtime, resident weights and the LoRA state. Each component is
-reported at the peak, so the components add up to it. Storage is in the compute dtype,
-matmuls and lazy tiles in the matmul dtype (float32 for bfloat16 on hosts without bf16
-matmul instructions).
+gradients, one block's decompressed weights). A graph tail's blocks keep their activations
+from their forward, through the loss, to their backward, which runs before the checkpointed
+blocks': its phases are the whole-graph step's, for the tail's blocks. The peak is the
+larger phase on top of what lives throughout: the runtime, resident weights and the LoRA
+state. Each component is reported at the peak, so the components add up to it. Storage is
+in the compute dtype, matmuls and lazy tiles in the matmul dtype (float32 for bfloat16 on
+hosts without bf16 matmul instructions).
 
 The structural constants below are the engine's, not the host's; ``mebp bench --plan-check``
 holds them to measurement.
@@ -33,6 +35,7 @@ from mebp_core.plan.workload import (
     MLP_PROJECTIONS,
     Workload,
     adapted_projections,
+    graph_tail_blocks,
     lora_parameters_per_block,
     matmul_bytes,
     matmul_dtype_of,
@@ -139,8 +142,12 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     upcast = em != e  # held weights are upcast a tile at a time, inputs per matmul
     shared = shares_decompression(workload, knobs)
     n_tokens = workload.tokens
-    weights = _transient_weights(arch, knobs, e, em, resident.names, shared)
-    every = knobs.checkpoint_blocks
+    every, tail = knobs.checkpoint_blocks, graph_tail_blocks(workload, knobs)
+    if tail == arch.num_layers:  # the engine runs the whole-graph step
+        every, tail = "none", 0
+    # a tail's blocks are decompressed in tiles: only the checkpointed ones share
+    weights = _transient_weights(arch, knobs, e, em, resident.names, shared,
+                                 arch.num_layers - tail)
     hidden_bytes = n_tokens * arch.hidden_size * e
     # the MLP part of a block's backward runs a chunk of tokens at a time if asked
     chunk = mlp_chunk_tokens(workload, knobs)
@@ -148,15 +155,18 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     block_saved = int(GRAPH_RETENTION * (n_tokens * saved_per_token["attention"] +
                                          chunk * saved_per_token["mlp"]))
     block_grads = _backward_transient_bytes(workload, em, n_tokens, chunk)
+    # a tiled input gradient's running sum, (N, in); when upcasting, in the matmul dtype
+    # beside its cast back (the LoRA branch upcasts a bounded chunk of rows at a time)
+    widest = _widest_inputs(arch)
+    running_sum = max(n_tokens * widest["attention"], chunk * widest["mlp"]) * \
+        (em + e if upcast else e)
     if upcast or every == "none" or not shared:
-        # a tiled input gradient's running sum, (N, in); when upcasting, in the matmul dtype
-        # beside its cast back (the LoRA branch upcasts a bounded chunk of rows at a time)
-        widest = _widest_inputs(arch)
-        block_grads += max(n_tokens * widest["attention"], chunk * widest["mlp"]) * \
-            (em + e if upcast else e)
+        block_grads += running_sum
     if chunk < n_tokens:
         block_grads += hidden_bytes  # the MLP part's input gradient, gathered whole
-    lora = _lora_bytes(workload, keep_all_grads=every == "none" or not workload.fused_update)
+    # fused updates step each block as its gradients complete: a tail's all at once
+    lora = _lora_bytes(workload, grad_blocks=arch.num_layers
+                       if every == "none" or not workload.fused_update else max(1, tail))
     loss = full_logits_bytes(workload) if workload.method == "backprop" else \
         loss_chunk_bytes(workload, knobs, em)
 
@@ -166,24 +176,31 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
         activations_bwd = arch.num_layers * block_saved + block_grads
         weights_bwd = weights["tile"]
     else:
-        slots = math.ceil(arch.num_layers / every)
+        checkpointed = arch.num_layers - tail
+        slots = math.ceil(checkpointed / every)
         saved = slots * hidden_bytes if knobs.checkpoint_storage == "ram" else hidden_bytes
-        activations_fwd = 0
+        # a tail's graph lives through the loss (its running sum: the tail's backward is tiled)
+        activations_fwd = tail * block_saved
         # one block recomputed under autograd, its gradients, the segment's re-run inputs
-        segment = min(every, arch.num_layers)
+        segment = min(every, checkpointed)
         activations_bwd = block_saved + block_grads + (segment - 1) * hidden_bytes
         tiles_in_backward = upcast or not shared
         weights_bwd = weights["block"] + (weights["tile"] if tiles_in_backward else 0)
     forward_phase = {"weights": weights["tile"], "activations": activations_fwd,
                      "loss_chunk": loss}
     backward_phase = {"weights": weights_bwd, "activations": activations_bwd, "loss_chunk": 0}
-    phase = max((forward_phase, backward_phase), key=lambda p: sum(p.values()))
+    phases = [forward_phase, backward_phase]
+    if tail:
+        tail_grads = _backward_transient_bytes(workload, em, n_tokens, n_tokens) + running_sum
+        phases.append({"weights": weights["tile"],
+                       "activations": tail * block_saved + tail_grads, "loss_chunk": 0})
+    phase = max(phases, key=lambda p: sum(p.values()))
     memory = {"weights": resident.bytes + phase["weights"], "checkpoints": saved,
               "activations": phase["activations"], "lora": lora,
               "loss_chunk": phase["loss_chunk"]}
     checkpoint_file = 0
     if every != "none" and knobs.checkpoint_storage == "mmap":
-        checkpoint_file = math.ceil(arch.num_layers / every) * hidden_bytes
+        checkpoint_file = math.ceil((arch.num_layers - tail) / every) * hidden_bytes
     return memory, checkpoint_file
 
 
@@ -250,17 +267,21 @@ def _widest_inputs(arch: Architecture) -> Mapping[str, int]:
 
 
 def _transient_weights(arch: Architecture, knobs: EngineKnobs, e: int, em: int,
-                       resident: frozenset[str], shared: bool) -> Mapping[str, int]:
+                       resident: frozenset[str], shared: bool,
+                       shared_blocks: int | None = None) -> Mapping[str, int]:
     """The tile arena (largest lazy tile in the matmul dtype, forward and head, or largest
-    upcast tile of a held weight) and the shared arena (the largest block's lazy weights,
-    decompressed whole in the storage dtype for its backward)."""
+    upcast tile of a held weight) and the shared arena (the largest lazy weights of a block
+    among the first ``shared_blocks``, all by default, decompressed whole in the storage
+    dtype for its backward)."""
     return _transient_arenas(arch, knobs.decompress_tile_bytes, knobs.loss_vocab_tile_bytes,
-                             e, em, resident, shared)
+                             e, em, resident, shared,
+                             arch.num_layers if shared_blocks is None else shared_blocks)
 
 
 @lru_cache(maxsize=MEMO_ENTRIES)
 def _transient_arenas(arch: Architecture, block_tile_bytes: int, head_tile_bytes: int, e: int,
-                      em: int, resident: frozenset[str], shared: bool) -> Mapping[str, int]:
+                      em: int, resident: frozenset[str], shared: bool,
+                      shared_blocks: int) -> Mapping[str, int]:
     tile = 0
     blocks: dict[int, int] = {}
     for name, params in arch.frozen_weights():
@@ -271,7 +292,7 @@ def _transient_arenas(arch: Architecture, block_tile_bytes: int, head_tile_bytes
         tile = max(tile, tile_rows(rows, cols, tile_bytes, em) * cols * em)
         if name in resident:
             continue
-        if shared and "layers" in name:
+        if shared and "layers" in name and block_index(name) < shared_blocks:
             block = block_index(name)
             blocks[block] = blocks.get(block, 0) + params * e
     return MappingProxyType({"tile": tile, "block": max(blocks.values(), default=0)})
@@ -293,10 +314,11 @@ def _backward_transient_bytes(workload: Workload, em: int, n_tokens: int,
         mlp_tokens * (e * 4 + em * 1.15) * arch.intermediate_size
 
 
-def _lora_bytes(workload: Workload, *, keep_all_grads: bool) -> int:
+def _lora_bytes(workload: Workload, *, grad_blocks: int) -> int:
+    """Float32 LoRA parameters, the gradients of ``grad_blocks`` blocks, AdamW's moments."""
     per_block = 4 * lora_parameters_per_block(workload)
     params = per_block * workload.arch.num_layers
-    grads = params if keep_all_grads else per_block
+    grads = per_block * grad_blocks
     optimizer = 2 * params if workload.optimizer == "adamw" else 0
     return params + grads + optimizer
 

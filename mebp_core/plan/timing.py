@@ -4,10 +4,9 @@ rate for their shape, decompressions, elementwise traffic and per-op overhead.
 ``step_work`` counts what a step does (the same on any machine); ``host_step_time`` prices it
 at this host's calibration, and ``mebp_core.plan.devices`` at a phone's rates.
 
-The engine's passes: a forward without autograd (lazy weights tiled), then per block a
-recompute under autograd and its backward (whole decompressed weights when shared, tiles
-otherwise); with checkpoints every k blocks each segment's forward is re-run first; without
-checkpoints one forward under autograd and one backward, both tiled. Matmuls run at the rate
+The passes each block runs are counted in ``mebp_core.plan.passes``. What each block does
+depends on its group (checkpointed or in the tail), so resident weights, which are a budget's
+first blocks, are priced by the passes of the blocks that hold them. Matmuls run at the rate
 of the matmul dtype (``workload.matmul_bytes``); upcasting held bf16 weights is traffic.
 """
 
@@ -22,6 +21,15 @@ from types import MappingProxyType
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import Architecture
 from mebp_core.plan.calibration import HostCalibration
+from mebp_core.plan.passes import (
+    block_groups,
+    forward_passes,
+    groups_of,
+    pass_counts,
+    pass_knobs,
+    passes_of,
+    recompute_tiles_spared,
+)
 from mebp_core.plan.workload import (
     DTYPE_BYTES,
     MLP_PROJECTIONS,
@@ -33,9 +41,9 @@ from mebp_core.plan.workload import (
     mlp_chunk_tokens,
     mlp_chunks,
     saved_bytes_per_token,
-    shares_decompression,
     tile_rows,
 )
+from mebp_core.resident import block_index
 
 # Elementwise passes over a block's activations per forward, in units of its saved bytes.
 ELEMENTWISE_PASSES = 3.0
@@ -45,36 +53,6 @@ ELEMENTWISE_PASSES = 3.0
 TRAFFIC_MULTIPLIER = 2.2
 OPS_PER_BLOCK_FORWARD = 100  # torch ops dispatched by one block's forward (backward ~2x)
 OPS_PER_MLP_FORWARD = 30  # of those, its MLP part's (run again per extra chunk of tokens)
-
-
-def pass_counts(workload: Workload, knobs: EngineKnobs) -> Mapping[str, int]:
-    """Block passes per step by kind: tiled or whole-weight forwards and backwards. MeZO
-    runs two forwards without autograd (the loss at +eps and -eps) and no backward; plain
-    backprop is the no-checkpoint case (its knobs are ``config.BACKPROP_KNOBS``)."""
-    return _passes(workload.arch.num_layers, workload.method, *_pass_knobs(workload, knobs))
-
-
-def _pass_knobs(workload: Workload, knobs: EngineKnobs) -> tuple[int | str, bool]:
-    """What of the knobs the passes depend on: the checkpoints, and whether a block's
-    recompute and backward share its decompressed weights."""
-    every = knobs.checkpoint_blocks
-    return every, every != "none" and workload.method != "mezo" and \
-        shares_decompression(workload, knobs)
-
-
-@lru_cache(maxsize=256)
-def _passes(layers: int, method: str, every: int | str, shared: bool) -> Mapping[str, int]:
-    if method == "mezo":
-        return MappingProxyType({"tiled_forward": 2 * layers, "whole_forward": 0,
-                                 "tiled_backward": 0, "whole_backward": 0, "rerun": 0})
-    if every == "none":
-        return MappingProxyType({"tiled_forward": layers, "whole_forward": 0,
-                                 "tiled_backward": layers, "whole_backward": 0, "rerun": 0})
-    rerun = sum(min(every, layers - first) - 1 for first in range(0, layers, every))
-    return MappingProxyType({"tiled_forward": layers + rerun + (0 if shared else layers),
-                             "whole_forward": layers if shared else 0,
-                             "tiled_backward": 0 if shared else layers,
-                             "whole_backward": layers if shared else 0, "rerun": rerun})
 
 
 @dataclass(frozen=True)
@@ -99,16 +77,20 @@ class StepWork:
         return sum(flops for flops, *_ in self.matmuls)
 
 
-def step_work(workload: Workload, knobs: EngineKnobs, resident: Collection[str]) -> StepWork:
-    """What one step of ``workload.method`` does with these knobs."""
+def step_work(workload: Workload, knobs: EngineKnobs, resident: Collection[str], *,
+              recompute_skips_residual_output: bool = True) -> StepWork:
+    """What one step of ``workload.method`` does with these knobs; ``recompute_skips_
+    residual_output`` False prices a recompute of the whole block (the MeBP paper's)."""
     resident = frozenset(resident)
+    skipped = workload.arch.residual_output_projection if recompute_skips_residual_output \
+        else None
     tile_params, tile_calls, whole_params, whole_calls = _decompress_work(
-        workload, knobs, resident)
-    return StepWork(matmuls=_matmul_work(workload, knobs, resident),
+        workload, knobs, resident, skipped)
+    return StepWork(matmuls=_matmul_work(workload, knobs, resident, skipped),
                     matmul_dtype=matmul_dtype_of(workload, knobs), tile_params=tile_params,
                     tile_calls=tile_calls, whole_params=whole_params,
                     whole_calls=whole_calls,
-                    traffic_bytes=_traffic_bytes(workload, knobs, resident),
+                    traffic_bytes=_traffic_bytes(workload, knobs, resident, skipped),
                     ops=_op_count(workload, knobs))
 
 
@@ -141,9 +123,10 @@ def _attention_flops(workload: Workload) -> float:
     return 2 * workload.tokens * workload.seq_len * arch.num_heads * arch.head_dim  # causal
 
 
-def _resident_blocks(workload: Workload, resident: frozenset[str]) -> Mapping[str, int]:
-    """Per projection suffix, how many blocks hold it resident."""
-    return _resident_blocks_of(workload.arch, resident)
+def _resident_blocks(workload: Workload, resident: frozenset[str], first: int = 0,
+                     stop: int | None = None) -> Mapping[str, int]:
+    """Per projection suffix, how many blocks (of blocks first..stop-1) hold it resident."""
+    return _resident_blocks_of(workload.arch, resident, first, stop)
 
 
 # The planner's pure per-architecture sums (here and in ``predict``) are memoized on exactly
@@ -154,41 +137,48 @@ MEMO_ENTRIES = 4096
 
 
 @lru_cache(maxsize=MEMO_ENTRIES)
-def _resident_blocks_of(arch: Architecture, resident: frozenset[str]) -> Mapping[str, int]:
+def _resident_blocks_of(arch: Architecture, resident: frozenset[str], first: int = 0,
+                        stop: int | None = None) -> Mapping[str, int]:
     counts = dict.fromkeys(arch.projections(), 0)
+    stop = arch.num_layers if stop is None else stop
     for name in resident:
-        if "layers" in name:
+        if "layers" in name and first <= block_index(name) < stop:
             counts[name.split(".")[-2]] += 1
     return MappingProxyType(counts)
 
 
-def _matmul_work(workload: Workload, knobs: EngineKnobs, resident: frozenset[str]
-                 ) -> tuple[tuple[float, int, int, str], ...]:
+
+
+def _matmul_work(workload: Workload, knobs: EngineKnobs, resident: frozenset[str],
+                 skipped: str | None) -> tuple[tuple[float, int, int, str], ...]:
     """Each projection's FLOPs by pass kind and whether tiled, with the rows and output width
     of its matmuls; attention; the head's vocabulary tiles."""
-    return _matmuls(workload, matmul_bytes(workload, knobs), *_pass_knobs(workload, knobs),
+    return _matmuls(workload, matmul_bytes(workload, knobs), *pass_knobs(workload, knobs),
                     resident, mlp_chunk_tokens(workload, knobs), knobs.decompress_tile_bytes,
-                    knobs.loss_vocab_tile_bytes)
+                    knobs.loss_vocab_tile_bytes, skipped)
 
 
 @lru_cache(maxsize=MEMO_ENTRIES)
-def _matmuls(workload: Workload, e: int, every: int | str, shared: bool,
-             resident: frozenset[str], chunk: int, block_tile_bytes: int, head_tile_bytes: int
-             ) -> tuple[tuple[float, int, int, str], ...]:
+def _matmuls(workload: Workload, e: int, every: int | str, shared: bool, tail: int,
+             resident: frozenset[str], chunk: int, block_tile_bytes: int, head_tile_bytes: int,
+             skipped: str | None) -> tuple[tuple[float, int, int, str], ...]:
     arch, n = workload.arch, workload.tokens
-    passes = _passes(arch.num_layers, workload.method, every, shared)
-    layers = arch.num_layers
-    resident_blocks = _resident_blocks(workload, resident)
+    groups = groups_of(arch.num_layers, workload.method, every, shared, tail)
+    passes = passes_of(arch.num_layers, workload.method, every, shared, tail)
+    resident_in = [_resident_blocks(workload, resident, first, stop)
+                   for first, stop, _ in groups]
     work = []
     for suffix, (out, inp) in arch.projections().items():
         flops = 2 * n * out * inp
         tile = tile_rows(out, inp, block_tile_bytes, e)
-        share = resident_blocks[suffix] / layers  # resident blocks never tile
         rows = chunk if suffix in MLP_PROJECTIONS else n  # the same FLOPs, fewer rows
         for kind, form in (("forward", "nt"), ("backward", "nn")):
-            tiled, whole = passes[f"tiled_{kind}"], passes[f"whole_{kind}"]
-            work.append((flops * tiled * (1 - share), rows, tile, form))
-            work.append((flops * (tiled * share + whole), rows, out, form))
+            for (first, stop, group), resident_blocks in zip(groups, resident_in, strict=True):
+                share = resident_blocks[suffix] / (stop - first)  # resident blocks never tile
+                tiled, whole = forward_passes(group, suffix, skipped) if kind == "forward" \
+                    else (group["tiled_backward"], group["whole_backward"])
+                work.append((flops * tiled * (1 - share), rows, tile, form))
+                work.append((flops * (tiled * share + whole), rows, out, form))
     forwards = passes["tiled_forward"] + passes["whole_forward"]
     backwards = passes["tiled_backward"] + passes["whole_backward"]
     work.append((_attention_flops(workload) * (forwards + 2.5 * backwards), n,
@@ -202,32 +192,35 @@ def _matmuls(workload: Workload, e: int, every: int | str, shared: bool,
     return tuple(w for w in work if w[0] > 0)
 
 
-def _decompress_work(workload: Workload, knobs: EngineKnobs, resident: frozenset[str]
-                     ) -> tuple[float, float, float, float]:
+def _decompress_work(workload: Workload, knobs: EngineKnobs, resident: frozenset[str],
+                     skipped: str | None) -> tuple[float, float, float, float]:
     """Parameters decompressed per step in tiles (to the matmul dtype) and their calls (one
     per tile), and whole (shared blocks, to the storage dtype) and theirs (one per
     projection)."""
     arch = workload.arch
-    passes = pass_counts(workload, knobs)
-    layers = arch.num_layers
-    # per block weight: its share of the step's block passes (a shared block is decompressed
-    # once for its recompute and its backward)
-    tiled_uses = (passes["tiled_forward"] + passes["tiled_backward"]) / layers
-    whole_uses = passes["whole_backward"] / layers
+    # per block weight: its share of its group's block passes (a shared block is
+    # decompressed once for its recompute and its backward), and the tiled passes the
+    # skipped projection is not decompressed in (a recompute's, when unshared)
+    uses = tuple((first, stop, (passes["tiled_forward"] + passes["tiled_backward"]) /
+                  (stop - first), passes["whole_backward"] / (stop - first),
+                  recompute_tiles_spared(passes, skipped) / (stop - first))
+                 for first, stop, passes in block_groups(workload, knobs))
     head_uses = 2 if workload.method == "mezo" else 1  # MeBP's one pass makes loss and gradient
     chunks = mlp_chunks(workload, knobs)  # each decompresses the MLP's tiles again
     return _decompressions(arch, resident, knobs.decompress_tile_bytes,
                            knobs.loss_vocab_tile_bytes, matmul_bytes(workload, knobs),
-                           tiled_uses, whole_uses, head_uses, chunks)
+                           uses, head_uses, chunks, skipped)
 
 
 @lru_cache(maxsize=MEMO_ENTRIES, typed=True)
 def _decompressions(arch: Architecture, resident: frozenset[str], block_tile_bytes: int,
-                    head_tile_bytes: int, e: int, tiled_uses: float, whole_uses: float,
-                    head_uses: int, chunks: int) -> tuple[float, float, float, float]:
+                    head_tile_bytes: int, e: int,
+                    group_uses: tuple[tuple[int, int, float, float, float], ...],
+                    head_uses: int, chunks: int, skipped: str | None = None
+                    ) -> tuple[float, float, float, float]:
+    """``group_uses``: per group of blocks first..stop-1, a block weight's tiled and whole
+    decompressions, and the tiled ones ``skipped`` is spared."""
     tiles = _tiles_per_projection(arch, block_tile_bytes, e)
-    uses = {suffix: tiled_uses * (chunks if suffix in MLP_PROJECTIONS else 1)
-            for suffix in tiles}
     tiled_params = tile_calls = whole_params = whole_calls = 0.0
     for name, count, suffix in frozen_weight_suffixes(arch):
         if name in resident:
@@ -238,9 +231,16 @@ def _decompressions(arch: Architecture, resident: frozenset[str], block_tile_byt
             tile_calls += head_uses * math.ceil(
                 rows / tile_rows(rows, cols, head_tile_bytes, e))
             continue
-        tiled_params += count * uses[suffix]
+        block = block_index(name)
+        tiled_uses, whole_uses, spared = next(
+            (tiled, whole, spared) for first, stop, tiled, whole, spared in group_uses
+            if first <= block < stop)
+        if suffix == skipped:
+            tiled_uses -= spared
+        uses = tiled_uses * (chunks if suffix in MLP_PROJECTIONS else 1)
+        tiled_params += count * uses
         whole_params += count * whole_uses
-        tile_calls += tiles[suffix] * uses[suffix]
+        tile_calls += tiles[suffix] * uses
         whole_calls += whole_uses
     return tiled_params, tile_calls, whole_params, whole_calls
 
@@ -252,8 +252,8 @@ def _tiles_per_projection(arch: Architecture, tile_bytes: int, e: int) -> Mappin
                              for suffix, (rows, cols) in arch.projections().items()})
 
 
-def _traffic_bytes(workload: Workload, knobs: EngineKnobs, resident: frozenset[str]
-                   ) -> float:
+def _traffic_bytes(workload: Workload, knobs: EngineKnobs, resident: frozenset[str],
+                   skipped: str | None) -> float:
     """Activation traffic of the blocks, the logits' softmax passes, the LoRA branches
     (rank-r matmuls are bandwidth-bound) and the tiled projections' copies."""
     arch, n, e = workload.arch, workload.tokens, DTYPE_BYTES[workload.compute_dtype]
@@ -268,21 +268,24 @@ def _traffic_bytes(workload: Workload, knobs: EngineKnobs, resident: frozenset[s
     lora_forward, lora_backward = _lora_traffic(workload, knobs.lora_hidden)
     traffic = (forwards + 2 * backwards) * block + logits + forwards * lora_forward + \
         backwards * lora_backward
-    if workload.method == "mebp" and knobs.checkpoint_storage == "mmap" and \
-            knobs.checkpoint_blocks != "none":
+    every, _, tail = pass_knobs(workload, knobs)
+    if workload.method == "mebp" and knobs.checkpoint_storage == "mmap" and every != "none":
         # copied into the mapping in the forward, copied out again in the backward
-        saved = math.ceil(arch.num_layers / knobs.checkpoint_blocks)
+        saved = math.ceil((arch.num_layers - tail) / every)
         traffic += 4 * saved * n * arch.hidden_size * e
-    resident_blocks = _resident_blocks(workload, resident)
+    groups = block_groups(workload, knobs)
+    resident_in = [_resident_blocks(workload, resident, first, stop)
+                   for first, stop, _ in groups]
     tiles = _tiles_per_projection(arch, knobs.decompress_tile_bytes, em)
     for suffix, (out, inp) in arch.projections().items():
-        lazy = 1 - resident_blocks[suffix] / arch.num_layers
-        # a forward tile's output is copied into its columns; a backward tile's partial
-        # input gradient is added into the whole
-        traffic += lazy * passes["tiled_forward"] * n * out * e * 2
-        traffic += lazy * passes["tiled_backward"] * tiles[suffix] * n * inp * e * 3
+        for (first, stop, group), resident_blocks in zip(groups, resident_in, strict=True):
+            lazy = 1 - resident_blocks[suffix] / (stop - first)
+            # a forward tile's output is copied into its columns; a backward tile's partial
+            # input gradient is added into the whole
+            traffic += lazy * forward_passes(group, suffix, skipped)[0] * n * out * e * 2
+            traffic += lazy * group["tiled_backward"] * tiles[suffix] * n * inp * e * 3
     if em != e:
-        traffic += _upcast_bytes(workload, knobs, resident, e, em)
+        traffic += _upcast_bytes(workload, knobs, resident, e, em, skipped)
     return traffic
 
 
@@ -300,24 +303,36 @@ def _lora_traffic(workload: Workload, lora_hidden: str) -> tuple[int, int]:
 
 
 def _upcast_bytes(workload: Workload, knobs: EngineKnobs, resident: frozenset[str], e: int,
-                  em: int) -> float:
+                  em: int, skipped: str | None) -> float:
     """Bytes read and written upcasting held weights to the matmul dtype, a tile at a time:
-    shared block weights at their recompute and backward, resident ones at every use."""
-    arch, passes = workload.arch, pass_counts(workload, knobs)
-    layers = arch.num_layers
-    shared_uses = (passes["whole_forward"] + passes["whole_backward"]) / layers
-    all_uses = sum(passes[k] for k in ("tiled_forward", "whole_forward", "tiled_backward",
-                                       "whole_backward")) / layers
+    shared block weights at their recompute and backward, resident ones at every use (the
+    skipped projection's recompute uses neither)."""
+    kinds = ("tiled_forward", "whole_forward", "tiled_backward", "whole_backward")
+    uses = tuple((first, stop,
+                  (passes["whole_forward"] + passes["whole_backward"]) / (stop - first),
+                  sum(passes[k] for k in kinds) / (stop - first),
+                  passes["recompute"] / (stop - first))
+                 for first, stop, passes in block_groups(workload, knobs))
     chunks = mlp_chunks(workload, knobs)  # each upcasts the MLP's tiles again
-    return _upcast_params(arch, resident, shared_uses, all_uses, chunks) * (e + em)
+    return _upcast_params(workload.arch, resident, uses, chunks, skipped) * (e + em)
 
 
 @lru_cache(maxsize=MEMO_ENTRIES, typed=True)
-def _upcast_params(arch: Architecture, resident: frozenset[str], shared_uses: float,
-                   all_uses: float, chunks: int) -> float:
+def _upcast_params(arch: Architecture, resident: frozenset[str],
+                   group_uses: tuple[tuple[int, int, float, float, float], ...], chunks: int,
+                   skipped: str | None = None) -> float:
+    """``group_uses``: per group of blocks first..stop-1, a block weight's uses held whole
+    (shared) and its uses in all, and its recomputes (which skip ``skipped``)."""
     params = 0.0
     for name, count, suffix in frozen_weight_suffixes(arch):
         per_use = chunks if suffix in MLP_PROJECTIONS else 1
+        block = block_index(name)
+        shared_uses, all_uses, recomputes = next(
+            ((shared, every, recompute) for first, stop, shared, every, recompute
+             in group_uses if first <= block < stop), (0.0, 0.0, 0.0))
+        if suffix == skipped:
+            all_uses -= recomputes
+            shared_uses -= recomputes if shared_uses else 0.0
         if name in resident:
             params += count * (all_uses * per_use if suffix is not None else 1)
         elif suffix is not None:

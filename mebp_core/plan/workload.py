@@ -136,6 +136,14 @@ def mlp_chunk_tokens(workload: Workload, knobs: EngineKnobs) -> int:
     return min(chunk, workload.tokens)
 
 
+def graph_tail_blocks(workload: Workload, knobs: EngineKnobs) -> int:
+    """Blocks the step runs in one autograd graph after the checkpointed ones (none without
+    checkpoints, where every block is in the graph, and for MeZO, which keeps no graph)."""
+    if workload.method == "mezo" or knobs.checkpoint_blocks == "none":
+        return 0
+    return min(knobs.graph_tail_blocks, workload.arch.num_layers)
+
+
 def mlp_chunks(workload: Workload, knobs: EngineKnobs) -> int:
     return math.ceil(workload.tokens / mlp_chunk_tokens(workload, knobs))
 

@@ -1,8 +1,10 @@
 """The base model an adapter applies to, exported for a runtime.
 
-The weights are the packed store's, dequantized: the exact weights the adapter was trained
-against (int4 values times their scales), not the checkpoint they were packed from. ``hf``
-writes a Hugging Face directory that ``from_pretrained`` loads; ``gguf`` one llama.cpp file.
+The weights are the packed store's: the exact weights the adapter was trained against (int4
+values times their scales), not the checkpoint they were packed from. ``hf`` writes them
+dequantized as a Hugging Face directory that ``from_pretrained`` loads; ``gguf`` one
+llama.cpp file (dequantized, or in llama.cpp's q4_1/q8_0 blocks); ``mlx`` the packed arrays
+as MLX quantized weights, a directory ``mlx_lm.load`` loads.
 A model without tokenizer files (the presets) gets the byte tokenizer written out, so text
 encodes to the ids it was trained on in every runtime.
 """
@@ -12,21 +14,23 @@ from __future__ import annotations
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal, get_args
 
 import torch
 
 from mebp_core.atomic import staged_directory
 from mebp_core.data.tokenizer import ByteTokenizer, has_tokenizer_files, read_vocab_size
 from mebp_core.store.checkpoint import TOKENIZER_FILES
-from mebp_core.store.export_base_common import BaseExportError, Progress
+from mebp_core.store.export_base_common import (
+    BASE_DTYPES,
+    BASE_FORMATS,
+    GGUF_QUANTS,
+    BaseExportError,
+    BaseFormat,
+    Progress,
+)
 from mebp_core.store.format import DTYPES
 from mebp_core.store.hf_checkpoint import write_hf_checkpoint
 from mebp_core.store.reader import PackedStore, open_store
-
-BaseFormat = Literal["hf", "gguf"]
-BASE_FORMATS: tuple[str, ...] = get_args(BaseFormat)
-BASE_DTYPES = ("float32", "float16", "bfloat16")
 
 
 def base_tensors(store: PackedStore, dtype: torch.dtype,
@@ -39,38 +43,58 @@ def base_tensors(store: PackedStore, dtype: torch.dtype,
             progress(i + 1, len(names), name)
 
 
-def check_base_format(config: dict, fmt: str, dtype: str) -> None:
-    """Refuse, from the model's config alone, an export that cannot be written."""
+def check_base_format(config: dict, fmt: str, dtype: str, *, quant: str | None = None,
+                      group_size: int | None = None, gguf_quant: str | None = None) -> None:
+    """Refuse, from the model's config and the storage asked for (``quant``, ``group_size``,
+    when known), an export that cannot be written."""
     if fmt not in BASE_FORMATS:
         raise BaseExportError(f"unknown base format {fmt!r} (known: {', '.join(BASE_FORMATS)})")
     if dtype not in BASE_DTYPES:
-        raise BaseExportError(f"unknown dtype {dtype!r} (known: {', '.join(BASE_DTYPES)})")
+        raise BaseExportError(f"unknown dtype {dtype!r} (known: {', '.join(BASE_DTYPES)})",
+                              "dtype")
+    if gguf_quant is not None and gguf_quant not in GGUF_QUANTS:
+        raise BaseExportError(f"unknown GGUF block type {gguf_quant!r} "
+                              f"(known: {', '.join(GGUF_QUANTS)})", "quant")
+    if gguf_quant is not None and fmt != "gguf":
+        raise BaseExportError(f"{gguf_quant} is a GGUF block type; format {fmt} has none",
+                              "quant")
     if fmt == "gguf":
         from mebp_core.store.export_base_gguf import check_gguf_base
 
-        check_gguf_base(config, dtype)
+        check_gguf_base(config, dtype, gguf_quant, quant, group_size)
+    elif fmt == "mlx":
+        from mebp_core.store.export_base_mlx import check_mlx_base
+
+        check_mlx_base(dtype, quant, group_size)
 
 
-def check_exportable(store: PackedStore, fmt: str, dtype: str) -> None:
-    check_base_format(store.config, fmt, dtype)
+def check_exportable(store: PackedStore, fmt: str, dtype: str,
+                     gguf_quant: str | None = None) -> None:
+    check_base_format(store.config, fmt, dtype, quant=store.quant,
+                      group_size=store.group_size, gguf_quant=gguf_quant)
     if store.name_prefix_map:
         raise BaseExportError(f"{store.path}: a multimodal model's base would lack its vision "
                               "tower; only text models are exported")
 
 
 def export_base(model_dir: str | Path, fmt: BaseFormat, out: str | Path, *,
-                dtype: str = "float32", progress: Progress | None = None) -> Path:
+                dtype: str = "float32", gguf_quant: str | None = None,
+                progress: Progress | None = None) -> Path:
     """Write the base of the packed model ``model_dir`` as ``fmt`` to ``out`` (a directory
-    for hf, a file for gguf); an existing ``out`` is replaced only once the new one is whole."""
+    for hf and mlx, a file for gguf, whose blocks are ``gguf_quant`` when given); an
+    existing ``out`` is replaced only once the new one is whole."""
     out = Path(out)
     with open_store(model_dir) as store:
-        check_exportable(store, fmt, dtype)
+        check_exportable(store, fmt, dtype, gguf_quant)
         if fmt == "gguf":
             from mebp_core.store.export_base_gguf import write_gguf_base
 
-            return write_gguf_base(out, store, dtype, progress)
+            return write_gguf_base(out, store, dtype, progress, gguf_quant)
         with staged_directory(out) as staging:
-            write_hf_base(staging, store, dtype, progress)
+            if fmt == "mlx":
+                write_mlx_base(staging, store, dtype, progress)
+            else:
+                write_hf_base(staging, store, dtype, progress)
     return out
 
 
@@ -78,6 +102,19 @@ def write_hf_base(out: Path, store: PackedStore, dtype: str,
                   progress: Progress | None) -> None:
     config = {**store.config, "torch_dtype": dtype}
     write_hf_checkpoint(out, config, base_tensors(store, DTYPES[dtype], progress))
+    write_tokenizer(out, store)
+
+
+def write_mlx_base(out: Path, store: PackedStore, dtype: str,
+                   progress: Progress | None) -> None:
+    from mebp_core.store.export_base_mlx import mlx_config, mlx_tensors
+
+    write_hf_checkpoint(out, mlx_config(store), mlx_tensors(store, dtype, progress))
+    write_tokenizer(out, store)
+
+
+def write_tokenizer(out: Path, store: PackedStore) -> None:
+    """The model's tokenizer files, else the byte tokenizer the engine encoded text with."""
     vocab_size = read_vocab_size(store.config)
     if has_tokenizer_files(store.path):
         for name in TOKENIZER_FILES:

@@ -1,13 +1,15 @@
 """The base model as one GGUF file for llama.cpp, written as its ``convert_hf_to_gguf.py``
 writes these architectures (llama, qwen2, qwen3), streamed one tensor at a time.
 
-Weights are float32 or float16 (norms and biases always float32, as llama.cpp's converter
-keeps them). The vocabulary is the byte tokenizer's; a model with its own tokenizer is
-refused, since converting arbitrary tokenizers is llama.cpp's converter's job.
+Weights are float32 or float16, or the packed ones in llama.cpp's q4_1 or q8_0 blocks
+(``gguf_blocks.py``; norms and biases always float32, as llama.cpp's converter keeps them).
+The vocabulary is the byte tokenizer's; a model with its own tokenizer is refused, since
+converting arbitrary tokenizers is llama.cpp's converter's job.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,25 +29,50 @@ from mebp_core.gguf_layout import (
     to_llama_cpp_rows,
 )
 from mebp_core.store.export_base_common import BaseExportError, Progress, base_model_name
+from mebp_core.store.gguf_blocks import (
+    BLOCK_SIZE,
+    BLOCK_TYPES,
+    blocks_nbytes,
+    q4_1_blocks,
+    q8_0_blocks,
+)
 from mebp_core.store.reader import PackedStore
 from mebp_core.store.shapes import full_text_config
 
 GGUF_BASE_ARCHITECTURES = (gguf.MODEL_ARCH.LLAMA, gguf.MODEL_ARCH.QWEN2, gguf.MODEL_ARCH.QWEN3)
 GGUF_DTYPES = {"float32": (np.float32, gguf.LlamaFileType.ALL_F32),
                "float16": (np.float16, gguf.LlamaFileType.MOSTLY_F16)}
+GGUF_FILE_TYPES = {"q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
+                   "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+# the stores each block type is made from: q4_1 carries int4 groups as they are
+GGUF_QUANT_STORES = {"q4_1": ("int4",), "q8_0": ("int4", "int8")}
 
 
-def check_gguf_base(config: dict[str, Any], dtype: str) -> gguf.MODEL_ARCH:
-    """The architecture to write ``config``'s model as, or a ``BaseExportError``."""
+def check_gguf_base(config: dict[str, Any], dtype: str, gguf_quant: str | None = None,
+                    quant: str | None = None, group_size: int | None = None) -> gguf.MODEL_ARCH:
+    """The architecture to write ``config``'s model as, or a ``BaseExportError``; the
+    storage (``quant``, ``group_size``) is checked where known."""
     arch = base_architecture(full_text_config(config)["model_type"])
     if dtype not in GGUF_DTYPES:
         raise BaseExportError(f"GGUF bases are written as {' or '.join(GGUF_DTYPES)}, "
-                              f"not {dtype}")
+                              f"not {dtype}", "dtype")
+    if gguf_quant is None:
+        return arch
+    if dtype != "float32":
+        raise BaseExportError(f"a {gguf_quant} GGUF keeps its unquantized tensors float32, "
+                              f"not {dtype}", "dtype")
+    stores = GGUF_QUANT_STORES[gguf_quant]
+    if quant is not None and quant not in stores:
+        raise BaseExportError(f"{gguf_quant} blocks are made from a store packed "
+                              f"{' or '.join(stores)}, not {quant}", "quant")
+    if group_size is not None and group_size % BLOCK_SIZE:
+        raise BaseExportError(f"{gguf_quant} blocks of {BLOCK_SIZE} need groups of a multiple "
+                              f"of {BLOCK_SIZE}, not {group_size}", "group_size")
     return arch
 
 
 def write_gguf_base(out: Path, store: PackedStore, dtype: str,
-                    progress: Progress | None) -> Path:
+                    progress: Progress | None, gguf_quant: str | None = None) -> Path:
     config = full_text_config(store.config)
     arch = check_gguf_base(store.config, dtype)
     if has_tokenizer_files(store.path):
@@ -53,7 +80,9 @@ def write_gguf_base(out: Path, store: PackedStore, dtype: str,
             f"{store.path}: the model has its own tokenizer; export the base as hf and convert "
             "it with llama.cpp's convert_hf_to_gguf.py, which knows its tokenizers")
     weight_dtype, file_type = GGUF_DTYPES[dtype]
-    tensors = list(gguf_tensor_plan(store, arch, config, weight_dtype))
+    if gguf_quant is not None:
+        file_type = GGUF_FILE_TYPES[gguf_quant]
+    tensors = list(gguf_tensor_plan(store, arch, config, weight_dtype, gguf_quant))
     with staged_file(out) as staging:
         writer = gguf.GGUFWriter(staging, gguf.MODEL_ARCH_NAMES[arch])
         try:
@@ -61,14 +90,15 @@ def write_gguf_base(out: Path, store: PackedStore, dtype: str,
             writer.add_file_type(int(file_type))
             add_hyperparameters(writer, arch, config)
             add_byte_vocabulary(writer, config["vocab_size"])
-            for name, _, shape, np_dtype in tensors:
+            for name, _, shape, np_dtype, block_type in tensors:
                 nbytes = math.prod(shape) * np.dtype(np_dtype).itemsize
-                writer.add_tensor_info(name, shape, np.dtype(np_dtype), nbytes)
+                writer.add_tensor_info(name, shape, np.dtype(np_dtype), nbytes,
+                                       raw_dtype=block_type)
             writer.write_header_to_file()
             writer.write_kv_data_to_file()
             writer.write_ti_data_to_file()
-            for i, (name, load, _, np_dtype) in enumerate(tensors):
-                writer.write_tensor_data(load().numpy().astype(np_dtype, copy=False))
+            for i, (name, load, _, np_dtype, _) in enumerate(tensors):
+                writer.write_tensor_data(np.asarray(load()).astype(np_dtype, copy=False))
                 if progress is not None:
                     progress(i + 1, len(tensors), name)
         finally:
@@ -88,14 +118,19 @@ def base_architecture(model_type: str) -> gguf.MODEL_ARCH:
     return arch
 
 
+PlannedTensor = tuple[str, Any, tuple[int, ...], type, gguf.GGMLQuantizationType | None]
+
+
 def gguf_tensor_plan(store: PackedStore, arch: gguf.MODEL_ARCH, config: dict[str, Any],
-                     weight_dtype: type) -> Iterator[tuple[str, Any, tuple[int, ...], type]]:
-    """(GGUF name, loader, numpy shape, numpy dtype) per tensor, the llama3 rope factors
-    first where the model has them; loaders dequantize only when called."""
+                     weight_dtype: type, gguf_quant: str | None = None
+                     ) -> Iterator[PlannedTensor]:
+    """(GGUF name, loader, numpy shape, numpy dtype, block type) per tensor, the llama3 rope
+    factors first where the model has them; loaders dequantize only when called. With
+    ``gguf_quant``, the weights the store packed are blocks: (N, bytes) uint8 of that type."""
     rope_factors = llama3_rope_factors(config)
     if rope_factors is not None:
         name = gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight"
-        yield name, (lambda: rope_factors), tuple(rope_factors.shape), np.float32
+        yield name, (lambda: rope_factors), tuple(rope_factors.shape), np.float32, None
     name_map = gguf.get_tensor_name_map(arch, config["num_hidden_layers"])
     for source in store.names():
         path, _, suffix = source.rpartition(".")
@@ -103,12 +138,29 @@ def gguf_tensor_plan(store: PackedStore, arch: gguf.MODEL_ARCH, config: dict[str
             name = gguf_tensor_name(name_map, path).removesuffix(".weight") + "." + suffix
         except GGUFLayoutError as exc:
             raise BaseExportError(str(exc)) from None
-        shape = tuple(store.info(source).shape)
-        dtype = weight_dtype if len(shape) == 2 else np.float32
+        info = store.info(source)
+        shape = tuple(info.shape)
+        if gguf_quant is not None and info.bits is not None:
+            nbytes = blocks_nbytes(shape, gguf_quant)
+            yield (name, functools.partial(load_blocks, store, source, path, arch, config,
+                                           gguf_quant), (shape[0], nbytes // shape[0]),
+                   np.uint8, BLOCK_TYPES[gguf_quant])
+            continue
+        dtype = weight_dtype if len(shape) == 2 and gguf_quant is None else np.float32
 
         def load(source: str = source, path: str = path) -> torch.Tensor:
             return to_llama_cpp_rows(path, store.dequantize(source, torch.float32), arch, config)
-        yield name, load, shape, dtype
+        yield name, load, shape, dtype, None
+
+
+def load_blocks(store: PackedStore, source: str, path: str, arch: gguf.MODEL_ARCH,
+                config: dict[str, Any], gguf_quant: str) -> np.ndarray:
+    """The tensor ``source`` as (N, bytes) ``gguf_quant`` blocks, rows in llama.cpp's order."""
+    if gguf_quant == "q4_1":
+        blocks = q4_1_blocks(store.raw(source), store.group_size)
+    else:
+        blocks = torch.from_numpy(q8_0_blocks(store.dequantize(source, torch.float32)))
+    return to_llama_cpp_rows(path, blocks, arch, config).numpy()
 
 
 def add_hyperparameters(writer: gguf.GGUFWriter, arch: gguf.MODEL_ARCH,

@@ -1,5 +1,6 @@
 """Fixtures: the service with the embedded defaults and against the machine's real Redis and
-PostgreSQL, one model cache for both, and a fresh PostgreSQL database."""
+PostgreSQL, one model cache for both, a fresh PostgreSQL database, and a webhook receiver
+with a service that retries webhooks within seconds."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from service_harness import (
     stop_service,
     temporary_postgres_database,
 )
+from webhook_harness import FAST_WEBHOOKS
+from webhook_receiver import Receiver
 
 from mebp_core.store.presets import save_preset_as_hf
 from service.db import database_url, upgrade_database
@@ -132,6 +135,22 @@ def rlimit_service(tmp_path_factory, model_cache) -> Iterator[Service]:
     """The fallback where no cgroup can be made, forced."""
     service = start_service(tmp_path_factory.mktemp("rlimit-service"), model_cache,
                             {"MEBP_ENFORCEMENT": "rlimit"})
+    yield service
+    stop_service(service)
+
+
+@pytest.fixture(scope="module")
+def receiver() -> Iterator[Receiver]:
+    """A webhook receiver on loopback for a module's tests."""
+    receiver = Receiver()
+    yield receiver
+    receiver.close()
+
+
+@pytest.fixture(scope="module")
+def hooked(tmp_path_factory, model_cache) -> Iterator[Service]:
+    """``mebp serve`` retrying webhooks within seconds."""
+    service = start_service(tmp_path_factory.mktemp("webhooks"), model_cache, FAST_WEBHOOKS)
     yield service
     stop_service(service)
 

@@ -64,3 +64,18 @@ def point_on_page(page: Page, chart_id: str, trace_name: str, index: int) -> tup
         return [box.left + xa._offset + xa.c2p(trace.x[{index}]),
                 box.top + ya._offset + ya.c2p(trace.y[{index}])];
     }})()""")
+
+
+def labels_outside_plot(page: Page, chart_id: str) -> list[str]:
+    """The chart's point labels not wholly inside its plot area (cut, or over the axes)."""
+    return page.evaluate(f"""(() => {{
+        const gd = document.getElementById("{chart_id}");
+        const xa = gd._fullLayout.xaxis, ya = gd._fullLayout.yaxis;
+        const box = gd.getBoundingClientRect();
+        const left = box.left + xa._offset, top = box.top + ya._offset;
+        return Array.from(gd.querySelectorAll(".textpoint text")).filter((label) => {{
+            const r = label.getBoundingClientRect();
+            return r.left < left || r.right > left + xa._length
+                || r.top < top || r.bottom > top + ya._length;
+        }}).map((label) => label.textContent);
+    }})()""")

@@ -285,6 +285,7 @@ def in_process_service(root: Path, cache: Path, model_root: Path,
     None) and the machine's Redis (a queue of its own, emptied after), with the subprocess
     tier's limits and any other ``Settings`` given."""
     from app.main import create_app
+    from service.base_export_queue import exports_queue_name
     from service.db import database_url, upgrade_database
     from service.queue import connect, job_queue
     from service.settings import Settings
@@ -305,6 +306,7 @@ def in_process_service(root: Path, cache: Path, model_root: Path,
                     headers={"Authorization": f"Bearer {API_KEY}"}) as client:
         yield Service("http://testserver", None, output, client=client)
     job_queue(connect(REDIS_TEST_URL), settings.queue_name).empty()
+    job_queue(connect(REDIS_TEST_URL), exports_queue_name(settings.queue_name)).empty()
 
 
 class temporary_postgres_database:

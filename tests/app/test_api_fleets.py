@@ -101,3 +101,39 @@ def test_fleet_input_errors_name_the_field(any_api):
         status, error = service.request("POST", "/v1/fleets", {**base, **change})
         assert status == 422 and error["detail"][0]["loc"][:len(loc)] == loc, (change, error)
     assert service.request("GET", "/v1/fleets/fleet-nope")[0] == 404
+
+
+def test_a_fleet_runs_until_its_jobs_end_and_a_cancel_ends_it_cancelled(any_api):
+    """No worker here, so jobs stay queued: a fleet without rounds runs until the cancel
+    cancels its jobs; a federated one runs on until its round in progress ends (its jobs
+    run to their end; test_federated sees it end cancelled); one where no device fits has
+    nothing to run and failed."""
+    service = any_api
+    base = {"model": "preset:tiny", "training_file": dataset(service),
+            "hyperparameters": {"steps": 1, "seq_len": 32}}
+    status, plain = service.request("POST", "/v1/fleets", {
+        **base, "devices": ["pixel-8", "iphone-15"]})
+    assert status == 201 and plain["status"] == "running", plain
+    assert not plain["cancel_requested"]
+    status, plain = service.request("POST", f"/v1/fleets/{plain['id']}/cancel")
+    assert status == 200 and plain["status"] == "cancelled", plain
+    assert plain["summary"]["by_status"] == {"cancelled": 2}
+
+    status, federated = service.request("POST", "/v1/fleets", {
+        **base, "simulated": {"device": "pixel-8", "count": 2}, "aggregation": "fedavg",
+        "rounds": 3, "local_steps": 1})
+    assert status == 201 and federated["status"] == "running", federated
+    status, federated = service.request("POST", f"/v1/fleets/{federated['id']}/cancel")
+    assert status == 200 and federated["cancel_requested"], federated
+    assert federated["status"] == "running" and federated["summary"]["by_status"] == \
+        {"queued": 2}
+
+    status, unfit = service.request("POST", "/v1/fleets", {
+        **base, "devices": ["pixel-8"], "memory_budget_mb": 1})
+    assert status == 201 and unfit["status"] == "failed", unfit
+    listed = {f["id"]: f["status"] for f in service.request("GET", "/v1/fleets")[1]["data"]}
+    assert [listed[f["id"]] for f in (plain, federated, unfit)] == \
+        ["cancelled", "running", "failed"]
+    schema = service.request("GET", "/openapi.json")[1]["components"]["schemas"]
+    assert schema["FleetPublic"]["properties"]["status"]["enum"] == \
+        ["preparing", "running", "done", "cancelled", "failed"]

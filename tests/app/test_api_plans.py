@@ -70,7 +70,8 @@ def test_every_method_is_planned_side_by_side(api, check_front):
                                     for c in mezo["configurations"])
     assert backprop["feasible"] is False and backprop["smallest_budget_mb"] > 1024
     assert plans["recommendation"]["method"] == "mebp"
-    assert plans["recommendation"]["configuration"] == plans["plans"]["mebp"]["auto"]
+    assert plans["recommendation"]["configuration"] == \
+        plans["plans"]["mebp"]["recommendation"]["configuration"]
     status, one = api.request("POST", "/v1/plans", {**query, "method": "mezo"})
     assert status == 200 and one == mezo
     status, adamw = api.request("POST", "/v1/plans", {**query, "method": "mezo",
@@ -92,6 +93,37 @@ def test_bad_fields_get_422_naming_the_field(api):
         status, answer = api.request("POST", "/v1/plans", body)
         assert status == 422, (body, answer)
         assert any(field in map(str, error["loc"]) for error in answer["detail"]), answer
+
+
+def test_the_recommendation_trades_at_most_the_time_tolerance_for_memory(api):
+    """At 1024 MB the fastest configuration holds about 821 MB; the recommendation is the
+    smallest within ``time_tolerance`` (3% by default) of it, saying so; ``auto`` stays the
+    fastest. A tolerance out of range is a 422 naming it, in a body or a query."""
+    query = {"model": "preset:qwen2.5-0.5b", "seq_len": 256, "device": "iphone-15-pro-max"}
+    status, plan = api.request("POST", "/v1/plans", query)
+    assert status == 200, plan
+    by_id = {c["id"]: c for c in plan["configurations"]}
+    fastest = by_id[plan["auto"]]
+    recommendation = plan["recommendation"]
+    chosen = by_id[recommendation["configuration"]]
+    assert plan["time_tolerance"] == 0.03 and chosen["id"] != fastest["id"]
+    within = [c for c in plan["configurations"] if c["feasible"] and
+              c["device_step_time_s_estimate"] <= 1.03 * fastest["device_step_time_s_estimate"]]
+    assert chosen in within and chosen["peak_mb"] < fastest["peak_mb"]
+    assert chosen["peak_mb"] == min(c["peak_mb"] for c in within)
+    assert recommendation["why"].startswith(
+        f"smallest within 3% of the fastest that fits "
+        f"({fastest['device_step_time_s_estimate']:.3g} s/step at {fastest['peak_mb']:.0f} MB)")
+    assert plan["largest_fitting_peak_mb"] == round(1024 / 1.1, 1)
+    response = api.client.get("/v1/plans", params={**query, "time_tolerance": 0})
+    assert response.status_code == 200, response.text
+    assert response.json()["recommendation"]["configuration"] == plan["auto"]
+    for tolerance in (-0.01, 0.9):
+        status, answer = api.request("POST", "/v1/plans", {**query, "time_tolerance": tolerance})
+        assert status == 422 and answer["detail"][0]["loc"] == ["body", "time_tolerance"]
+    response = api.client.get("/v1/plans", params={**query, "time_tolerance": "fast"})
+    assert response.status_code == 422
+    assert response.json()["detail"][0]["loc"] == ["query", "time_tolerance"]
 
 
 def test_a_plan_from_query_parameters_matches_the_post(api):

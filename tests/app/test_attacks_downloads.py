@@ -35,6 +35,7 @@ from app.keys import BOOTSTRAP_TENANT
 from mebp_core.lora.peft_io import save_peft_adapter
 from mebp_core.lora.spec import LoraSpec
 from mebp_core.store.resolve import source_config
+from service.bases import BaseRequest, base_target, make_base
 from service.db import POOL_CONNECTIONS, make_engine
 from service.fleet_spec import FleetRequest, FleetSpec
 from service.models import Adapter, Fleet, FleetRound, Job, utc_now
@@ -225,11 +226,14 @@ def round_adapter_path(download_service) -> str:
 
 
 @pytest.fixture(scope="module")
-def base_path(download_service) -> str:
-    """The tiny preset's base, exported (its float32 weights zipped: ~12 MB); the path that
-    downloads it."""
+def base_path(download_service, model_cache) -> str:
+    """The tiny preset's base, exported (its float32 weights zipped: ~12 MB) as a worker
+    exports one (this service has none); the path that downloads it."""
     params = {"format": "hf", "dtype": "float32"}
-    made = download_service.base("preset:tiny", **params)
+    request = BaseRequest("preset:tiny", "int4", 64, "hf", "float32")
+    make_base(request, base_target(request, download_service.storage, model_cache),
+              model_cache, max_cache_bytes=1 << 30)
+    made = download_service.client.get("/v1/models/preset:tiny/base", params=params)
     assert made.status_code == 200, made.text
     return f"/v1/models/preset:tiny/base?{urlencode(params)}"
 

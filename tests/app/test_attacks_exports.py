@@ -1,7 +1,8 @@
 """Attacks on the base exports (issue 29, item 4), against real `mebp serve` processes on both
 deployments (the shared one as two API processes over one PostgreSQL, Redis and storage):
 one key made 39 distinct exports in 5 minutes, none ever removed; a cross-origin GET carrying
-only the dashboard's cookie started one; `group_size=9` was a 500, then a 202.
+only the dashboard's cookie started one; `group_size=9` was a 500, then a 202. Each API
+process has a worker: the exports are made there (service/base_export_queue.py).
 
 Every export here is of the tiny preset (about 6.5 MB at 16 bits), packed at group sizes 32
 and 64 only. Each test makes its own combinations and waits for its exports, so none is
@@ -69,7 +70,7 @@ ENV = {"MEBP_MAX_BASE_EXPORTS_PER_TENANT_PER_HOUR": str(QUOTA),
 def embedded(tmp_path_factory, model_cache) -> Iterator[Deployment]:
     """One `mebp serve` with SQLite and its embedded Redis."""
     root = tmp_path_factory.mktemp("exports-embedded")
-    service = start_service(root, model_cache, ENV, workers=0)
+    service = start_service(root, model_cache, ENV, workers=1)
     yield Deployment([service], database_url(None, root / "data"),
                      root / "data" / "storage" / "bases")
     stop_service(service)
@@ -86,7 +87,7 @@ def shared(tmp_path_factory, model_cache) -> Iterator[Deployment]:
                      "MEBP_STORAGE_DIR": str(root / "storage")}
         services = []
         for name in ("a", "b"):
-            services.append(start_service(root / name, model_cache, env, workers=0))
+            services.append(start_service(root / name, model_cache, env, workers=1))
             stack.callback(stop_service, services[-1])
         yield Deployment(services, url, root / "storage" / "bases")
 
@@ -139,7 +140,7 @@ def test_export_parameters_are_refused_before_anything_runs(deployment, model_ca
             ({"quant": "int3"}, "quant", "int4"),
             ({"dtype": "float64"}, "dtype", "float32"),
             ({"format": "safetensors"}, "format", "gguf"),
-            ({"format": "gguf", "dtype": "bfloat16"}, "format", "float16")):
+            ({"format": "gguf", "dtype": "bfloat16"}, "dtype", "float16")):
         response = service.client.get(BASE, params=params)
         assert response.status_code == 422, (params, response.text)
         [error] = response.json()["detail"]

@@ -179,7 +179,7 @@ def test_a_large_file_is_split_by_a_worker_and_a_failed_split_leaves_nothing(bus
             {(None, "preparing")}
         ready = prepared(client, made["id"])
         jobs = [m["job_id"] for m in ready["members"] if m["job_id"]]
-        assert ready["status"] == "ready" and len(jobs) == 8, ready
+        assert ready["status"] in ("running", "done") and len(jobs) == 8, ready  # 1-step jobs
         shards = [client.get(f"/v1/datasets/{m['training_file']}").json()
                   for m in ready["members"]]
         assert sum(shard["rows"] for shard in shards) == 1000
@@ -236,7 +236,7 @@ def test_a_lost_preparation_is_asked_again_then_given_up(busy):
         cancel_all(holder, holding)  # the worker free
         ready = prepared(client, lost.json()["id"])
         jobs = [m["job_id"] for m in ready["members"] if m["job_id"]]
-        assert ready["status"] == "ready" and len(jobs) == 8, ready
+        assert ready["status"] in ("running", "done") and len(jobs) == 8, ready  # 1-step jobs
         assert busy.fleet_row(ready["id"]).prepare_retries == 1
     finally:
         cancel_all(client, jobs)

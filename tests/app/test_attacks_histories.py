@@ -128,6 +128,7 @@ class Watch:
         self.start_bytes = self.process.memory_info().rss
         self.peak_growth_bytes = 0
         self.health_s: list[float] = []
+        self.answered = asyncio.Event()  # health answered at least once
         self.over = asyncio.Event()
 
     async def rss(self) -> None:
@@ -141,6 +142,7 @@ class Watch:
     async def health(self) -> None:
         while True:
             self.health_s.append(await asyncio.to_thread(timed_get, self.service, "/v1/health"))
+            self.answered.set()
             await asyncio.sleep(0.2)
 
     def report(self) -> str:
@@ -178,6 +180,8 @@ async def attack(watch: Watch, tasks: list[asyncio.Task], timeout_s: float) -> l
                                      return_when=asyncio.FIRST_COMPLETED)
         assert not watch.over.is_set(), f"the API grew past its bound: {watch.report()}"
         assert done, f"not done in {timeout_s} s: {watch.report()}"
+        # the health request sent as the attack started answers (the attack may end first)
+        await asyncio.wait_for(watch.answered.wait(), timeout_s)
         return [task.result() for task in tasks]
     finally:
         for task in [*tasks, *samplers, over]:

@@ -16,6 +16,7 @@ from service_harness import API_KEY, tiny_job
 from sqlalchemy import event
 
 from app.sessions import SESSION_COOKIE
+from service.job_checkpoints import checkpoint_id
 
 OVERLONG = "x" * 300
 BAD = {"huge": str(10**20), "negative": "-1", "hugely negative": str(-10**20),
@@ -25,7 +26,8 @@ ROWS = b"".join(json.dumps({"text": f"row {i}"}).encode() + b"\n" for i in range
 # walked too, and one gone from the app fails here until this list says so
 KNOWN = {"/v1/jobs/{job_id}", "/v1/jobs/{job_id}/cancel", "/v1/jobs/{job_id}/events",
          "/v1/jobs/{job_id}/metrics", "/v1/jobs/{job_id}/adapter", "/v1/datasets/{dataset_id}",
-         "/v1/devices/{device_id}", "/v1/models/{name}/base", "/v1/fleets/{fleet_id}",
+         "/v1/devices/{device_id}", "/v1/models/{name}/base", "/v1/models/{name}/base/formats",
+         "/v1/fleets/{fleet_id}",
          "/v1/fleets/{fleet_id}/cancel", "/v1/fleets/{fleet_id}/rounds/{index}/adapter",
          "/jobs/{job_id}", "/jobs/{job_id}/cancel", "/fleets/{fleet_id}",
          "/v1/comparisons/{comparison_id}", "/v1/comparisons/{comparison_id}/cancel",
@@ -67,7 +69,7 @@ def test_every_path_parameter_is_bounded(any_api):
         "hyperparameters": {"steps": 1, "seq_len": 32}})
     assert status == 201, fleet
     real = {"job_id": job, "dataset_id": dataset, "device_id": "pixel-8", "name": "preset:tiny",
-            "fleet_id": fleet["id"], "index": "0"}
+            "fleet_id": fleet["id"], "index": "0", "checkpoint_id": checkpoint_id(job, 1)}
     cookie, token = signed_in(api)
     walked, answers = set(), []
     try:

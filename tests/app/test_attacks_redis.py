@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import psutil
 import pytest
+from held_engines import hold_engine, release, storage_of
 from service_harness import poll_until, service_env, start_service, stop_service, tiny_job
 
 from service.queue import WORKER_HEARTBEAT_S, WORKER_LIVE_S
@@ -121,12 +122,13 @@ def test_a_job_interrupted_by_the_embedded_redis_dying_resumes_and_succeeds(priv
     dataset = service.upload("rows.jsonl", ROWS)[1]["id"]
     steps = 60
     job = service.request("POST", "/v1/jobs", tiny_job(dataset, steps, checkpoint_every=5))[1]
-    service.wait_for(job["id"], lambda j: j["progress"]["step"] >= 10, timeout_s=90)
+    engine = hold_engine(storage_of(service), job["id"], 10)  # mid-job when Redis dies
     # Taken before Redis dies: the worker may exit on its own once Redis is gone.
     family = worker_family(service)
     kill_embedded_redis(service)
     if with_worker:
         kill(family)
+    release(engine)
     wait_until(lambda: health(service)[0] == 200, RESTART_WITHIN_S, "health 200", service)
     done = service.finished(job["id"], timeout_s=150)
     assert done["status"] == "succeeded", done

@@ -219,7 +219,7 @@ def test_the_job_form_has_an_input_for_every_hyperparameter_and_submits_them(api
                                                                             dataset_id):
     """The form is derived from the API's Hyperparameters (themselves TrainConfig's fields):
     a field added there appears here with no other edit, and what is typed reaches the job."""
-    from app.schemas import Hyperparameters
+    from app.training_schemas import Hyperparameters
 
     cookie = sign_in(api)
     with browser(api) as client:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from app.comparison_schemas import ComparisonRun, CurvePoint, MethodOutcome
 from app.comparison_sentence import phone_time, summarize
-from app.schemas import JobError
+from app.job_schemas import JobError
 
 
 def curve(losses: list[float], step_s: float | None, every: int = 10) -> list[CurvePoint]:

@@ -32,15 +32,16 @@ def test_every_method_side_by_side(plans):
     assert recommendation["knobs"][0].isupper()
 
 
-def test_one_method_recommends_its_own_fastest(plans):
+def test_one_method_recommends_what_its_plan_recommends(plans):
     mezo = plans["plans"]["mezo"]
     view = plan_view(mezo)
     assert list(view["plans"]) == ["mezo"] and view["skipped"] == {}
     assert all(c["method"] == "mezo" for c in view["configurations"])
     recommendation = view["recommendation"]
     assert (recommendation["method"], recommendation["name"]) == ("mezo", "MeZO")
-    assert recommendation["configuration"] == mezo["auto"]
-    assert recommendation["why"].endswith("fits 1024 MB)")
+    assert recommendation["configuration"] == mezo["recommendation"]["configuration"]
+    assert recommendation["why"].startswith("smallest within 3% of the fastest that fits")
+    assert recommendation["why"].endswith("fits 1024 MB")
     assert recommendation["knobs"].startswith("Two forward passes with a seeded perturbation")
     assert "checkpoint" not in recommendation["knobs"]  # MeZO keeps no activations
 
@@ -51,7 +52,7 @@ def test_backprop_is_said_as_one_graph(plans):
 
 
 def test_nothing_fits_means_no_recommendation(plans):
-    mebp = {**plans["plans"]["mebp"], "auto": None}
+    mebp = {**plans["plans"]["mebp"], "auto": None, "recommendation": None}
     assert plan_view(mebp)["recommendation"] is None
 
 

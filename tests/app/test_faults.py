@@ -9,6 +9,7 @@ import time
 
 import pytest
 import torch
+from held_engines import hold_engine, release, storage_of
 from service_harness import (
     FAST_RECOVERY,
     kill_group,
@@ -51,8 +52,9 @@ def test_a_worker_killed_mid_job_is_requeued_and_resumes_from_its_checkpoint(
     first = new_worker()
     dataset = service.upload("rows.jsonl", ROWS)[1]["id"]
     job = service.request("POST", "/v1/jobs", tiny_job(dataset, 40, checkpoint_every=5))[1]
-    service.wait_for(job["id"], lambda j: j["progress"]["step"] >= 12, timeout_s=60)
-    kill_group(first)  # the worker, the horse running the job and the engine, at once
+    engine = hold_engine(storage_of(service), job["id"], 12)
+    kill_group(first)  # the worker and the horse running the job; the engine dies with its horse
+    release(engine)
     new_worker()
     done = service.finished(job["id"], timeout_s=120)
     assert done["status"] == "succeeded" and done["attempts"] == 2, done
@@ -113,8 +115,9 @@ def test_an_unreliable_fleet_round_survives_a_killed_worker_and_leaves_out_who_f
     assert offline[0] is offline[2] is None and 0 < offline[1] < LOCAL_STEPS, offline
 
     doomed = fleet["rounds"][0]["participants"][0]["job_id"]
-    service.wait_for(doomed, lambda j: j["progress"]["step"] >= 8, timeout_s=120)
-    kill_group(first)  # the worker, the horse running device 0's job and its engine
+    engine = hold_engine(storage_of(service), doomed, 8)
+    kill_group(first)  # the worker and the horse running device 0's job; its engine with them
+    release(engine)
     new_worker()
     deadline = time.monotonic() + 300
     while (current := service.request("GET", f"/v1/fleets/{fleet['id']}")[1]["rounds"][0]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from dashboard_harness import chart_traces, open_page, shoot, sign_in
+from dashboard_harness import chart_traces, labels_outside_plot, open_page, shoot, sign_in
 from playwright.sync_api import expect
 from service_harness import Service
 
@@ -145,7 +145,11 @@ def test_the_fleet_page_shows_each_round_and_who_took_part(chromium, finished_fl
     with open_page(chromium, service.url) as page:
         sign_in(page, service.api_key)
         page.goto(f"/fleets/{fleet['id']}")
-        expect(page.locator("#rounds-summary")).to_contain_text("2 of 2 rounds so far")
+        expect(page.locator("#fleet-status")).to_have_text("The fleet is done.")
+        expect(page.locator("#fleet-loss")).to_have_text(
+            f"Global validation loss {fleet['rounds'][-1]['eval_loss']:.4f} (round 1's global "
+            "adapter on the validation set).")
+        expect(page.locator("#rounds-summary")).to_contain_text("2 of 2 rounds, ")
         grid = page.locator("#participation tbody tr[data-device]")
         expect(grid).to_have_count(DEVICES)
         for index in range(DEVICES):
@@ -153,6 +157,7 @@ def test_the_fleet_page_shows_each_round_and_who_took_part(chromium, finished_fl
         expect(page.locator("#participation .round-loss a")).to_have_count(2)  # the adapters
         curve, local, central = chart_traces(page, "round-chart")
         assert curve["x"] == [0, 1]
+        assert round_axis_range(page)[0] > -1
         assert curve["y"] == pytest.approx([r["eval_loss"] for r in fleet["rounds"]])
         references = fleet["references"]
         assert local["name"].startswith("local-only")
@@ -166,7 +171,62 @@ def test_the_fleet_page_shows_each_round_and_who_took_part(chromium, finished_fl
         assert len(devices) == DEVICES
         for device in devices:
             assert device["x"] == [1, 2, None, 3, 4], device
+        assert labels_outside_plot(page, "budget-chart") == []
         shoot(page, f"fleet-{fleet['aggregation']}")
+
+
+def test_a_fleet_page_reads_running_then_cancelled_and_draws_no_empty_chart(
+        chromium, service, cancel_at_end):
+    """While a long job holds the one worker, the fleet just made is running, and its page
+    draws no chart without a point (no axes from -1). Cancelled in round 0, it runs until
+    that round ends, then reads cancelled after 1 of 3 rounds (not "so far"), its header
+    naming round 0's global validation loss."""
+    training = service.upload("notes.jsonl", ROWS)[1]["id"]
+    validation = service.upload("held-out.jsonl", VALIDATION)[1]["id"]
+    status, blocker = service.request("POST", "/v1/jobs", {
+        "model": "preset:tiny", "training_file": training, "device": "pixel-8",
+        "hyperparameters": {"steps": 100_000, "seq_len": 32}})
+    assert status == 201, blocker
+    cancel_at_end(service, blocker["id"])
+    service.wait_for(blocker["id"], lambda job: job["status"] == "running")
+    status, fleet = service.request("POST", "/v1/fleets", {
+        **FLEET, "rounds": 3, "training_file": training, "validation_file": validation})
+    assert status == 201 and fleet["status"] == "running", fleet
+    with open_page(chromium, service.url) as page:
+        sign_in(page, service.api_key)
+        page.goto(f"/fleets/{fleet['id']}")
+        expect(page.locator("#fleet-status")).to_have_text(
+            "The fleet is running: 0 of 3 rounds ended.")
+        expect(page.locator("#fleet-loss")).to_have_text(
+            "No global validation loss: no round is done yet.")
+        for chart in ("round-chart", "loss-chart", "budget-chart"):
+            expect(page.locator(f"#{chart}-note")).to_be_visible()
+        expect(page.locator(".main-svg")).to_have_count(0)  # no axes anywhere
+        shoot(page, "fleet-running")
+
+        assert service.request("POST", f"/v1/fleets/{fleet['id']}/cancel")[0] == 200
+        page.reload()
+        expect(page.locator("#fleet-status")).to_have_text(
+            "The fleet is running: cancel requested, no round starts after round 0.")
+        service.request("POST", f"/v1/jobs/{blocker['id']}/cancel")
+        fleet = service.fleet_when(fleet["id"], lambda f: f["status"] != "running",
+                                   "round 0, in progress at the cancel")
+        assert fleet["status"] == "cancelled", fleet
+        assert [r["status"] for r in fleet["rounds"]] == ["done"]
+        page.reload()
+        expect(page.locator("#fleet-status")).to_have_text(
+            "The fleet is cancelled: after 1 of 3 rounds, keeping round 0's global adapter.")
+        expect(page.locator("#rounds-summary")).to_contain_text("1 of 3 rounds (cancelled), ")
+        expect(page.locator("#fleet-loss")).to_have_text(
+            f"Global validation loss {fleet['rounds'][0]['eval_loss']:.4f} (round 0's global "
+            "adapter on the validation set).")
+        curve, = chart_traces(page, "round-chart")
+        assert curve["x"] == [0] and round_axis_range(page)[0] > -1
+        shoot(page, "fleet-cancelled")
+
+
+def round_axis_range(page) -> list[float]:
+    return page.evaluate("document.getElementById('round-chart')._fullLayout.xaxis.range")
 
 
 @pytest.mark.parametrize(("change", "field", "words"), [

@@ -222,7 +222,7 @@ def test_the_page_of_a_population_shows_its_rounds_summed_up(page, served):
     sign_in(page, served.api_key)
     page.goto(f"/fleets/{fleet['id']}")
     expect(page.locator("#members-note")).to_contain_text(f"first 32 of {POPULATION}")
-    expect(page.locator(".summary").first).to_contain_text(
+    expect(page.locator("#fleet-summary")).to_contain_text(
         "10000 devices (4000 iphone-15, 3000 pixel-8, 3000 android-4gb)")
     expect(page.locator("#device-table tbody tr")).to_have_count(32)
     summaries = page.locator("#round-summaries tbody tr")

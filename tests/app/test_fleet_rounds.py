@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from datetime import datetime
 
+from held_engines import hold_engine, release, storage_of
 from service_harness import Service
 from test_faults import embedded_with_external_workers, kill_group  # noqa: F401 (a fixture)
 
@@ -58,8 +59,9 @@ def test_rounds_walk_each_shard_as_its_local_only_reference_does(
     # a worker dies mid-job in round 1; the job resumes on another from its checkpoint
     fleet = service.fleet_when(fleet["id"], lambda f: len(f["rounds"]) == 2, "round 1 started")
     doomed = fleet["rounds"][1]["participants"][0]["job_id"]
-    service.wait_for(doomed, lambda job: job["progress"]["step"] >= 3)
-    kill_group(first)
+    engine = hold_engine(storage_of(service), doomed, 3)
+    kill_group(first)  # its engine dies with the horse
+    release(engine)
     new_worker()
     fleet = service.fleet_after_rounds(fleet["id"], ROUNDS)
     fleet = service.fleet_when(fleet["id"], lambda f: f["references"]["schedule"] == "done",
@@ -82,6 +84,9 @@ def test_rounds_walk_each_shard_as_its_local_only_reference_does(
             assert job["validation_file"] is None
             metrics = service.request("GET", f"/v1/jobs/{seat['job_id']}/metrics")[1]["data"]
             assert all("val_loss" not in m["data"] for m in metrics)
+            # nor keep checkpoints: a phone's update is its adapter
+            assert service.request("GET", f"/v1/jobs/{seat['job_id']}/checkpoints")[1][
+                "data"] == []
     assert all(r["eval_loss"] is not None for r in fleet["rounds"])  # the global adapters are
 
     # the references waited behind the rounds' jobs: none started before round 1's first

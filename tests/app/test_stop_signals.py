@@ -17,11 +17,18 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 
 import httpx
-import psutil
 import pytest
+from held_engines import hold_engine, release_once_asked_to_stop
+from process_trees import (
+    STOP_BOUND_S,
+    describe,
+    kill_tree,
+    killed_after,
+    process_tree,
+    wait_until_exited,
+)
 from service_harness import (
     API_KEY,
     REDIS_TEST_URL,
@@ -38,8 +45,8 @@ from sqlmodel import Session
 from service.db import database_url, make_engine
 from service.models import Job
 from service.storage import job_dir
+from worker.engine_zygote import ENGINE_NAME
 
-STOP_BOUND_S = 10.0
 STEPS = 40
 ROWS = b"".join(json.dumps({"text": f"stop row {i}"}).encode() + b"\n" for i in range(16))
 
@@ -88,39 +95,6 @@ class StreamFollower(threading.Thread):
             self.ended.set()
 
 
-def process_tree(pid: int) -> list[psutil.Process]:
-    root = psutil.Process(pid)
-    return [root, *root.children(recursive=True)]
-
-
-def alive(process: psutil.Process) -> bool:
-    try:  # is_running also tells a reused pid from the process
-        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
-def describe(processes: list[psutil.Process]) -> list[str]:
-    described = []
-    for process in processes:
-        try:
-            described.append(f"{process.pid} {' '.join(process.cmdline())[:120]}")
-        except psutil.Error:
-            described.append(f"{process.pid} (gone)")
-    return described
-
-
-@contextmanager
-def killed_after(processes: list[psutil.Process]) -> Iterator[None]:
-    """Whatever the test finds, no process it signalled outlives it."""
-    try:
-        yield
-    finally:
-        for process in processes:
-            if alive(process):
-                process.kill()
-
-
 def job_row(url: str, job_id: str) -> Job:
     engine = make_engine(url)
     try:
@@ -148,11 +122,18 @@ def test_a_stop_signal_stops_the_service_and_gives_the_running_job_back(
                                                            checkpoint_every=1))[1]
         stream = StreamFollower(service, job["id"])
         stream.start()
+        directory = job_dir(tmp_path / "data" / "storage", job["id"])
+        engine = hold_engine(tmp_path / "data" / "storage", job["id"], 2)
+        processes = process_tree(service.process.pid)
         assert stream.following.wait(120), f"no metric streamed: {stream.error}\n" \
                                            f"{service.output.read_text()[-3000:]}"
-        processes = process_tree(service.process.pid)
-        assert any("worker.child" in line for line in describe(processes)), \
-            describe(processes)  # the job's engine is running
+        # the job's engine is the service's (forked from the worker's zygote, or started)
+        assert engine in processes and (ENGINE_NAME.decode() in engine.name()
+                                        or "worker.child" in engine.cmdline()), \
+            describe(processes)
+    except BaseException:
+        kill_tree(service.process.pid)  # a held engine, a job running: none outlives the test
+        raise
     finally:
         service.client.close()
 
@@ -163,18 +144,16 @@ def test_a_stop_signal_stops_the_service_and_gives_the_running_job_back(
         else:
             os.killpg(service.process.pid, number)  # its own session: the group is its pid
         deadline = signalled + STOP_BOUND_S
-        poll_until(lambda: [process for process in processes if alive(process)],
-                   lambda left: not left, deadline - time.monotonic(),
-                   lambda left: f"{len(left)} processes alive {STOP_BOUND_S:.0f} s after "
-                                f"{number.name}: {describe(left)}\n"
-                                f"{service.output.read_text()[-3000:]}", interval_s=0.1)
+        release_once_asked_to_stop(engine, deadline - time.monotonic())
+        wait_until_exited(processes, deadline - time.monotonic(), number.name,
+                          service.output)
     service.process.wait(timeout=5)
     assert stream.ended.wait(max(0.0, deadline - time.monotonic()) + 1), \
         "the event stream outlived the service"
     assert "end" not in stream.kinds  # ended by the stop, not by the job's end
 
     row = job_row(url, job["id"])
-    state = job_dir(tmp_path / "data" / "storage", job["id"]) / "checkpoint" / "state.json"
+    state = directory / "checkpoint" / "state.json"
     assert row.status == "queued", (row.status, row.error_message)
     saved = json.loads(state.read_text())["step"] if state.is_file() else None
     assert saved is not None and saved >= max(stream.steps) - 1, (saved, stream.steps)
@@ -209,14 +188,14 @@ def test_a_worker_alone_gives_its_job_back_on_sigterm(tmp_path, model_cache):
         dataset = service.upload("rows.jsonl", ROWS)[1]["id"]
         job = service.request("POST", "/v1/jobs", tiny_job(dataset, STEPS,
                                                            checkpoint_every=1))[1]
+        engine = hold_engine(tmp_path / "data" / "storage", job["id"], 2)
         running = service.wait_for(job["id"], lambda j: j["progress"]["step"] >= 2, 300)
         processes = process_tree(worker.pid)
         with killed_after(processes):
             worker.send_signal(signal.SIGTERM)
-            poll_until(lambda: [process for process in processes if alive(process)],
-                       lambda left: not left, STOP_BOUND_S,
-                       lambda left: f"{len(left)} processes alive {STOP_BOUND_S:.0f} s after "
-                                    f"SIGTERM: {describe(left)}", interval_s=0.1)
+            deadline = time.monotonic() + STOP_BOUND_S
+            release_once_asked_to_stop(engine, STOP_BOUND_S)
+            wait_until_exited(processes, deadline - time.monotonic(), "SIGTERM")
         stopped = service.request("GET", f"/v1/jobs/{job['id']}")[1]
         assert stopped["status"] == "queued", stopped
         assert stopped["progress"]["step"] >= running["progress"]["step"]
@@ -255,11 +234,7 @@ def test_a_stop_signal_while_the_model_is_packed_gives_the_job_back(tmp_path,
 
     with killed_after(processes):
         os.kill(service.process.pid, signal.SIGTERM)
-        poll_until(lambda: [process for process in processes if alive(process)],
-                   lambda left: not left, STOP_BOUND_S,
-                   lambda left: f"{len(left)} processes alive {STOP_BOUND_S:.0f} s after "
-                                f"SIGTERM during packing: {describe(left)}\n"
-                                f"{service.output.read_text()[-3000:]}", interval_s=0.1)
+        wait_until_exited(processes, STOP_BOUND_S, "SIGTERM during packing", service.output)
     row = job_row(database_url(None, tmp_path / "data"), job["id"])
     assert row.status == "queued", (row.status, row.error_message)
     assert [path.name for path in cache.iterdir() if path.name.endswith(".tmp")] == []

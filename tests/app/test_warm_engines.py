@@ -1,5 +1,6 @@
 """A worker starts each job's engine before the job: the job's cap is set on an engine that
-has already started its interpreter and imported torch (``worker.warm_engine``)."""
+its worker forked from a zygote that had imported torch (``worker.warm_engine``,
+``worker.engine_zygote``)."""
 
 from __future__ import annotations
 
@@ -19,3 +20,4 @@ def test_each_job_runs_in_an_engine_its_worker_started_before_the_job(service):
         capped = [event["data"] for event in service.job_events(job["id"])
                   if event["message"].startswith("engine running under")]
         assert len(capped) == 1 and capped[0]["engine_started_ahead"] is True, capped
+        assert capped[0]["engine_forked"] is True, capped  # from the worker's zygote

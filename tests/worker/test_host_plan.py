@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from database_rows import database_with_dataset
 from sqlmodel import Session, select
 
 from mebp_core.config import EngineKnobs, TrainConfig
@@ -19,9 +20,8 @@ from mebp_core.plan.on_host import plan_on_host, plan_summary
 from mebp_core.plan.planner import knobs_id
 from mebp_core.plan.summary import PlanSummary
 from mebp_core.units import MB
-from service.db import database_url, make_engine, upgrade_database
 from service.job_plan import UnplannedJob
-from service.models import Dataset, Event, Job
+from service.models import Event, Job
 from service.settings import Settings
 from worker.host_plan import plan_on_this_worker
 
@@ -31,13 +31,8 @@ BUDGET = 400 * MB
 
 @pytest.fixture
 def session(tmp_path):
-    url = database_url(None, tmp_path)
-    upgrade_database(url)
-    engine = make_engine(url)
+    engine = database_with_dataset(tmp_path, rows=1)
     with Session(engine) as session:
-        session.add(Dataset(id="d1", tenant="t", filename="d.jsonl", path="/dev/null", bytes=0,
-                            rows=1, sha256="0" * 64))
-        session.commit()
         yield session
     engine.dispose()
 

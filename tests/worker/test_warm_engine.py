@@ -1,7 +1,8 @@
-"""An engine started ahead of its job (``worker.warm_engine``) on this machine's real kernel:
-the job's cap takes its limit before the job is sent, the imports are charged to the job as
-in an engine started for it, a horse that did not start the engine still reads how it
-ended, and an engine dies with the horse it was handed to."""
+"""An engine started ahead of its job (``worker.warm_engine``) on this machine's real kernel,
+forked from a zygote or started as an interpreter of its own: the job's cap takes its limit
+before the job is sent, the imports are charged to the job as in an engine started for it, a
+horse that did not start the engine still reads how it ended, and an engine dies with the
+horse it was handed to."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from mebp_core.config import TrainConfig
 from mebp_core.store.resolve import resolve_model
 from mebp_core.units import MB
 from worker.engine_files import EngineFinished, EngineRequest, read_result, write_request
+from worker.engine_zygote import Zygote
 from worker.memory_cap import (
     LimitRefused,
     open_memory_cap,
@@ -47,6 +49,22 @@ def job_dir(root: Path, cache: Path, steps: int, rows: bytes | None = None) -> P
     return directory
 
 
+@pytest.fixture(scope="module")
+def zygote(warm_cache):
+    zygote = Zygote.start(warm_cache)
+    yield zygote
+    zygote.close()
+
+
+@pytest.fixture(params=["forked", "started"])
+def new_engine(request, warm_cache):
+    """An engine waiting for its job, forked from the zygote or started for itself."""
+    if request.param == "forked":
+        zygote = request.getfixturevalue("zygote")
+        return lambda: EngineProcess.fork(zygote, "auto")
+    return lambda: EngineProcess.start("auto", warm_cache)
+
+
 @pytest.fixture
 def cap_name() -> str:
     """The name an attempt's cap takes (where the kernel renames groups: cgroup v1); the
@@ -57,10 +75,10 @@ def cap_name() -> str:
     remove_stale_caps(job)
 
 
-def test_an_engine_started_ahead_runs_its_job_under_the_limit_it_is_given(tmp_path,
-                                                                         warm_cache, cap_name):
+def test_an_engine_started_ahead_runs_its_job_under_the_limit_it_is_given(
+        tmp_path, warm_cache, cap_name, new_engine):
     directory = job_dir(tmp_path, warm_cache, steps=3)
-    engine = EngineProcess.start("auto", warm_cache)
+    engine = new_engine()
     try:
         assert engine.cap.limit_bytes is None and engine.waiting
         waiting_name = engine.cap.path.name
@@ -94,10 +112,10 @@ def test_an_engine_started_ahead_runs_its_job_under_the_limit_it_is_given(tmp_pa
     assert warm.peak_mb == pytest.approx(cold.peak_mb, rel=0.1), (warm, cold)
 
 
-def test_a_limit_below_what_the_engine_needs_ends_it_before_its_job_runs(tmp_path,
-                                                                        warm_cache, cap_name):
+def test_a_limit_below_what_the_engine_needs_ends_it_before_its_job_runs(
+        tmp_path, warm_cache, cap_name, new_engine):
     directory = job_dir(tmp_path, warm_cache, steps=3)
-    engine = EngineProcess.start("auto", warm_cache)
+    engine = new_engine()
     try:
         try:
             engine.assign(directory, cap_name, 24 * MB)
@@ -129,9 +147,9 @@ def run_as_horse(engine: EngineProcess, directory: Path, name: str, results,
 @pytest.mark.parametrize(("rows", "code"), [(None, 0), (b"{not json\n", 1)],
                          ids=["succeeded", "failed"])
 def test_a_horse_reads_how_an_engine_it_did_not_start_ended(tmp_path, warm_cache, cap_name,
-                                                           rows, code):
+                                                           new_engine, rows, code):
     directory = job_dir(tmp_path, warm_cache, steps=2, rows=rows)
-    engine = EngineProcess.start("auto", warm_cache)
+    engine = new_engine()
     fork = multiprocessing.get_context("fork")
     results = fork.Queue()
     try:
@@ -146,9 +164,10 @@ def test_a_horse_reads_how_an_engine_it_did_not_start_ended(tmp_path, warm_cache
         engine.discard()
 
 
-def test_an_engine_dies_with_the_horse_it_was_handed_to(tmp_path, warm_cache, cap_name):
+def test_an_engine_dies_with_the_horse_it_was_handed_to(tmp_path, warm_cache, cap_name,
+                                                       new_engine):
     directory = job_dir(tmp_path, warm_cache, steps=100_000)
-    engine = EngineProcess.start("auto", warm_cache)
+    engine = new_engine()
     fork = multiprocessing.get_context("fork")
     try:
         horse = fork.Process(target=run_as_horse,
@@ -158,5 +177,25 @@ def test_an_engine_dies_with_the_horse_it_was_handed_to(tmp_path, warm_cache, ca
         assert horse.exitcode == 0
         assert engine.wait(HANG_GUARD_S) == -signal.SIGKILL
         assert read_result(directory) is None
+    finally:
+        engine.discard()
+
+
+def test_an_engine_with_a_job_outlives_the_zygote_it_was_forked_from(tmp_path, warm_cache,
+                                                                    cap_name):
+    directory = job_dir(tmp_path, warm_cache, steps=3)
+    zygote = Zygote.start(warm_cache)
+    engine = EngineProcess.fork(zygote, "auto")
+    try:
+        # a stop signalled to the whole service (systemd signals every process of the unit)
+        # is the worker's to act on: the zygote ignores it
+        os.kill(zygote.popen.pid, signal.SIGTERM)
+        engine.assign(directory, cap_name, 900 * MB)
+        assert zygote.popen.poll() is None
+        zygote.close()  # ended all the same (the host's OOM killer, say): the job goes on
+        engine.wait_exit(HANG_GUARD_S)
+        finished = read_result(directory)
+        assert isinstance(finished, EngineFinished) and finished.steps == 3, \
+            (directory / "engine.log").read_text()
     finally:
         engine.discard()

@@ -10,11 +10,11 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, col, select
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
+from app.common_schemas import ErrorMessage
 from app.comparison_schemas import ComparisonCreate, ComparisonPublic, ComparisonsPublic
 from app.comparison_submit import find_by_idempotency_key, submit_comparison
 from app.comparison_view import comparison_public
 from app.keys import Principal
-from app.schemas import ErrorMessage
 from service.crud import TERMINAL, request_cancel
 from service.models import Comparison, Job
 

@@ -3,19 +3,23 @@ after the key is checked, and kept once whole and valid."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
 from fastapi import APIRouter, HTTPException, Request, status
 from fastapi.concurrency import run_in_threadpool
 from python_multipart.exceptions import MultipartParseError
-from sqlalchemy import Engine
+from sqlalchemy import Engine, or_
 from sqlmodel import Session, select
 from starlette.requests import ClientDisconnect
 
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.multipart import MultipartField, batched
+from app.dataset_schemas import DatasetPublic, DatasetsPublic
 from app.keys import Principal
-from app.schemas import DatasetPublic, DatasetsPublic
 from app.uploads import CHUNK_BYTES, DatasetUpload
-from service.models import Dataset
+from service.models import Dataset, Fleet, Job
+from service.settings import Settings
 
 router = APIRouter(prefix="/datasets", tags=["datasets"])
 # routes whose body is a dataset upload: create_app includes them with the upload limit
@@ -36,10 +40,21 @@ async def upload_dataset(request: Request, session: SessionDep, settings: Settin
                          principal: PrincipalDep) -> Dataset:
     """Upload a JSONL file (multipart field ``file``): rows of ``{"text"}``,
     ``{"prompt", "completion"}``, ``{"messages"}`` or ``{"input_ids"[, "labels"]}``."""
+    return await receive_dataset(request, session, settings, principal)
+
+
+async def receive_dataset(request: Request, session: Session, settings: Settings,
+                          principal: Principal, *,
+                          text_checks: Mapping[str, Callable[[str | None], None]] = {}
+                          ) -> Dataset:
+    """The multipart body's ``file``, checked and kept as the principal's dataset; each
+    text field named in ``text_checks`` is given to its check (None if absent) before
+    anything is kept."""
     # the key is checked: hold no connection (nor a request's session slot) while it streams
     await run_in_threadpool(session.close)
     with DatasetUpload(settings) as upload:
-        form = MultipartField(request.headers.get("content-type", ""), "file", upload.start)
+        form = MultipartField(request.headers.get("content-type", ""), "file", upload.start,
+                              tuple(text_checks))
         try:
             async for batch in batched(request.stream(), CHUNK_BYTES):
                 await run_in_threadpool(form.write, batch)
@@ -50,6 +65,8 @@ async def upload_dataset(request: Request, session: SessionDep, settings: Settin
         except ClientDisconnect:
             raise HTTPException(status.HTTP_400_BAD_REQUEST,
                                 "the body ended early: the client went away") from None
+        for name, check in text_checks.items():
+            check(form.values.get(name))
         async with request.app.state.session_slots.hold():
             return await run_in_threadpool(_keep, upload, request.app.state.engine,
                                            principal.tenant)
@@ -71,6 +88,37 @@ def list_datasets(session: SessionDep, principal: PrincipalDep) -> DatasetsPubli
 @router.get("/{dataset_id}", response_model=DatasetPublic)
 def read_dataset(dataset_id: str, session: SessionDep, principal: PrincipalDep) -> Dataset:
     return get_dataset_or_404(session, dataset_id, principal)
+
+
+@router.delete("/{dataset_id}", status_code=status.HTTP_204_NO_CONTENT)
+def delete_dataset(dataset_id: str, session: SessionDep, principal: PrincipalDep) -> None:
+    """Refused (409) while a job or a fleet's shard refers to it."""
+    remove_dataset(session, get_dataset_or_404(session, dataset_id, principal))
+
+
+def remove_dataset(session: Session, dataset: Dataset) -> None:
+    """Forget ``dataset`` and remove its file; a 409 naming what still refers to it."""
+    user = dataset_user(session, dataset)
+    if user is not None:
+        raise HTTPException(status.HTTP_409_CONFLICT, f"dataset {dataset.id} is in use by "
+                            f"{user}")
+    session.delete(dataset)
+    session.commit()
+    Path(dataset.path).unlink(missing_ok=True)  # after the commit: a failed one keeps it
+
+
+def dataset_user(session: Session, dataset: Dataset) -> str | None:
+    """A job, shard or fleet that refers to ``dataset`` (a fleet by its request's JSON)."""
+    job = session.exec(select(Job.id).where(or_(Job.training_file == dataset.id,
+                                                Job.validation_file == dataset.id))).first()
+    if job is not None:
+        return f"job {job}"
+    shard = session.exec(select(Dataset.id).where(Dataset.source_id == dataset.id)).first()
+    if shard is not None:
+        return f"shard {shard}"
+    fleets = session.exec(select(Fleet).where(Fleet.tenant == dataset.tenant)).all()
+    return next((f"fleet {fleet.id}" for fleet in fleets if dataset.id in (
+        fleet.spec.request.training_file, fleet.spec.request.validation_file)), None)
 
 
 def get_dataset_or_404(session: Session, dataset_id: str, principal: Principal) -> Dataset:

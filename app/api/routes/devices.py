@@ -6,7 +6,7 @@ from __future__ import annotations
 from fastapi import APIRouter, HTTPException, status
 
 from app.api.deps import AdminDep, SessionDep
-from app.schemas import DeviceCreate, DevicePublic, DevicesPublic
+from app.device_schemas import DeviceCreate, DevicePublic, DevicesPublic
 from service.devices import all_devices, find_device, profile_of
 from service.models import Device
 

@@ -13,6 +13,7 @@ from sqlmodel import Session, select
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.errors import invalid
 from app.api.routes.adapters import AdapterFormat, FormatQuery, adapter_download
+from app.api.url_guard import check_webhook_url
 from app.fleet_members import (
     JOB_FIELDS,
     check_devices,
@@ -23,12 +24,13 @@ from app.fleet_members import (
 )
 from app.fleet_schemas import DataSplit, FleetCreate, FleetPublic, FleetsPublic
 from app.fleet_summary import fleet_public
-from app.schemas import JobCreate
+from app.job_schemas import JobCreate
 from app.submit import check_references, lock_queue, require_queue, require_queue_room
 from mebp_core.federated.split import SplitError
 from mebp_core.plan.arch import Architecture
 from mebp_core.store.resolve import source_config
 from service.crud import TERMINAL, request_cancel
+from service.federation import rounds_of
 from service.fleet_shards import (
     CANCELLED,
     FAILED,
@@ -59,12 +61,14 @@ def create_fleet(body: FleetCreate, request: Request, response: Response, sessio
     ``allow_infeasible``); the fleet says which fit and why the others do not. A federated
     fleet queues its first round; each round's end starts the next. A training file too
     large to split within the request is split by a worker: a 202, the fleet preparing."""
+    check_webhook_url(body.webhook_url, request, settings)
     devices = check_devices(session, body)
     check_population(body)
     check_round_settings(body, devices)
     source, arch = _source(session, body, principal.tenant, devices)
     require_queue(request.app.state.redis)
-    stored = FleetRequest.model_validate(body.model_dump(mode="json"))
+    stored = FleetRequest.model_validate(body.model_dump(mode="json",
+                                                         exclude={"webhook_url"}))
     members, population = plan_members(session, settings, body, source, arch)  # once a profile
     spec = FleetSpec(request=stored, members=members, population=population)
     seats = seats_needed(body, spec)
@@ -74,7 +78,8 @@ def create_fleet(body: FleetCreate, request: Request, response: Response, sessio
     deal = body.shards_data and seats > 0
     on_worker = deal and not splits_in_request(source, settings)
     fleet = Fleet(id=new_id("fleet"), tenant=principal.tenant, model=body.model, spec=spec,
-                  status=PREPARING if on_worker else READY, reserved_jobs=seats)
+                  status=PREPARING if on_worker else READY, reserved_jobs=seats,
+                  webhook_url=None if body.webhook_url is None else str(body.webhook_url))
     shards = _deal(settings, source, fleet, body) if deal and not on_worker else None
     try:
         lock_queue(session, principal.tenant)
@@ -157,17 +162,21 @@ def read_fleet_or_404(session: Session, fleet_id: str, principal) -> Fleet:
 @router.post("/{fleet_id}/cancel", response_model=FleetPublic)
 def cancel_fleet(fleet_id: str, session: SessionDep, principal: PrincipalDep) -> FleetPublic:
     """A federated fleet stops after the round in progress and keeps its last global
-    adapter; the round's jobs run to their end. Its references that have not ended are
-    cancelled. A preparing fleet ends cancelled before its jobs are made."""
+    adapter; the round's jobs run to their end. Its other jobs that have not ended (a
+    federated fleet's references, every job of a fleet without rounds) are cancelled. A
+    preparing fleet ends cancelled before its jobs are made."""
     fleet = read_fleet_or_404(session, fleet_id, principal)
     fleet.cancel_requested = True
     fleet.reserved_jobs = 0  # no later round, nor its preparation, will queue jobs
     if fleet.status == PREPARING:
         fleet.status = CANCELLED
     session.add(fleet)
-    for reference in fleet.spec.references or []:
-        if session.get(Job, reference.job_id).status not in TERMINAL:
-            request_cancel(session, reference.job_id)
+    round_jobs = {seat.job_id for current in rounds_of(session, fleet.id)
+                  for seat in current.participants}
+    for job_id, job_status in session.exec(select(Job.id, Job.status)
+                                           .where(Job.fleet_id == fleet.id)).all():
+        if job_status not in TERMINAL and job_id not in round_jobs:
+            request_cancel(session, job_id)
     session.commit()
     return fleet_public(session, fleet)
 
@@ -188,4 +197,5 @@ def download_round_adapter(fleet_id: str, index: RoundIndex, session: SessionDep
                             f"fleet {fleet_id} has no global adapter for round {index} ({state})")
     base_config = source_config(model_source(session, fleet.model))
     return adapter_download(session, round_adapter_dir(settings.storage_root, fleet.id, index),
-                            format, base_config, f"{fleet_id}-round-{index}")
+                            format, base_config, f"{fleet_id}-round-{index}",
+                            gone=f"fleet {fleet_id}'s round {index} adapter is no longer stored")

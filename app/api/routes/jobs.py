@@ -12,10 +12,9 @@ from starlette.concurrency import run_in_threadpool
 from app.api.deps import PrincipalDep, SessionDep, SettingsDep
 from app.api.events import open_event_stream
 from app.api.paging import DEFAULT_ROWS, Limit, after_query, page_of
-from app.job_view import job_public
-from app.keys import Principal
-from app.schemas import (
-    ErrorMessage,
+from app.api.url_guard import check_webhook_url
+from app.common_schemas import ErrorMessage
+from app.job_schemas import (
     EventPublic,
     JobCreate,
     JobPublic,
@@ -24,6 +23,8 @@ from app.schemas import (
     MetricPublic,
     MetricsPublic,
 )
+from app.job_view import job_public
+from app.keys import Principal
 from app.submit import body_sha256, submit_job
 from service.crud import (
     TERMINAL,
@@ -49,6 +50,7 @@ def create_job(body: JobCreate, request: Request, response: Response, session: S
                = None) -> JobPublic:
     """``Idempotency-Key``: a repeat with the same key and body answers the job the first one
     made; the same key with another body is a 409."""
+    check_webhook_url(body.webhook_url, request, settings)
     if idempotency_key is not None:
         existing = find_by_idempotency_key(session, principal.tenant, idempotency_key, body)
         if existing is not None:
@@ -103,13 +105,18 @@ def read_job(job_id: str, session: SessionDep, principal: PrincipalDep) -> JobPu
 def cancel_job(job_id: str, session: SessionDep, principal: PrincipalDep) -> JobPublic:
     """A queued job is cancelled at once; a running one stops after its current step and
     keeps the adapter trained so far."""
-    job = get_job_or_404(session, job_id, principal)
+    job = cancel_or_409(session, get_job_or_404(session, job_id, principal))
+    return job_public(job, latest_adapter(session, job.id))
+
+
+def cancel_or_409(session: Session, job: Job) -> Job:
+    """``job``, cancelled or asked to stop (``request_cancel``); a 409 once it has ended."""
     if job.status in TERMINAL:
-        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job_id} is already {job.status}")
-    request_cancel(session, job_id)
+        raise HTTPException(status.HTTP_409_CONFLICT, f"job {job.id} is already {job.status}")
+    request_cancel(session, job.id)
     session.commit()
     session.refresh(job)
-    return job_public(job, latest_adapter(session, job.id))
+    return job
 
 
 @router.get("/{job_id}/events", response_model=list[EventPublic],

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, get_args
 
 from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import FileResponse, Response
@@ -12,15 +12,25 @@ from app.api.base_downloads import (
     base_request_or_error,
     exporting_response,
     file_response,
+    model_or_error,
     start_export,
 )
 from app.api.deps import AdminDep, BearerCredentials, PrincipalDep, SessionDep, SettingsDep
 from app.api.errors import invalid
 from app.api.model_lookup import confined_model_path_or_422
-from app.schemas import BaseExporting, ModelCreate, ModelPublic, ModelsPublic
+from app.base_formats import list_base_exports
+from app.model_schemas import (
+    BaseExporting,
+    BaseExportsPublic,
+    ModelCreate,
+    ModelPublic,
+    ModelsPublic,
+)
+from app.openai_view import unix_seconds
 from mebp_core.config import GroupSize, Quant, TrainConfig
+from mebp_core.errors import MebpError
 from mebp_core.plan.arch import PlanInputError, load_architecture
-from mebp_core.store.export_base import BASE_DTYPES
+from mebp_core.store.export_base_common import BASE_DTYPES, GGUF_QUANTS, BaseFormat
 from mebp_core.store.preset_configs import PRESET_CONFIGS, SHIPPED_PRESETS
 from service.models import RegisteredModel
 from service.registry import PRESET
@@ -30,17 +40,33 @@ router = APIRouter(prefix="/models", tags=["models"])
 
 @router.get("", response_model=ModelsPublic)
 def list_models(session: SessionDep) -> ModelsPublic:
-    models = []
-    for name in sorted(PRESET_CONFIGS):
-        arch = load_architecture(PRESET + name)
-        models.append(ModelPublic(name=PRESET + name, source="preset",
-                                  model_type=arch.model_type,
-                                  parameters=arch.parameter_count(),
-                                  pretrained=name in SHIPPED_PRESETS))
-    for row in session.exec(select(RegisteredModel).order_by(RegisteredModel.name)):
-        models.append(ModelPublic(name=row.name, source="registered", model_type=row.model_type,
-                                  parameters=row.parameters, pretrained=None))
+    models = [preset_public(name) for name in sorted(PRESET_CONFIGS)]
+    models += [registered_public(row) for row in
+               session.exec(select(RegisteredModel).order_by(RegisteredModel.name))]
     return ModelsPublic(data=models, count=len(models))
+
+
+@router.get("/{name}", response_model=ModelPublic)
+def read_model(name: str, session: SessionDep) -> ModelPublic:
+    if name.startswith(PRESET) and name.removeprefix(PRESET) in PRESET_CONFIGS:
+        return preset_public(name.removeprefix(PRESET))
+    row = session.get(RegisteredModel, name)
+    if row is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no model {name!r}")
+    return registered_public(row)
+
+
+def preset_public(name: str) -> ModelPublic:
+    arch = load_architecture(PRESET + name)
+    return ModelPublic(id=PRESET + name, name=PRESET + name, created=0, source="preset",
+                       model_type=arch.model_type, parameters=arch.parameter_count(),
+                       pretrained=name in SHIPPED_PRESETS)
+
+
+def registered_public(row: RegisteredModel) -> ModelPublic:
+    return ModelPublic(id=row.name, name=row.name, created=unix_seconds(row.created_at),
+                       source="registered", model_type=row.model_type,
+                       parameters=row.parameters, pretrained=None)
 
 
 @router.post("", response_model=ModelPublic, status_code=status.HTTP_201_CREATED)
@@ -58,18 +84,41 @@ def register_model(body: ModelCreate, session: SessionDep, settings: SettingsDep
                           parameters=arch.parameter_count())
     session.add(row)
     session.commit()
-    return ModelPublic(name=row.name, source="registered", model_type=row.model_type,
-                       parameters=row.parameters, pretrained=None)
+    return registered_public(row)
 
 
 _DEFAULTS = TrainConfig.model_fields
-BaseFormatQuery = Annotated[Literal["hf", "gguf"], Query(
+BaseFormatQuery = Annotated[BaseFormat, Query(
     description="hf: a Hugging Face directory, zipped under the folder name the adapters "
-                "give their base; gguf: one llama.cpp file")]
-QuantQuery = Annotated[Quant, Query(
-    description="the storage the job trained against (its config's quant)")]
+                "give their base; gguf: one llama.cpp file; mlx: the packed int4/int8 "
+                "weights as MLX quantized ones (mlx_lm.load), zipped")]
+QuantQuery = Annotated[Literal[get_args(Quant) + GGUF_QUANTS], Query(
+    description="the storage the job trained against (its config's quant: none, int8, "
+                "int4); with format=gguf, q4_1 (that int4 store exactly, in llama.cpp's "
+                "blocks) or q8_0 (an 8-bit approximation of it)")]
+StoreQuantQuery = Annotated[Quant, Query(description="the job config's quant")]
 GroupSizeQuery = Annotated[GroupSize, Query(description="the job config's group_size")]
-DtypeQuery = Annotated[Literal[BASE_DTYPES], Query(description="the weights' dtype")]
+DtypeQuery = Annotated[Literal[BASE_DTYPES], Query(
+    description="the weights' dtype; mlx: its scales' and biases' (float32: exact)")]
+
+
+@router.get("/{name}/base/formats", response_model=BaseExportsPublic)
+def list_base_formats(name: str, request: Request, session: SessionDep, settings: SettingsDep,
+                      _: PrincipalDep, quant: StoreQuantQuery = _DEFAULTS["quant"].default,
+                      group_size: GroupSizeQuery = _DEFAULTS["group_size"].default
+                      ) -> BaseExportsPublic:
+    """The exports of the base a job stored ``quant`` / ``group_size`` trained against, each
+    with its size: the weights' bytes predicted from the model's shapes, and the made file's
+    once kept (``status`` kept, exporting on a worker, or not_exported); ``url`` downloads
+    it (or starts its export, with the API key)."""
+    source, config = model_or_error(session, settings, name)
+    session.close()  # what follows reads headers, files and Redis only
+    try:
+        listed = list_base_exports(request.app.state.base_exports, name, source, config,
+                                   quant=quant, group_size=group_size)
+    except MebpError as exc:  # a registered directory's weights changed since
+        raise invalid("name", str(exc), name, where="path") from None
+    return BaseExportsPublic(data=listed, count=len(listed))
 
 
 @router.get("/{name}/base", response_class=FileResponse,
@@ -87,7 +136,8 @@ def download_base(name: str, request: Request, session: SessionDep, settings: Se
                   group_size: GroupSizeQuery = _DEFAULTS["group_size"].default,
                   dtype: DtypeQuery = "float32") -> Response:
     """The base model a job's adapter applies to: the packed weights it was trained against,
-    dequantized. A request with an API key starts its export (minutes for a large model;
+    dequantized (hf, gguf) or as they are (mlx, gguf with quant=q4_1). A request with an API
+    key queues its export on the workers (minutes for a large model;
     MEBP_MAX_BASE_EXPORTS_PER_TENANT_PER_HOUR per tenant) and is answered 202; once made,
     it is kept (within MEBP_MAX_BASE_CACHE_BYTES) and served to the key and to the signed-in
     dashboard, whose own job page starts exports with a form."""
@@ -104,7 +154,7 @@ def download_base(name: str, request: Request, session: SessionDep, settings: Se
         start_export(request, principal, base)
     elif not exports.exporting(base):
         raise HTTPException(status.HTTP_409_CONFLICT, (
-            f"the base of {name!r} ({format}, {dtype}, {quant}, group_size {group_size}) is "
+            f"the base of {name!r} ({format}, {base.variant}, {quant}, group_size {group_size}) is "
             "not exported yet; a signed-in browser only downloads made ones: start its "
             "export from the job's page, or ask with the API key (Authorization: Bearer)"))
     return exporting_response(name, base)

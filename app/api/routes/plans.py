@@ -14,8 +14,8 @@ from sqlmodel import Session
 from app.api.deps import SessionDep, SettingsDep
 from app.api.errors import invalid, invalid_from
 from app.api.model_lookup import model_architecture_or_422
+from app.plan_schemas import MethodPlansPublic, PlanCreate, PlanPublic
 from app.planning import device_or_422
-from app.schemas import MethodPlansPublic, PlanCreate, PlanPublic
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.plan.arch import PlanInputError
 from mebp_core.plan.methods import METHODS, MethodSettingError, plan_methods_on_host
@@ -58,5 +58,5 @@ def plan_for(body: PlanCreate, settings: Settings, session: Session, where: str)
     except PlanInputError as exc:
         raise invalid("seq_len", str(exc), body.seq_len, where=where) from None
     if body.method == "all":
-        return MethodPlansPublic(**plans.to_json())
-    return PlanPublic(**plans.plans[body.method].to_json())
+        return MethodPlansPublic(**plans.to_json(body.time_tolerance))
+    return PlanPublic(**plans.plans[body.method].to_json(body.time_tolerance))

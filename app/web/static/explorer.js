@@ -14,9 +14,10 @@
   built.forEach((b, i) => draw(i === 0 ? "tradeoff-chart" : `tradeoff-chart-${i + 1}`, b,
                                peaks, times));
 
-  // a log axis over the values with a little room, ticked at 1, 2 and 5 times powers of ten
-  // (at every digit when the values span too little for two of those)
-  function logAxis(values, label) {
+  // a log axis over the values with a little room, ticked at 1, 2 and 5 times powers of ten,
+  // or at more digits where that gives fewer than minTicks labels, or else at minTicks + 1
+  // even steps (two significant figures)
+  function logAxis(values, label, minTicks) {
     const low = Math.min(...values) / 1.3, high = Math.max(...values) * 1.3;
     const ticksAt = (multiples) => {
       const ticks = [];
@@ -28,8 +29,14 @@
       }
       return ticks;
     };
-    let ticks = ticksAt([1, 2, 5]);
-    if (ticks.length < 2) ticks = ticksAt([1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9]);
+    const denser = [[1, 2, 5], [1, 2, 3, 5, 7], [1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9],
+                    [1, 1.25, 1.5, 1.75, 2, 2.5, 3, 3.5, 4, 4.5, 5, 6, 7, 8, 9]];
+    let ticks = denser.map(ticksAt).find((t) => t.length >= (minTicks || 2));
+    if (!ticks) {
+      const [a, b] = [Math.log10(low), Math.log10(high)], n = (minTicks || 2) + 1;
+      ticks = [...new Set(Array.from({length: n}, (_, i) =>
+        Number((10 ** (a + (b - a) * (i + 0.5) / n)).toPrecision(2))))];
+    }
     return {range: [Math.log10(low), Math.log10(high)], tickvals: ticks,
             ticktext: ticks.map(label)};
   }
@@ -135,13 +142,22 @@
     const plan = b.plan;
     // on a log axis Plotly places shapes at data values but annotations in log10 units
     const shapes = [], annotations = [];
+    // the budget, labelled above the plot, and left of it the largest peak that fits with
+    // the margin, labelled inside: points between the lines are under budget but do not fit
+    const vertical = (mb, text, color, dash, yanchor) => {
+      shapes.push({type: "line", xref: "x", yref: "paper", x0: mb, x1: mb, y0: 0, y1: 1,
+                   line: {color, width: 2, dash}});
+      annotations.push({x: Math.log10(mb), y: 1, xref: "x", yref: "paper", text,
+                        showarrow: false, xanchor: "right", yanchor, font: {color}});
+    };
     if (plan.budget_mb) {
-      shapes.push({type: "line", xref: "x", yref: "paper", x0: plan.budget_mb,
-                   x1: plan.budget_mb, y0: 0, y1: 1,
-                   line: {color: "#e45756", width: 2, dash: "dash"}});
-      annotations.push({x: Math.log10(plan.budget_mb), y: 1, xref: "x", yref: "paper",
-                        text: "budget " + Math.round(plan.budget_mb) + " MB", showarrow: false,
-                        xanchor: "right", yanchor: "bottom", font: {color: "#e45756"}});
+      vertical(plan.budget_mb, "budget " + Math.round(plan.budget_mb) + " MB", "#e45756",
+               "dash", "bottom");
+    }
+    if (plan.budget_mb && plan.largest_fitting_peak_mb && plan.margin > 0) {
+      vertical(plan.largest_fitting_peak_mb, "fits below " +
+               Math.round(plan.largest_fitting_peak_mb) + " MB (" +
+               Math.round(plan.margin * 100) + "% margin)", "#b85c00", "dot", "top");
     }
     const chart = document.getElementById(id);
     Plotly.newPlot(chart, b.traces, {
@@ -151,7 +167,7 @@
       yaxis: Object.assign({title: {text: b.onDevice ? "seconds per step on " +
                                     plan.device.name + " (estimated)" :
                                     "seconds per step (this host)"}, type: "log"},
-                           logAxis(times, (v) => String(Number(v.toPrecision(2))))),
+                           logAxis(times, (v) => String(Number(v.toPrecision(2))), 5)),
       legend: {orientation: "h", y: -0.2},
     }, {displaylogo: false, responsive: true});
     chart.on("plotly_click", (event) => {
@@ -160,7 +176,8 @@
       const params = new URLSearchParams({
         model: form.model, method: config.method, device: plan.device ? plan.device.id : "",
         budget_mb: plan.budget_mb || "",
-        seq_len: plan.workload.seq_len, configuration: config.id,
+        seq_len: plan.workload.seq_len, compute_dtype: plan.workload.compute_dtype,
+        configuration: config.id,
         config: JSON.stringify(config.knobs),
       });
       window.location.href = "/jobs/new?" + params.toString();

@@ -13,6 +13,19 @@
   Plotly.newPlot("loss-chart", [line("train loss", "#4c78a8"),
                                 line("validation loss", "#f58518", "markers")],
                  layout("Loss", "step", "loss"), config);
+  // the loss chart's x axis: the step, or the step's estimated time on the job's device
+  const deviceStepS = job.progress.device_step_time_s_estimate;
+  const lossSteps = [[], []];  // each trace's steps, whatever the axis shows
+  let lossX = "step";
+  const lossXOf = (step) => lossX === "device" ? step * deviceStepS : step;
+  const lossXTitle = () => lossX === "device" ?
+    "estimated seconds on " + job.device + " (step × " + deviceStepS + " s)" : "step";
+  const chooser = document.getElementById("loss-x");
+  if (chooser) chooser.addEventListener("change", () => {
+    lossX = chooser.value;
+    Plotly.update("loss-chart", {x: lossSteps.map((steps) => steps.map(lossXOf))},
+                  {"xaxis.title.text": lossXTitle()});
+  });
   // a horizontal line across the chart, labelled at its left end
   const level = (y, text, color, dash) => y == null ? null : {
     shape: {type: "line", xref: "paper", x0: 0, x1: 1, y0: y, y1: y,
@@ -57,7 +70,10 @@
     if (!pending.length) return;
     const rows = pending; pending = [];
     const valRows = rows.filter((m) => m.val_loss != null);
-    Plotly.extendTraces("loss-chart", {x: [rows.map((m) => m.step), valRows.map((m) => m.step)],
+    lossSteps[0].push(...rows.map((m) => m.step));
+    lossSteps[1].push(...valRows.map((m) => m.step));
+    Plotly.extendTraces("loss-chart", {x: [rows.map((m) => lossXOf(m.step)),
+                                           valRows.map((m) => lossXOf(m.step))],
                                        y: [rows.map((m) => m.loss), valRows.map((m) => m.val_loss)]},
                         [0, 1]);
     Plotly.extendTraces("memory-chart", {x: [rows.map((m) => m.step)],
@@ -88,6 +104,46 @@
         `${packing.tensors_done} of ${packing.tensors_total} tensors`;
     }
   }
+  // the checkpoints kept so far, newest first, each with its downloads; listed again from
+  // the API as the stream says another was kept
+  function showCheckpoints({data: checkpoints, has_more: more}) {
+    const body = document.querySelector("#checkpoints tbody");
+    body.replaceChildren(...checkpoints.map((checkpoint) => {
+      const row = document.createElement("tr");
+      row.dataset.checkpoint = checkpoint.id;
+      const loss = (value) => value == null ? "–" : Number(value.toPrecision(4)).toString();
+      for (const text of [checkpoint.step, loss(checkpoint.train_loss),
+                          loss(checkpoint.valid_loss)]) {
+        row.appendChild(document.createElement("td")).textContent = text;
+      }
+      const links = row.appendChild(document.createElement("td"));
+      for (const [format, href] of Object.entries(checkpoint.downloads)) {
+        const link = links.appendChild(document.createElement("a"));
+        Object.assign(link, {href, textContent: format, className: "button"});
+        link.setAttribute("download", "");
+        links.append(" ");
+      }
+      return row;
+    }));
+    document.getElementById("checkpoints").hidden = !checkpoints.length;
+    document.getElementById("checkpoints-none").hidden = checkpoints.length > 0;
+    document.getElementById("checkpoints-more").hidden = !more;  // beyond one page: said
+  }
+  let listing = null;  // one listing at a time; a checkpoint kept meanwhile lists again after
+  let listAgain = false;
+  async function listCheckpoints() {
+    if (listing) { listAgain = true; return; }
+    listing = fetch(`/v1/jobs/${job.id}/checkpoints?limit=100`, {credentials: "same-origin"});
+    try {
+      const response = await listing;
+      if (response.ok) showCheckpoints(await response.json());
+    } finally {
+      listing = null;
+      if (listAgain) { listAgain = false; listCheckpoints(); }
+    }
+  }
+  showCheckpoints(JSON.parse(document.getElementById("checkpoints-data").textContent));
+
   function setStatus(status) {
     const badge = document.getElementById("job-status");
     badge.textContent = status;
@@ -107,6 +163,7 @@
     const cancel = document.getElementById("cancel");
     if (cancel) cancel.closest("form").hidden = true;
     if (done.adapter) document.getElementById("downloads").hidden = false;
+    listCheckpoints();
     if (done.error) {
       const error = document.getElementById("job-error");
       error.textContent = `${done.error.code}: ${done.error.message}`;
@@ -116,8 +173,9 @@
 
   const stream = new EventSource(`/v1/jobs/${job.id}/events`);
   stream.addEventListener("metric", (e) => addMetric(JSON.parse(e.data)));
-  for (const kind of ["status", "log", "cancel"]) {
+  for (const kind of ["status", "log", "cancel", "checkpoint"]) {
     stream.addEventListener(kind, (e) => addEvent(kind, JSON.parse(e.data)));
   }
+  stream.addEventListener("checkpoint", () => listCheckpoints());
   stream.addEventListener("end", () => { stream.close(); finish(); });
 })();

@@ -53,10 +53,11 @@ def peft_gradients(hf_dir: Path, adapter_dir: Path, input_ids, labels, state_dic
     return float(output.loss), grads
 
 
-def engine_gradients(packed_dir: Path, adapter_dir: Path, input_ids, labels, **knobs):
+def engine_gradients(packed_dir: Path, adapter_dir: Path, input_ids, labels,
+                     compute_dtype: str = "float32", **knobs):
     engine_knobs = EngineKnobs(**knobs)
-    engine = load_engine_model(packed_dir, lora_spec=LORA, init_adapter=adapter_dir,
-                               knobs=engine_knobs)
+    engine = load_engine_model(packed_dir, compute_dtype=compute_dtype, lora_spec=LORA,
+                               init_adapter=adapter_dir, knobs=engine_knobs)
     valid = count_valid_targets(labels)
     checkpoints = make_checkpoints(engine_knobs.checkpoint_storage, adapter_dir.parent)
     result = run_mebp_step(engine, input_ids, labels, checkpoints, loss_scale=1.0 / valid)
@@ -84,8 +85,10 @@ def test_gradients_equal_peft_autograd(family, tiny_models, packed_models, tmp_p
     assert worst <= 1e-4, f"{family}: worst LoRA gradient relative error {worst:.2e}"
 
 
+@pytest.mark.parametrize("knobs", [{}, {"graph_tail_blocks": 2}],
+                         ids=["default", "graph-tail-2"])  # a tail's blocks step together
 @pytest.mark.parametrize("family", FAMILIES)
-def test_one_sgd_step_equals_peft(family, tiny_models, packed_models, tmp_path):
+def test_one_sgd_step_equals_peft(family, knobs, tiny_models, packed_models, tmp_path):
     hf_dir = tiny_models[family]
     adapter = write_random_adapter(hf_dir, tmp_path / "adapter", seed=3)
     config = transformers.AutoConfig.from_pretrained(hf_dir)
@@ -93,7 +96,8 @@ def test_one_sgd_step_equals_peft(family, tiny_models, packed_models, tmp_path):
     lr = 0.5
     _, expected_grads = peft_gradients(hf_dir, adapter, input_ids, labels)
 
-    engine = load_engine_model(packed_models[family, "none"], lora_spec=LORA, init_adapter=adapter)
+    engine = load_engine_model(packed_models[family, "none"], lora_spec=LORA, init_adapter=adapter,
+                               knobs=EngineKnobs(**knobs))
     before = {path: (m.lora_A.weight.detach().clone(), m.lora_B.weight.detach().clone())
               for path, m in engine.lora.items()}
     optimizers = [torch.optim.SGD(engine.block_parameters(i), lr=lr)

@@ -30,6 +30,15 @@ KNOB_SETTINGS = {
                                 checkpoint_blocks=2),
     "mlp-chunks-resident": dict(mlp_chunk_tokens=16, frozen_weights="resident",
                                 resident_weight_bytes=40_000),
+    # the last blocks in one graph, the ones before checkpointed (3 blocks; gemma3 has 4)
+    "graph-tail-1": dict(graph_tail_blocks=1),
+    "graph-tail-2-every-2-mmap": dict(graph_tail_blocks=2, checkpoint_blocks=2,
+                                      checkpoint_storage="mmap"),
+    "graph-tail-2-unshared-resident": dict(graph_tail_blocks=2, share_decompression=False,
+                                           decompress_tile_bytes=1 << 16,
+                                           frozen_weights="resident",
+                                           resident_weight_bytes=40_000),
+    "graph-tail-past-the-model": dict(graph_tail_blocks=9),
 }
 
 
@@ -122,10 +131,12 @@ def test_unshared_mlp_chunks_decompress_the_mlp_once_more_per_chunk(tiny_models,
     mlp = 3 * config.hidden_size * config.intermediate_size  # one block's
     layers = config.num_hidden_layers
     reruns = layers // 2  # checkpoints every 2 blocks: each pair's first block is re-run
+    down = config.hidden_size * config.intermediate_size
     # every pass of a block's MLP (forward, re-run, recompute, backward) in 3 chunks of 40
-    # tokens decompresses its tiles three times instead of once
+    # tokens decompresses its tiles three times instead of once, but for the recompute's
+    # down projection, which is never multiplied (test_recompute_skip)
     extra = chunked.working_set.decompressed_params - one.working_set.decompressed_params
-    assert extra == 2 * mlp * (3 * layers + reruns)
+    assert extra == 2 * mlp * (3 * layers + reruns) - 2 * down * layers
 
 
 def test_mlp_chunks_need_checkpoints():
@@ -133,3 +144,44 @@ def test_mlp_chunks_need_checkpoints():
 
     with pytest.raises(ValueError, match="mlp_chunk_tokens"):
         EngineKnobs(checkpoint_blocks="none", mlp_chunk_tokens=8)
+
+
+@pytest.mark.parametrize("setting", [s for s in KNOB_SETTINGS if s.startswith("graph-tail")])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_graph_tail_gives_the_default_steps_gradients_bit_for_bit(setting, dtype,
+                                                                    tiny_models,
+                                                                    packed_models, tmp_path):
+    """The tail's blocks run the same ops once under autograd instead of twice (a forward,
+    then a recompute), and their backward is the same graph chained: the same bits."""
+    adapter = write_random_adapter(tiny_models["llama"], tmp_path / "adapter", seed=25)
+    input_ids, labels = random_batch(300, seed=26)
+    packed = packed_models["llama", "int4"]
+    loss, expected, _ = engine_gradients(packed, adapter, input_ids, labels,
+                                         compute_dtype=dtype)
+    tail_loss, actual, engine = engine_gradients(packed, adapter, input_ids, labels,
+                                                 compute_dtype=dtype, **KNOB_SETTINGS[setting])
+    assert tail_loss == loss
+    for key, grad in expected.items():
+        assert torch.equal(actual[key], grad), key
+    assert engine.working_set.live_bytes == engine.working_set.resident_bytes
+
+
+@pytest.mark.parametrize(("tail", "slots"), [(0, 3), (1, 2), (2, 1), (3, 0), (5, 0)])
+def test_a_graph_tail_of_k_blocks_checkpoints_the_others(tail, slots, tiny_models,
+                                                         packed_models, tmp_path):
+    adapter = write_random_adapter(tiny_models["llama"], tmp_path / "adapter", seed=23)
+    input_ids, labels = random_batch(300, seed=24)
+    engine = engine_gradients(packed_models["llama", "int4"], adapter, input_ids, labels,
+                              graph_tail_blocks=tail)[2]
+    one_input = 2 * 20 * 64 * 4  # (B, T, D) float32
+    assert engine.last_checkpoints.peak_nbytes == slots * one_input
+
+
+def test_a_graph_tail_needs_checkpoints_and_whole_blocks():
+    from mebp_core.config import EngineKnobs
+
+    with pytest.raises(ValueError, match="graph_tail_blocks"):
+        EngineKnobs(checkpoint_blocks="none", graph_tail_blocks=2)
+    with pytest.raises(ValueError, match="graph_tail_blocks"):
+        EngineKnobs(mlp_chunk_tokens=64, graph_tail_blocks=2)
+    assert EngineKnobs(checkpoint_blocks="none", graph_tail_blocks=0).graph_tail_blocks == 0

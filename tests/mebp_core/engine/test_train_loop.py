@@ -11,6 +11,7 @@ import transformers
 from safetensors.torch import load_file
 
 from mebp_core.config import EngineKnobs, TrainConfig
+from mebp_core.engine.kept_adapters import kept_adapter_dir, kept_steps
 from mebp_core.engine.memory import track_memory
 from mebp_core.engine.run_state import ResumeError
 from mebp_core.engine.schedule import compute_lr
@@ -27,7 +28,7 @@ def token_data(tmp_path_factory):
     return path
 
 
-def run(packed, data, out, *, stop_after=None, resume=False, **overrides):
+def run(packed, data, out, *, stop_after=None, resume=False, kept_dir=None, **overrides):
     settings = dict(steps=4, seq_len=32, batch_size=1, lr=0.05, lora_rank=4, quant="none",
                     compute_dtype="float32")
     config = TrainConfig(**{**settings, **overrides})
@@ -35,7 +36,7 @@ def run(packed, data, out, *, stop_after=None, resume=False, **overrides):
     seen = []
     result = train(config, model_dir=packed, data=data, out=out, memory=track_memory(),
                    metrics_path=metrics, checkpoint_dir=out.with_name(out.name + ".ckpt"),
-                   resume=resume, on_step=seen.append,
+                   resume=resume, kept_dir=kept_dir, on_step=seen.append,
                    stop_requested=lambda: stop_after is not None and len(seen) >= stop_after)
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     return load_file(out / "adapter_model.safetensors"), result, lines
@@ -153,6 +154,38 @@ def test_resume_after_a_crash_logs_every_step_once(packed_models, token_data, tm
                            resume=True)
     assert result.steps == 5
     assert [line["step"] for line in lines] == [1, 2, 3, 4, 5]
+
+
+def test_a_run_keeps_the_adapter_of_each_checkpoint_step(packed_models, token_data,
+                                                         tmp_path):
+    """Each kept adapter is, tensor for tensor, what a run stopped at that step writes; one
+    resumed after a crash keeps the earlier ones and keeps the step it trains again anew."""
+    packed = packed_models["qwen3", "none"]
+    kept = tmp_path / "kept"
+    run(packed, token_data, tmp_path / "a", steps=5, checkpoint_every=2, kept_dir=kept)
+    assert kept_steps(kept) == [2, 4]
+    for step in (2, 4):
+        alone = run(packed, token_data, tmp_path / f"to-{step}", steps=step)[0]
+        at_step = load_file(kept_adapter_dir(kept, step) / "adapter_model.safetensors")
+        assert at_step.keys() == alone.keys()
+        assert all(torch.equal(at_step[key], alone[key]) for key in alone)
+    # a crash after step 3 of 5: resumed from step 2's checkpoint, step 4 is kept then
+    again = tmp_path / "again"
+    run(packed, token_data, tmp_path / "b", steps=3, checkpoint_every=2, kept_dir=again)
+    before = (kept_adapter_dir(again, 2) / "adapter_model.safetensors").read_bytes()
+    assert kept_steps(again) == [2]
+    run(packed, token_data, tmp_path / "b", steps=5, checkpoint_every=2, kept_dir=again,
+        resume=True)
+    assert kept_steps(again) == [2, 4]
+    assert (kept_adapter_dir(again, 2) / "adapter_model.safetensors").read_bytes() == before
+    assert ((kept_adapter_dir(again, 4) / "adapter_model.safetensors").read_bytes()
+            == (kept_adapter_dir(kept, 4) / "adapter_model.safetensors").read_bytes())
+    # the last step, a checkpoint step too, is the run's own adapter: not kept a second time
+    last = tmp_path / "last"
+    final = run(packed, token_data, tmp_path / "c", steps=4, checkpoint_every=2,
+                kept_dir=last)[0]
+    assert kept_steps(last) == [2]
+    assert all(torch.equal(final[key], at_step[key]) for key in final)  # step 4's, above
 
 
 def test_mapped_checkpoints_live_on_disk_beside_the_output(packed_models, token_data, tmp_path):

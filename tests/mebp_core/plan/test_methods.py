@@ -12,9 +12,9 @@ from mebp_core.cli import main
 from mebp_core.config import TrainConfig
 from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.methods import MethodSettingError, plan_methods_on_host
+from mebp_core.plan.passes import pass_counts
 from mebp_core.plan.planner import candidate_knobs, knobs_id, make_plan
 from mebp_core.plan.predict import full_logits_bytes, predict
-from mebp_core.plan.timing import pass_counts
 from mebp_core.plan.workload import Workload
 from mebp_core.units import MB
 
@@ -85,7 +85,7 @@ def test_all_methods_side_by_side_with_a_recommendation(cached_host):
     assert plans.plans["backprop"].auto is None  # a phone budget kills plain backprop
     best = plans.recommendation()
     assert best["method"] == "mebp" and "exact" in best["why"]
-    assert best["configuration"] == plans.plans["mebp"].auto.id
+    assert best["configuration"] == plans.plans["mebp"].recommended().id
     # a budget only MeZO fits: it is recommended, saying so
     smallest_mezo = plans.plans["mezo"].smallest_budget_mb()
     assert smallest_mezo < plans.plans["mebp"].smallest_budget_mb()

@@ -19,13 +19,19 @@ from mebp_core.store.shapes import expected_shapes
 def test_architecture_matches_the_engine_model_and_checkpoint_shapes(preset):
     config = PRESET_CONFIGS[preset]
     arch = architecture_from_config(config)
-    args = build_model_args(config)
+    args = build_meta_model(config).args
     assert (arch.hidden_size, arch.intermediate_size, arch.num_layers, arch.num_heads,
             arch.num_kv_heads, arch.head_dim, arch.vocab_size, arch.tied_embeddings,
             arch.logit_softcap) == (
         args.hidden_size, args.intermediate_size, args.num_hidden_layers,
         args.num_attention_heads, args.num_key_value_heads, args.head_dim, args.vocab_size,
         args.tie_word_embeddings, getattr(args, "final_logit_softcapping", None))
+    block = build_meta_model(config).model.layers[0]
+    skipped = block.residual_output_projection()
+    assert arch.residual_output_projection == (
+        None if skipped is None else next(name.rsplit(".", 1)[-1]
+                                          for name, module in block.named_modules()
+                                          if module is skipped))
     shapes = expected_shapes(config)
     for name, params in arch.frozen_weights():
         assert math.prod(shapes[name]) == params, name
@@ -33,11 +39,11 @@ def test_architecture_matches_the_engine_model_and_checkpoint_shapes(preset):
     assert arch.parameter_count() == matrices
 
 
-def build_model_args(config):
+def build_meta_model(config):
     import torch
 
     with torch.device("meta"):
-        return build_model(config).args
+        return build_model(config)
 
 
 def test_multimodal_gemma3_reads_its_text_config():
@@ -52,7 +58,7 @@ def test_multimodal_gemma3_reads_its_text_config():
 def test_a_softcapped_gemma3_is_read_as_the_engine_reads_it():
     config = {**PRESET_CONFIGS["gemma3-1b"], "final_logit_softcapping": 30.0}
     assert architecture_from_config(config).logit_softcap == \
-        build_model_args(config).final_logit_softcapping == 30.0
+        build_meta_model(config).args.final_logit_softcapping == 30.0
 
 
 def test_bad_configs_name_the_problem(tmp_path):

@@ -9,12 +9,11 @@ import json
 import pytest
 import torch
 from peft import AutoPeftModelForCausalLM
-from tiny_models import VOCAB, save_text_model, tiny_config, trained_engine
+from tiny_models import VOCAB, save_text_model, tiny_config, trained_adapter_logits
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from mebp_core.cli import main
 from mebp_core.data.tokenizer import ByteTokenizer
-from mebp_core.engine.mebp import compute_logits
 from mebp_core.store.export_base import export_base
 from mebp_core.store.export_base_common import BaseExportError, base_model_name
 from mebp_core.store.pack import pack_model
@@ -28,11 +27,8 @@ def test_peft_applies_the_adapter_to_the_exported_base_as_the_engine_does(
         model_type, tmp_path, monkeypatch):
     source = save_text_model(tmp_path / "source", model_type)
     packed = pack_model(source, tmp_path / "packed", quant="int4", group_size=32)
-    engine = trained_engine(packed)
     input_ids = torch.randint(0, VOCAB, (1, 24), generator=torch.Generator().manual_seed(0))
-    ours = compute_logits(engine, input_ids)
-    engine.save_adapter(tmp_path / "adapter")
-    engine.close()
+    ours = trained_adapter_logits(packed, input_ids, tmp_path / "adapter")
 
     name = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())[
         "base_model_name_or_path"]

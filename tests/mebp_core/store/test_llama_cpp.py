@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
-from built_by_make import import_built
+from llama_cpp_runs import llama_cpp, llama_cpp_logits, relative_error
 from peft import PeftModel
 from tiny_models import VOCAB, save_text_model, trained_engine
 from transformers import AutoModelForCausalLM
@@ -18,27 +17,9 @@ from mebp_core.lora.export import export_adapter
 from mebp_core.store.export_base import export_base
 from mebp_core.store.pack import pack_model
 
-llama_cpp = import_built("llama_cpp", "llama-cpp")
-
 # float32 weights and, asked for, a float32 KV cache (llama.cpp's default is float16, which
 # alone costs ~2e-4); llama.cpp still sums in another order and ropes in its own layout
 TOLERANCE = 1e-4
-F32 = llama_cpp.GGML_TYPE_F32
-
-
-def llama_cpp_logits(base, input_ids: list[int], adapter=None) -> np.ndarray:
-    model = llama_cpp.Llama(model_path=str(base), lora_path=None if adapter is None
-                            else str(adapter), n_ctx=64, n_batch=64, logits_all=True,
-                            n_threads=1, verbose=False, type_k=F32, type_v=F32)
-    try:
-        model.eval(input_ids)
-        return np.array(model.scores[:len(input_ids)])
-    finally:
-        model.close()
-
-
-def relative_error(ours: np.ndarray, theirs: np.ndarray) -> float:
-    return float(np.abs(ours - theirs).max() / np.abs(theirs).max())
 
 
 @pytest.fixture

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from mebp_core.engine.mebp import compute_logits
 from mebp_core.engine.model import load_engine_model
 from mebp_core.lora.spec import LoraSpec
 
@@ -54,3 +55,13 @@ def trained_engine(packed, seed: int = 1):
             weight = module.lora_B.weight
             weight.copy_(torch.randn(weight.shape, generator=generator) * 0.1)
     return engine
+
+
+def trained_adapter_logits(packed, input_ids: torch.Tensor, adapter_dir) -> torch.Tensor:
+    """The logits of ``trained_engine(packed)`` on ``input_ids``, its adapter saved to
+    ``adapter_dir`` (PEFT's format) and the engine closed."""
+    engine = trained_engine(packed)
+    logits = compute_logits(engine, input_ids)
+    engine.save_adapter(adapter_dir)
+    engine.close()
+    return logits

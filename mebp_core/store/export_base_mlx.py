@@ -1,0 +1,75 @@
+"""The base model as MLX quantized weights, the packed arrays as they are.
+
+mebp's affine groups are MLX's: ``w = scale * q + bias`` per group along the input dim, q
+unsigned, packed least significant bits first (int4: the even column in the low nibble), so
+a row of packed bytes read as little-endian uint32 is MLX's ``quantize`` layout. The packed
+scales and biases are float16; MLX dequantizes in the factors' dtype, so they are written as
+float32 (holding the float16 values exactly) and ``scale * q + bias`` rounds once, in
+float32, as the engine's dequantization does: the weights equal the engine's bit for bit.
+``dtype="float16"`` keeps the factors as packed (a smaller file) and MLX then rounds each
+weight to float16. Tensors the packer keeps unquantized (norms, biases) are written as kept.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from mebp_core.store.export_base_common import BaseExportError, Progress
+from mebp_core.store.reader import PackedStore
+
+MLX_GROUP_SIZES = (32, 64, 128)  # what mlx's quantize supports
+MLX_BITS = {"int4": 4, "int8": 8}
+MLX_FACTOR_DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+def check_mlx_base(dtype: str, quant: str | None = None, group_size: int | None = None) -> None:
+    """Refuse what MLX cannot hold: the factors' dtype, and (when known) the storage."""
+    if dtype not in MLX_FACTOR_DTYPES:
+        raise BaseExportError(f"MLX bases keep their scales as {' or '.join(MLX_FACTOR_DTYPES)}"
+                              f" (float32: exact), not {dtype}", "dtype")
+    if quant is not None and quant not in MLX_BITS:
+        raise BaseExportError(f"an MLX base is the packed {' or '.join(MLX_BITS)} weights; a "
+                              f"model stored {quant} has none: export hf, which mlx_lm loads",
+                              "quant")
+    if group_size is not None and group_size not in MLX_GROUP_SIZES:
+        raise BaseExportError(f"MLX quantizes in groups of {MLX_GROUP_SIZES}, not {group_size}",
+                              "group_size")
+
+
+def mlx_config(store: PackedStore) -> dict[str, Any]:
+    bits = MLX_BITS[store.quant]
+    quantization = {"group_size": store.group_size, "bits": bits, "mode": "affine"}
+    config = {**store.config, "quantization": quantization,
+              "quantization_config": quantization}
+    # mlx-lm 0.32 reads a top-level rope_theta only; transformers 5 nests it
+    rope = config.get("rope_parameters") or {}
+    if "rope_theta" not in config and "rope_theta" in rope:
+        config["rope_theta"] = rope["rope_theta"]
+    return config
+
+
+def mlx_tensors(store: PackedStore, dtype: str,
+                progress: Progress | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """MLX's tensors in store order: ``X.weight`` (N, K*bits/32) uint32 with ``X.scales`` and
+    ``X.biases`` (N, K/group_size) for a packed weight; the kept tensor otherwise."""
+    if sys.byteorder != "little":  # the uint32 view below reads the bytes little-endian
+        raise BaseExportError("MLX export needs a little-endian host")
+    check_mlx_base(dtype, store.quant, store.group_size)
+    factor_dtype = MLX_FACTOR_DTYPES[dtype]
+    names = store.names()
+    for i, name in enumerate(names):
+        raw = store.raw(name)
+        if raw.bits is None:
+            yield name, raw.data
+        else:
+            stem = name.removesuffix(".weight")
+            yield name, raw.data.view(torch.uint32)  # (N, K*bits/8) bytes -> (N, K*bits/32)
+            yield stem + ".scales", raw.scales.to(factor_dtype)
+            yield stem + ".biases", raw.biases.to(factor_dtype)
+        if progress is not None:
+            progress(i + 1, len(names), name)
+
