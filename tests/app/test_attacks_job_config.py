@@ -12,14 +12,17 @@ from __future__ import annotations
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import psutil
 import pytest
 import torch
 from service_harness import FAST_RECOVERY, kill_group, start_service, start_worker, stop_service
+from waiting import poll_until
 
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.plan.arch import load_architecture
@@ -61,12 +64,34 @@ def planned_at(cache, threads: int) -> str:
                         measure=False).auto.id
 
 
-def freeze(worker: subprocess.Popen) -> None:
-    """SIGSTOP the worker, the horse running its job and the engine, as a host that hangs."""
-    family = [worker.pid, *(child.pid for child in
-                            psutil.Process(worker.pid).children(recursive=True))]
-    for pid in family:
-        os.kill(pid, signal.SIGSTOP)
+def freeze(worker: subprocess.Popen, database: Path) -> None:
+    """SIGSTOP the worker, the horse running its job and the engine, as a host that hangs,
+    at a moment none of them holds the SQLite ``database``'s write lock.
+
+    The two "hosts" here share one SQLite file, which is one host's database: a process
+    that hangs inside a write holds its lock for good and every writer waits on it (the
+    reconciler could never re-queue the job). Hosts that are apart share PostgreSQL. What
+    is tested is a worker that hangs, so a freeze that caught a write is let go and tried
+    again."""
+    def frozen_outside_a_write() -> bool:
+        family = [worker.pid, *(child.pid for child in
+                                psutil.Process(worker.pid).children(recursive=True))]
+        for pid in family:
+            os.kill(pid, signal.SIGSTOP)
+        probe = sqlite3.connect(database, timeout=1.0)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.rollback()
+            return True
+        except sqlite3.OperationalError:  # a frozen process holds the write lock
+            for pid in family:
+                os.kill(pid, signal.SIGCONT)
+            return False
+        finally:
+            probe.close()
+
+    poll_until(frozen_outside_a_write, bool, timeout_s=60,
+               failure=lambda _: f"{database}'s write lock was held at every freeze for 60 s")
 
 
 @pytest.mark.slow
@@ -91,17 +116,19 @@ def test_a_job_resumed_on_another_host_reproduces_an_uninterrupted_run_bit_for_b
         assert service.finished(whole["id"], timeout_s=180)["status"] == "succeeded"
         service.wait_for(resumed["id"], lambda j: j["progress"]["step"] > CHECKPOINT_EVERY,
                          timeout_s=120)
-        freeze(workers[0])
+        freeze(workers[0], tmp_path / "data" / "mebp.db")
         frozen = service.request("GET", f"/v1/jobs/{resumed['id']}")[1]
         assert frozen["status"] == "running" and frozen["progress"]["step"] < STEPS, frozen
         workers.append(start_worker(tmp_path / "data", two_hosts, {**env, "MEBP_THREADS": "1"}))
         done = service.finished(resumed["id"], timeout_s=180)
-        assert done["status"] == "succeeded" and done["attempts"] == 2, done
+        # a beat missed at load may have re-queued it to the first host before: the last
+        # attempt is the second host's
+        assert done["status"] == "succeeded" and done["attempts"] >= 2, done
         kill_group(workers[0])
 
         events = service.job_events(resumed["id"])
-        step = next(int(e["message"].rsplit(" ", 1)[1]) for e in events
-                    if e["message"].startswith("resuming from the checkpoint at step"))
+        step = [int(e["message"].rsplit(" ", 1)[1]) for e in events
+                if e["message"].startswith("resuming from the checkpoint at step")][-1]
         assert CHECKPOINT_EVERY <= step < STEPS  # the second host trained the rest
 
         def losses(job_id: str) -> list[tuple[int, float]]:
@@ -115,7 +142,8 @@ def test_a_job_resumed_on_another_host_reproduces_an_uninterrupted_run_bit_for_b
         assert expected.keys() == got.keys()
         assert all(torch.equal(got[name], expected[name]) for name in expected)
         # run as planned, on the second host's single thread, with its predictions of it
-        second = next(e["data"]["worker"] for e in events if e["data"].get("attempt") == 2)
+        second = next(e["data"]["worker"] for e in events
+                      if e["data"].get("attempt") == done["attempts"])
         assert done["plan"]["predicted_by"] == second and "replanned" not in done["plan"]
         assert done["plan"]["configuration"] == whole["plan"]["configuration"]
         assert done["plan"]["calibration"]["threads"] == done["config"]["knobs"]["threads"] == 1

@@ -38,7 +38,7 @@ def test_a_cancelled_job_posts_cancelled(hooked, receiver, cancel_at_end):
     hooked.wait_for(running["id"], lambda job: job["progress"]["step"] >= 1)
     for job in (queued, running):
         assert hooked.request("POST", f"/v1/jobs/{job['id']}/cancel")[0] == 200
-        assert hooked.finished(job["id"], timeout_s=60)["status"] == "cancelled"
+        assert hooked.finished(job["id"])["status"] == "cancelled"
     rows = deliveries(hooked, f"/v1/jobs/{running['id']}", all_ended(2), "two deliveries")
     assert [(r["event"], r["status"]) for r in rows] == [("job.running", "delivered"),
                                                         ("job.cancelled", "delivered")]

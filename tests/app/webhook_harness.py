@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from service_harness import Service
 from sqlmodel import Session
-from waiting import poll_until
+from waiting import HANG_GUARD_S, poll_until
 
 from service.db import database_url, make_engine
 from service.models import WebhookDelivery
@@ -36,7 +36,7 @@ def deliveries(service: Service, path: str, done: Callable[[list[dict]], bool],
                what: str) -> list[dict]:
     """``GET {path}/webhook_deliveries``' rows once ``done`` holds of them."""
     return poll_until(lambda: service.request("GET", f"{path}/webhook_deliveries")[1]["data"],
-                      done, 120, lambda rows: f"{what}: {rows}\n"
+                      done, HANG_GUARD_S, lambda rows: f"{what}: {rows}\n"
                                               f"{service.output.read_text()[-3000:]}")
 
 
