@@ -75,6 +75,12 @@ class EngineKnobs(BaseModel):
         "sees the whole sequence): no (tokens, intermediate) activation or gradient is "
         "larger than a chunk's, for one more decompression of the MLP's tiles per extra "
         "chunk in each pass that decompresses them; unset: the whole batch at once"))
+    mlp_intermediate_chunk: int | None = Field(default=None, ge=64, multiple_of=64,
+                                               description=(
+        "run each block's MLP over every token this many columns of its intermediate "
+        "dimension at a time (gate and up rows, down columns; down's output summed over "
+        "them): no (tokens, intermediate) activation or gradient is wider than a chunk, and "
+        "each MLP weight is still decompressed once per pass; unset: the whole width"))
     decompress_tile_bytes: int = Field(default=8 << 20, ge=1 << 16, description=(
         "rows a lazy projection decompresses at once"))
     loss_vocab_tile_bytes: int = Field(default=8 << 20, ge=1 << 16, description=(
@@ -107,6 +113,14 @@ class EngineKnobs(BaseModel):
             raise ValueError("mlp_chunk_tokens bounds the recomputed blocks' (tokens, "
                              "intermediate) tensors, graph_tail_blocks keeps whole blocks' "
                              "activations: set one of them")
+        if self.mlp_intermediate_chunk is not None:
+            if self.checkpoint_blocks == "none" or self.graph_tail_blocks:
+                raise ValueError("mlp_intermediate_chunk chunks the checkpointed blocks' "
+                                 "MLP; it needs checkpoint_blocks other than 'none' and no "
+                                 "graph_tail_blocks")
+            if self.mlp_chunk_tokens is not None:
+                raise ValueError("mlp_chunk_tokens and mlp_intermediate_chunk each bound the "
+                                 "MLP's (tokens, intermediate) tensors: set one of them")
         return self
 
 
@@ -114,7 +128,7 @@ class EngineKnobs(BaseModel):
 # decompressed once and kept, and one autograd graph over the whole model.
 BACKPROP_KNOBS = {"frozen_weights": "resident", "resident_weight_bytes": None,
                   "checkpoint_blocks": "none", "graph_tail_blocks": 0,
-                  "mlp_chunk_tokens": None}
+                  "mlp_chunk_tokens": None, "mlp_intermediate_chunk": None}
 
 
 class TrainConfig(BaseModel):
