@@ -40,6 +40,7 @@ from mebp_core.plan.workload import (
     matmul_bytes,
     matmul_dtype_of,
     mlp_chunk_tokens,
+    mlp_intermediate_width,
     packed_bytes_per_param,
     saved_bytes_per_token_by_part,
     shape_of,
@@ -149,21 +150,24 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     weights = _transient_weights(arch, knobs, e, em, resident.names, shared,
                                  arch.num_layers - tail)
     hidden_bytes = n_tokens * arch.hidden_size * e
-    # the MLP part of a block's backward runs a chunk of tokens at a time if asked
-    chunk = mlp_chunk_tokens(workload, knobs)
-    saved_per_token = saved_bytes_per_token_by_part(workload, knobs)
+    # the MLP part of a block's backward runs a chunk of tokens, or of intermediate
+    # columns over every token, at a time if asked
+    chunk, width = mlp_chunk_tokens(workload, knobs), mlp_intermediate_width(workload, knobs)
+    saved_per_token = saved_bytes_per_token_by_part(workload, knobs, width)
     block_saved = int(GRAPH_RETENTION * (n_tokens * saved_per_token["attention"] +
                                          chunk * saved_per_token["mlp"]))
-    block_grads = _backward_transient_bytes(workload, em, n_tokens, chunk)
+    block_grads = _backward_transient_bytes(workload, em, n_tokens, chunk, width)
     # a tiled input gradient's running sum, (N, in); when upcasting, in the matmul dtype
     # beside its cast back (the LoRA branch upcasts a bounded chunk of rows at a time)
     widest = _widest_inputs(arch)
-    running_sum = max(n_tokens * widest["attention"], chunk * widest["mlp"]) * \
+    widest_mlp = widest["mlp"] if width == arch.intermediate_size else \
+        max(arch.hidden_size, width)  # down's input is a chunk's columns
+    running_sum = max(n_tokens * widest["attention"], chunk * widest_mlp) * \
         (em + e if upcast else e)
     if upcast or every == "none" or not shared:
         block_grads += running_sum
-    if chunk < n_tokens:
-        block_grads += hidden_bytes  # the MLP part's input gradient, gathered whole
+    if chunk < n_tokens or width < arch.intermediate_size:
+        block_grads += hidden_bytes  # the MLP part's input gradient, summed whole
     # fused updates step each block as its gradients complete: a tail's all at once
     lora = _lora_bytes(workload, grad_blocks=arch.num_layers
                        if every == "none" or not workload.fused_update else max(1, tail))
@@ -230,7 +234,10 @@ def forward_block_bytes(workload: Workload, knobs: EngineKnobs, em: int) -> int:
     n = workload.tokens
     q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
     attention = n * (em * (2 * q + 4 * kv) + e * q)
-    mlp = mlp_chunk_tokens(workload, knobs) * FORWARD_MLP_COPIES * em * arch.intermediate_size
+    width = mlp_intermediate_width(workload, knobs)
+    mlp = mlp_chunk_tokens(workload, knobs) * FORWARD_MLP_COPIES * em * width
+    if width < arch.intermediate_size:  # down's output summed over the column chunks
+        mlp += n * arch.hidden_size * em
     return int(FORWARD_RETENTION * (2 * n * arch.hidden_size * e + max(attention, mlp)))
 
 
@@ -299,7 +306,7 @@ def _transient_arenas(arch: Architecture, block_tile_bytes: int, head_tile_bytes
 
 
 def _backward_transient_bytes(workload: Workload, em: int, n_tokens: int,
-                              mlp_tokens: int) -> float:
+                              mlp_tokens: int, mlp_width: int | None = None) -> float:
     """Gradients and temporaries alive at once inside a block's backward: MLP-sized gradients
     and a dozen hidden-sized ones in the storage dtype (the single-block backward peaks ~2x
     above its saved tensors: smollm2-135m and qwen2.5-0.5b, seq 128-512), the attention
@@ -307,11 +314,11 @@ def _backward_transient_bytes(workload: Workload, em: int, n_tokens: int,
     element: the hidden size for Llama and Qwen2, 3.1x it for gemma3-1b, 4x for qwen3-0.6b),
     and MLP-sized ones in the matmul dtype (1.15 per token: the MLP's input gradients from
     the frozen and LoRA paths and their sum); the last two fitted with
-    RUNTIME_OVERHEAD_BYTES. The MLP-sized ones exist for the ``mlp_tokens`` of one MLP
-    pass."""
+    RUNTIME_OVERHEAD_BYTES. The MLP-sized ones exist for the ``mlp_tokens`` and
+    ``mlp_width`` intermediate columns (all by default) of one MLP pass."""
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
     return n_tokens * (e * 12 * arch.hidden_size + 12 * arch.attention_norm_width()) + \
-        mlp_tokens * (e * 4 + em * 1.15) * arch.intermediate_size
+        mlp_tokens * (e * 4 + em * 1.15) * (mlp_width or arch.intermediate_size)
 
 
 def _lora_bytes(workload: Workload, *, grad_blocks: int) -> int:

@@ -40,6 +40,8 @@ from mebp_core.plan.workload import (
     matmul_dtype_of,
     mlp_chunk_tokens,
     mlp_chunks,
+    mlp_column_chunks,
+    mlp_intermediate_width,
     saved_bytes_per_token,
     tile_rows,
 )
@@ -154,14 +156,16 @@ def _matmul_work(workload: Workload, knobs: EngineKnobs, resident: frozenset[str
     """Each projection's FLOPs by pass kind and whether tiled, with the rows and output width
     of its matmuls; attention; the head's vocabulary tiles."""
     return _matmuls(workload, matmul_bytes(workload, knobs), *pass_knobs(workload, knobs),
-                    resident, mlp_chunk_tokens(workload, knobs), knobs.decompress_tile_bytes,
+                    resident, mlp_chunk_tokens(workload, knobs),
+                    mlp_intermediate_width(workload, knobs), knobs.decompress_tile_bytes,
                     knobs.loss_vocab_tile_bytes, skipped)
 
 
 @lru_cache(maxsize=MEMO_ENTRIES)
 def _matmuls(workload: Workload, e: int, every: int | str, shared: bool, tail: int,
-             resident: frozenset[str], chunk: int, block_tile_bytes: int, head_tile_bytes: int,
-             skipped: str | None) -> tuple[tuple[float, int, int, str], ...]:
+             resident: frozenset[str], chunk: int, width: int, block_tile_bytes: int,
+             head_tile_bytes: int, skipped: str | None
+             ) -> tuple[tuple[float, int, int, str], ...]:
     arch, n = workload.arch, workload.tokens
     groups = groups_of(arch.num_layers, workload.method, every, shared, tail)
     passes = passes_of(arch.num_layers, workload.method, every, shared, tail)
@@ -170,6 +174,8 @@ def _matmuls(workload: Workload, e: int, every: int | str, shared: bool, tail: i
     work = []
     for suffix, (out, inp) in arch.projections().items():
         flops = 2 * n * out * inp
+        if suffix in MLP_PROJECTIONS:  # the same FLOPs, a chunk's columns at a time
+            out, inp = _column_chunk_shape(arch, out, inp, width)
         tile = tile_rows(out, inp, block_tile_bytes, e)
         rows = chunk if suffix in MLP_PROJECTIONS else n  # the same FLOPs, fewer rows
         for kind, form in (("forward", "nt"), ("backward", "nn")):
@@ -209,18 +215,19 @@ def _decompress_work(workload: Workload, knobs: EngineKnobs, resident: frozenset
     chunks = mlp_chunks(workload, knobs)  # each decompresses the MLP's tiles again
     return _decompressions(arch, resident, knobs.decompress_tile_bytes,
                            knobs.loss_vocab_tile_bytes, matmul_bytes(workload, knobs),
-                           uses, head_uses, chunks, skipped)
+                           uses, head_uses, chunks, mlp_intermediate_width(workload, knobs),
+                           skipped)
 
 
 @lru_cache(maxsize=MEMO_ENTRIES, typed=True)
 def _decompressions(arch: Architecture, resident: frozenset[str], block_tile_bytes: int,
                     head_tile_bytes: int, e: int,
                     group_uses: tuple[tuple[int, int, float, float, float], ...],
-                    head_uses: int, chunks: int, skipped: str | None = None
+                    head_uses: int, chunks: int, width: int, skipped: str | None = None
                     ) -> tuple[float, float, float, float]:
     """``group_uses``: per group of blocks first..stop-1, a block weight's tiled and whole
     decompressions, and the tiled ones ``skipped`` is spared."""
-    tiles = _tiles_per_projection(arch, block_tile_bytes, e)
+    tiles = _tiles_per_projection(arch, block_tile_bytes, e, width)
     tiled_params = tile_calls = whole_params = whole_calls = 0.0
     for name, count, suffix in frozen_weight_suffixes(arch):
         if name in resident:
@@ -246,10 +253,27 @@ def _decompressions(arch: Architecture, resident: frozenset[str], block_tile_byt
 
 
 @lru_cache(maxsize=MEMO_ENTRIES)
-def _tiles_per_projection(arch: Architecture, tile_bytes: int, e: int) -> Mapping[str, int]:
-    """Tiles each projection of a block is decompressed in."""
-    return MappingProxyType({suffix: math.ceil(rows / tile_rows(rows, cols, tile_bytes, e))
-                             for suffix, (rows, cols) in arch.projections().items()})
+def _tiles_per_projection(arch: Architecture, tile_bytes: int, e: int,
+                          width: int | None = None) -> Mapping[str, int]:
+    """Tiles each projection of a block is decompressed in (the MLP's in each of its
+    intermediate-column chunks of ``width``, when chunked)."""
+    tiles = {}
+    for suffix, (rows, cols) in arch.projections().items():
+        chunks = 1
+        if suffix in MLP_PROJECTIONS and width is not None and width < arch.intermediate_size:
+            chunks = math.ceil(arch.intermediate_size / width)
+            rows, cols = _column_chunk_shape(arch, rows, cols, width)
+        tiles[suffix] = chunks * math.ceil(rows / tile_rows(rows, cols, tile_bytes, e))
+    return MappingProxyType(tiles)
+
+
+def _column_chunk_shape(arch: Architecture, out: int, inp: int, width: int
+                        ) -> tuple[int, int]:
+    """An MLP projection's (out, in) in one chunk of ``width`` intermediate columns: gate
+    and up output them, down takes them in."""
+    if inp == arch.intermediate_size:
+        return out, min(inp, width)
+    return min(out, width), inp
 
 
 def _traffic_bytes(workload: Workload, knobs: EngineKnobs, resident: frozenset[str],
@@ -276,8 +300,11 @@ def _traffic_bytes(workload: Workload, knobs: EngineKnobs, resident: frozenset[s
     groups = block_groups(workload, knobs)
     resident_in = [_resident_blocks(workload, resident, first, stop)
                    for first, stop, _ in groups]
-    tiles = _tiles_per_projection(arch, knobs.decompress_tile_bytes, em)
+    width = mlp_intermediate_width(workload, knobs)
+    tiles = _tiles_per_projection(arch, knobs.decompress_tile_bytes, em, width)
     for suffix, (out, inp) in arch.projections().items():
+        if suffix in MLP_PROJECTIONS:  # down's partial input gradient: a chunk's columns
+            inp = _column_chunk_shape(arch, out, inp, width)[1]
         for (first, stop, group), resident_blocks in zip(groups, resident_in, strict=True):
             lazy = 1 - resident_blocks[suffix] / (stop - first)
             # a forward tile's output is copied into its columns; a backward tile's partial
@@ -344,7 +371,8 @@ def _op_count(workload: Workload, knobs: EngineKnobs) -> float:
     passes = pass_counts(workload, knobs)
     forwards = passes["tiled_forward"] + passes["whole_forward"]
     backwards = passes["tiled_backward"] + passes["whole_backward"]
-    extra_chunks = mlp_chunks(workload, knobs) - 1  # each runs the MLP's ops again
+    # each chunk, of tokens or of intermediate columns, runs the MLP's ops again
+    extra_chunks = mlp_chunks(workload, knobs) * mlp_column_chunks(workload, knobs) - 1
     # MeSP's recompute of h = xA: one more matmul per adapted projection in each backward
     recompute_h = 0 if knobs.lora_hidden == "store" else len(adapted_projections(workload))
     return (forwards + 2 * backwards) * (OPS_PER_BLOCK_FORWARD +

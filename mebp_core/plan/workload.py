@@ -145,7 +145,23 @@ def graph_tail_blocks(workload: Workload, knobs: EngineKnobs) -> int:
 
 
 def mlp_chunks(workload: Workload, knobs: EngineKnobs) -> int:
+    """Token chunks of a block's MLP: each decompresses (or upcasts) its tiles again."""
     return math.ceil(workload.tokens / mlp_chunk_tokens(workload, knobs))
+
+
+def mlp_intermediate_width(workload: Workload, knobs: EngineKnobs) -> int:
+    """Intermediate columns per pass of a block's MLP, over every token: all of them unless
+    ``mlp_intermediate_chunk``."""
+    width = knobs.mlp_intermediate_chunk
+    if width is None or knobs.checkpoint_blocks == "none":
+        return workload.arch.intermediate_size
+    return min(width, workload.arch.intermediate_size)
+
+
+def mlp_column_chunks(workload: Workload, knobs: EngineKnobs) -> int:
+    """Intermediate-column chunks of a block's MLP: each runs the MLP's ops again, but
+    decompresses only its own columns of each weight."""
+    return math.ceil(workload.arch.intermediate_size / mlp_intermediate_width(workload, knobs))
 
 
 def saved_bytes_per_token(workload: Workload, knobs: EngineKnobs) -> float:
@@ -158,17 +174,19 @@ def saved_bytes_per_token(workload: Workload, knobs: EngineKnobs) -> float:
     return sum(saved_bytes_per_token_by_part(workload, knobs).values())
 
 
-def saved_bytes_per_token_by_part(workload: Workload, knobs: EngineKnobs
-                                  ) -> Mapping[str, float]:
-    """``saved_bytes_per_token`` split into the block's attention part and its MLP part."""
-    return _saved_bytes_per_token_by_part(workload, knobs.lora_hidden)
+def saved_bytes_per_token_by_part(workload: Workload, knobs: EngineKnobs,
+                                  mlp_width: int | None = None) -> Mapping[str, float]:
+    """``saved_bytes_per_token`` split into the block's attention part and its MLP part; the
+    MLP's for ``mlp_width`` of its intermediate columns (all by default)."""
+    return _saved_bytes_per_token_by_part(workload, knobs.lora_hidden,
+                                          mlp_width or workload.arch.intermediate_size)
 
 
 @lru_cache(maxsize=256)
-def _saved_bytes_per_token_by_part(workload: Workload, lora_hidden: str
+def _saved_bytes_per_token_by_part(workload: Workload, lora_hidden: str, i: int
                                    ) -> Mapping[str, float]:
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
-    d, i = arch.hidden_size, arch.intermediate_size
+    d = arch.hidden_size
     q, kv = arch.num_heads * arch.head_dim, arch.num_kv_heads * arch.head_dim
     gemma = arch.model_type == "gemma3_text"
     norms = 2 if gemma else 1  # per part: Gemma 3 normalizes before and after each

@@ -114,7 +114,7 @@ def case_plan(name: str, host: HostCalibration) -> Plan:
 # (chosen from the recorded figures)
 ADDED_SINCE = ("largest_fitting_peak_mb", "time_tolerance", "recommendation")
 # knobs added since, each at its default in every recorded configuration
-KNOBS_ADDED_SINCE = ("graph_tail_blocks",)
+KNOBS_ADDED_SINCE = ("graph_tail_blocks", "mlp_intermediate_chunk")
 
 
 def recorded_knobs(knobs: dict) -> dict:
