@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 from engine_fixtures import random_batch
 
 from mebp_core.config import EngineKnobs
@@ -79,6 +81,31 @@ def step(packed_dir, *, spec=ALL, compute_dtype="float32", seq_len=20, **knobs):
     return result.loss_sum / valid, grads, engine
 
 
+class _RowWidths(TorchDispatchMode):
+    """The last dimensions of the tensors ops make with ``tokens`` rows."""
+
+    def __init__(self, tokens: int = 40) -> None:
+        super().__init__()
+        self.tokens, self.widths = tokens, set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for tensor in tree_flatten(out)[0]:
+            if isinstance(tensor, torch.Tensor) and tensor.dim() >= 2 and \
+                    tensor.numel() // tensor.shape[-1] == self.tokens:
+                self.widths.add(tensor.shape[-1])
+        return out
+
+
+def tiled_step(packed_dir, chunk: int, **kwargs):
+    """``step`` with ``mlp_intermediate_chunk`` set, checking that no activation or gradient
+    of its 40 tokens is as wide as the intermediate dimension (the untiled step makes them)."""
+    with _RowWidths() as probe:
+        result = step(packed_dir, mlp_intermediate_chunk=chunk, **kwargs)
+    assert INTERMEDIATE not in probe.widths and chunk in probe.widths, probe.widths
+    return result
+
+
 def relative_error(actual: dict, expected: dict) -> float:
     """The worst LoRA gradient's max-abs error relative to its largest entry."""
     return max(float((actual[k] - expected[k]).abs().max()
@@ -132,8 +159,8 @@ def test_gradients_and_loss_equal_the_untiled_engine(family, dtype, frozen, chun
     knobs = {**dtype_knobs, **FROZEN[frozen]}
     packed, spec = wide_models[family, "int4"], SPECS[spec]
     loss, untiled, _ = step(packed, spec=spec, compute_dtype=compute_dtype, **knobs)
-    tiled_loss, tiled, engine = step(packed, spec=spec, compute_dtype=compute_dtype,
-                                     mlp_intermediate_chunk=chunk, **knobs)
+    tiled_loss, tiled, engine = tiled_step(packed, chunk, spec=spec,
+                                           compute_dtype=compute_dtype, **knobs)
     assert tiled.keys() == untiled.keys()
     if compute_dtype == "float32":
         assert tiled_loss == pytest.approx(loss, rel=1e-5)
@@ -159,8 +186,10 @@ def test_gradients_equal_peft_autograd(family, tiny_models, packed_models, tmp_p
     adapter = write_random_adapter(hf_dir, tmp_path / "adapter", seed=1)
     input_ids, labels = random_batch(300, seed=2)
     expected_loss, expected = peft_gradients(hf_dir, adapter, input_ids, labels)
-    loss, actual, _ = engine_gradients(packed_models[family, "none"], adapter, input_ids,
-                                       labels, mlp_intermediate_chunk=64)
+    with _RowWidths() as probe:
+        loss, actual, _ = engine_gradients(packed_models[family, "none"], adapter, input_ids,
+                                           labels, mlp_intermediate_chunk=64)
+    assert 96 not in probe.widths and {64, 32} <= probe.widths  # intermediate 96: 64 + 32
     assert loss == pytest.approx(expected_loss, rel=1e-5)
     assert actual.keys() == expected.keys()
     assert relative_error(actual, expected) <= 1e-4
@@ -172,7 +201,7 @@ def test_each_mlp_weight_is_decompressed_once_per_pass(family, share, wide_model
     packed = wide_models[family, "int4"]
     knobs = dict(share_decompression=share)
     untiled = step(packed, **knobs)[2].working_set
-    tiled = step(packed, mlp_intermediate_chunk=64, **knobs)[2].working_set
+    tiled = tiled_step(packed, 64, **knobs)[2].working_set
     # as many passes (3) over the 40 tokens a chunk of tokens at a time
     by_tokens = step(packed, mlp_chunk_tokens=14, **knobs)[2].working_set
     extra = 0
