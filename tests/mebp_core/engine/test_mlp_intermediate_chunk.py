@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from engine_fixtures import random_batch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from engine_fixtures import random_batch
 
 from mebp_core.config import EngineKnobs
 from mebp_core.engine.checkpoints import make_checkpoints
