@@ -58,6 +58,13 @@ anonymous memory, counted like every tensor.
         self._used = 0
         self._round_numel = 0
 
+    def mark(self) -> tuple[int, int]:
+        return self._used, self._round_numel
+
+    def rewind(self, mark: tuple[int, int]) -> None:
+        """Declare the views taken since ``mark`` dead."""
+        self._used, self._round_numel = mark
+
     def release(self) -> None:
         """Free the buffer (it is re-made at its known size on the next take)."""
         self.reset()
@@ -124,22 +131,27 @@ class WeightWorkingSet:
         return sum(w.numel() * w.element_size() for w in self.resident.values())
 
     def decompress(self, store, name: str, dtype: torch.dtype, rows: slice | None = None,
-                   block: int = -1, keep: bool = False) -> torch.Tensor:
-        """Dequantize ``name`` (or some of its rows), timing it and counting it as live.
+                   block: int = -1, keep: bool = False,
+                   cols: slice | None = None) -> torch.Tensor:
+        """Dequantize ``name`` (or some of its rows, or columns), timing it and counting it
+        as live.
 
         The result lives in a reused arena: with ``keep`` (always, inside a ``share_weights``
         scope, where a recycled tile would overwrite weights still waiting for their backward)
-        until that scope ends, otherwise only until the next decompression.
+        until that scope (or a ``chunk_scope`` within it) ends, otherwise only until the next
+        decompression.
         """
         keep = keep or self.shared is not None
         out_features, in_features = store.info(name).shape
         n_rows = len(range(out_features)[rows]) if rows is not None else out_features
+        n_cols = len(range(in_features)[cols]) if cols is not None else in_features
         arena = self._shared if keep else self._tiles
         if not keep:
             arena.reset()
-        buffer = arena.take(n_rows * in_features, dtype)
+        buffer = arena.take(n_rows * n_cols, dtype).view(n_rows, n_cols)
+        part = {} if cols is None else {"cols": cols}
         start = time.perf_counter()
-        weight = store.dequantize(name, dtype, rows=rows, out=buffer.view(n_rows, in_features))
+        weight = store.dequantize(name, dtype, rows=rows, out=buffer, **part)
         self.decompress_s += time.perf_counter() - start
         self.decompressed_params += weight.numel()
         self.acquire(block, weight.numel() * weight.element_size())
@@ -187,6 +199,16 @@ class WeightWorkingSet:
             for name in set(self.shared) - before:
                 weight = self.shared.pop(name)
                 self.release(block_index(name), weight.numel() * weight.element_size())
+
+    @contextmanager
+    def chunk_scope(self):
+        """Tiles kept within this scope (inside ``share_weights``) are dead when it ends, and
+        their arena space is reused by the next: one MLP column chunk's tiles at a time."""
+        mark = self._shared.mark()
+        try:
+            yield
+        finally:
+            self._shared.rewind(mark)
 
     @contextmanager
     def share_weights(self):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mebp_core.engine.backward import backward_from
 from mebp_core.engine.frozen import FrozenLinear
 from mebp_core.engine.loss import (
     IGNORE_INDEX,
@@ -27,6 +28,7 @@ from mebp_core.engine.loss import (
     compute_head_loss,
     iter_vocab_tiles,
 )
+from mebp_core.engine.mlp_chunks import backward_block_by_columns, run_mlp_by_columns
 from mebp_core.engine.model import EngineModel
 from mebp_core.models.base import apply_softcap
 
@@ -49,12 +51,6 @@ def count_valid_targets(labels: torch.Tensor) -> int:
     return int((labels[:, 1:] != IGNORE_INDEX).sum())
 
 
-def backward_from(output: torch.Tensor, grad: torch.Tensor) -> None:
-    """``output.backward(grad)``, written as a scalar backward: d sum(o * g) / d o is exactly g,
-    and this skips torch's tensor-gradient shape check, which imports sympy (~35 MB)."""
-    torch.sum(output * grad).backward()
-
-
 def forward_blocks(engine: EngineModel, input_ids: torch.Tensor, checkpoints=None,
                    every: int = 1, stop: int | None = None) -> torch.Tensor:
     """Run the frozen forward without autograd through the blocks before ``stop`` (all of
@@ -74,8 +70,14 @@ def forward_blocks(engine: EngineModel, input_ids: torch.Tensor, checkpoints=Non
 
 
 def run_block(engine: EngineModel, block, hidden: torch.Tensor, ctx) -> torch.Tensor:
-    """One block's forward without autograd, its MLP part ``mlp_chunk_tokens`` tokens at a
-    time if asked (so no (tokens, intermediate) tensor is made)."""
+    """One block's forward without autograd, its MLP part ``mlp_chunk_tokens`` tokens or
+    ``mlp_intermediate_chunk`` intermediate columns at a time if asked (so no (tokens,
+    intermediate) tensor is made)."""
+    columns = engine.knobs.mlp_intermediate_chunk
+    if columns is not None:
+        middle = block.attention_part(hidden, ctx)
+        return block.mlp_output(middle, run_mlp_by_columns(block.mlp, block.mlp_input(middle),
+                                                           columns))
     chunks = _mlp_row_chunks(engine, hidden)
     if chunks is None:
         return block(hidden, ctx)
@@ -193,7 +195,8 @@ def _tail_backward(engine: EngineModel, hidden: torch.Tensor, labels: torch.Tens
 def _block_backward(engine: EngineModel, block, block_input: torch.Tensor,
                     grad: torch.Tensor, ctx) -> None:
     """Recompute one block from its input under autograd and run its backward, the MLP part
-    ``mlp_chunk_tokens`` tokens at a time if asked (the same sums, in a different order)."""
+    ``mlp_chunk_tokens`` tokens or ``mlp_intermediate_chunk`` columns at a time if asked (the
+    same sums, in a different order)."""
     with _residual_output_unused(block):
         _recompute_and_backward(engine, block, block_input, grad, ctx)
 
@@ -217,6 +220,10 @@ def _residual_output_unused(block):
 
 def _recompute_and_backward(engine: EngineModel, block, block_input: torch.Tensor,
                             grad: torch.Tensor, ctx) -> None:
+    columns = engine.knobs.mlp_intermediate_chunk
+    if columns is not None:  # down's product is skipped there whatever the block
+        backward_block_by_columns(block, block_input, grad, ctx, columns)
+        return
     chunks = _mlp_row_chunks(engine, grad)
     if chunks is None:
         backward_from(block(block_input, ctx), grad)

@@ -52,9 +52,16 @@ class LoraLinear(nn.Module):
         self.out_features = lora_b.shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.base(x)  # (..., out)
-        return y + lora_delta(x, self.lora_A.weight, self.lora_B.weight, self.scaling,
-                              self.store_hidden, self.matmul_dtype)
+        return self.base(x) + self.delta(x)  # (..., out)
+
+    def delta(self, x: torch.Tensor, rows: slice | None = None,
+              cols: slice | None = None) -> torch.Tensor:
+        """The branch's output rows ``rows`` (B's rows) for x (..., in), or (``cols``) its
+        whole output from input columns ``cols`` alone (A's columns) for x (..., |cols|)."""
+        lora_a = self.lora_A.weight if cols is None else self.lora_A.weight[:, cols]
+        lora_b = self.lora_B.weight if rows is None else self.lora_B.weight[rows]
+        return lora_delta(x, lora_a, lora_b, self.scaling, self.store_hidden,
+                          self.matmul_dtype)
 
 
 def read_features(module: object, path: str) -> tuple[int, int]:

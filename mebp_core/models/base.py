@@ -264,6 +264,14 @@ class DecoderBlock(nn.Module):
 
     def mlp_part(self, h: torch.Tensor) -> torch.Tensor:
         """``h`` of any leading shape (..., D): no position depends on another."""
+        return self.mlp_output(h, self.mlp(self.mlp_input(h)))
+
+    def mlp_input(self, h: torch.Tensor) -> torch.Tensor:
+        """What the MLP reads of the residual stream ``h`` (..., D)."""
+        raise NotImplementedError
+
+    def mlp_output(self, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The block's output from the residual stream ``h`` and the MLP's output ``y``."""
         raise NotImplementedError
 
     def residual_output_projection(self) -> nn.Module | None:
@@ -284,8 +292,11 @@ class PreNormBlock(DecoderBlock):
     def attention_part(self, h: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
         return h + self.self_attn(self.input_layernorm(h), ctx)  # (B, T, D)
 
-    def mlp_part(self, h: torch.Tensor) -> torch.Tensor:
-        return h + self.mlp(self.post_attention_layernorm(h))
+    def mlp_input(self, h: torch.Tensor) -> torch.Tensor:
+        return self.post_attention_layernorm(h)
+
+    def mlp_output(self, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return h + y
 
     def residual_output_projection(self) -> nn.Module:
         return self.mlp.down_proj  # h + down(...): the sum's backward never reads it

@@ -170,8 +170,11 @@ class TransformerBlock(DecoderBlock):
     def attention_part(self, h: torch.Tensor, ctx: BlockContext) -> torch.Tensor:
         return h + self.post_attention_layernorm(self.self_attn(self.input_layernorm(h), ctx))
 
-    def mlp_part(self, h: torch.Tensor) -> torch.Tensor:
-        return h + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(h)))
+    def mlp_input(self, h: torch.Tensor) -> torch.Tensor:
+        return self.pre_feedforward_layernorm(h)
+
+    def mlp_output(self, h: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return h + self.post_feedforward_layernorm(y)  # y is read: its backward needs it
 
 
 class Gemma3Model(nn.Module):

@@ -109,14 +109,18 @@ def dequantize(
     dtype: torch.dtype = torch.float32,
     out: torch.Tensor | None = None,
     rows: slice | torch.Tensor | None = None,
+    cols: slice | None = None,
 ) -> torch.Tensor:
-    """Dequantize the selected rows (all, a slice, or a LongTensor of indices) into ``dtype``.
+    """Dequantize the selected rows (all, a slice, or a LongTensor of indices) and columns
+    (all, or a step-1 slice) into ``dtype``.
 
     Works on row-sliced views of the packed arrays too; writes into ``out`` when given.
     """
     data = _select_rows(data, rows)
     scales = _select_rows(scales, rows)
     biases = _select_rows(biases, rows)
+    if cols is not None:
+        return _dequantize_columns(data, scales, biases, bits, group_size, dtype, out, cols)
     n_rows = data.shape[0]
     k = data.shape[1] * 2 if bits == 4 else data.shape[1]
     if out is None:
@@ -139,3 +143,27 @@ def dequantize(
         if not direct:
             out[chunk].copy_(dst)
     return out
+
+
+def _dequantize_columns(data, scales, biases, bits: int, group_size: int, dtype: torch.dtype,
+                        out: torch.Tensor | None, cols: slice) -> torch.Tensor:
+    """Columns [start, stop): the groups covering them, copied contiguous from the packed
+    views (what the native kernel reads), dequantized, and narrowed when unaligned."""
+    k = data.shape[1] * 8 // bits
+    start, stop, step = cols.indices(k)
+    if step != 1:
+        raise ValueError(f"columns must be a step-1 slice, got {cols}")
+    first, last = start // group_size, -(-stop // group_size)  # covering groups [first, last)
+    width = stop - start
+    byte = slice(first * group_size * bits // 8, last * group_size * bits // 8)
+    covering = slice(first, last)
+    aligned = start == first * group_size and stop == last * group_size
+    target = out if aligned else None
+    if out is not None and out.shape != (data.shape[0], width):
+        raise ValueError(f"out must be a ({data.shape[0]}, {width}) tensor, got {out.shape}")
+    whole = dequantize(data[:, byte].contiguous(), scales[:, covering].contiguous(),
+                       biases[:, covering].contiguous(), bits, group_size, dtype, out=target)
+    if aligned:
+        return whole
+    part = whole[:, start - first * group_size : stop - first * group_size]
+    return part.contiguous() if out is None else out.copy_(part)

@@ -111,17 +111,19 @@ class PackedStore:
         dtype: torch.dtype = torch.float32,
         rows: slice | None = None,
         out: torch.Tensor | None = None,
+        cols: slice | None = None,
     ) -> torch.Tensor:
-        """A new tensor holding the requested rows (all when ``rows`` is None) in ``dtype``."""
+        """A new tensor holding the requested rows and columns (all when None; columns a
+        step-1 slice) in ``dtype``."""
         raw = self.raw(name)
         if raw.bits is None:
             src = raw.data if rows is None else raw.data[rows]
+            src = src if cols is None else src[:, cols]
             if out is None:
                 return src.to(dtype, copy=True)
             return out.copy_(src)
-        return dequantize(
-            raw.data, raw.scales, raw.biases, raw.bits, self.group_size, dtype, out=out, rows=rows
-        )
+        return dequantize(raw.data, raw.scales, raw.biases, raw.bits, self.group_size, dtype,
+                          out=out, rows=rows, cols=cols)
 
     def gather_rows(
         self, name: str, index: torch.Tensor, dtype: torch.dtype = torch.float32
