@@ -22,8 +22,7 @@ def describe_knobs(knobs: dict, method: str = "mebp") -> str:
                      if knobs["share_decompression"] is True
                      else "weights decompressed in tiles of "
                      f"{knobs['decompress_tile_bytes'] / MB:g} MB")
-    if knobs.get("mlp_chunk_tokens"):
-        parts.append(f"the MLP run {knobs['mlp_chunk_tokens']} tokens at a time")
+    parts += _mlp_chunks(knobs)
     return ", ".join(parts)
 
 
@@ -31,9 +30,17 @@ def _mezo(knobs: dict) -> str:
     parts = ["two forward passes with a seeded perturbation and no backward", _weights(knobs)]
     if knobs["frozen_weights"] != "resident" or knobs.get("resident_weight_bytes") is not None:
         parts.append(f"weights decompressed in tiles of {knobs['decompress_tile_bytes'] / MB:g} MB")
-    if knobs.get("mlp_chunk_tokens"):
-        parts.append(f"the MLP run {knobs['mlp_chunk_tokens']} tokens at a time")
+    parts += _mlp_chunks(knobs)
     return ", ".join(parts)
+
+
+def _mlp_chunks(knobs: dict) -> list[str]:
+    if knobs.get("mlp_chunk_tokens"):
+        return [f"the MLP run {knobs['mlp_chunk_tokens']} tokens at a time"]
+    if knobs.get("mlp_intermediate_chunk"):
+        return [f"the MLP run {knobs['mlp_intermediate_chunk']} intermediate columns at a "
+                "time over every token"]
+    return []
 
 
 def _weights(knobs: dict) -> str:

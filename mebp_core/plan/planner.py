@@ -14,7 +14,7 @@ from mebp_core.errors import MebpError
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.devices import DeviceProfile, mezo_device_step_time
 from mebp_core.plan.predict import Prediction, predict, under_budget
-from mebp_core.plan.workload import DTYPE_BYTES, Workload, canonical_workload
+from mebp_core.plan.workload import DTYPE_BYTES, Workload, canonical_workload, matmul_bytes
 from mebp_core.units import MB
 
 DEFAULT_MARGIN = 0.10  # a configuration fits when its predicted peak * 1.10 is within budget
@@ -204,11 +204,12 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
     """The grid of ``workload.method``'s knobs. MeBP: weights lazy, resident to a quarter,
     half, three quarters, or all; checkpoints every 1, 2, 4 blocks or none, in RAM or a file;
     LoRA h kept or not; one decompression per block or two; default or small tiles; the
-    backward's MLP whole or in chunks of tokens; and between checkpointing every block and
-    none, graph tails of ``GRAPH_TAILS`` lengths (with every block's input checkpointed in
-    RAM before them, shared decompression and default tiles: the fast configurations, which
-    the tail's memory is traded against). MeZO (forwards only): the weights, the tiles and
-    the MLP's chunks. Plain backprop: its one configuration."""
+    backward's MLP whole, in chunks of tokens or of intermediate columns; and between
+    checkpointing every block and none, graph tails of ``GRAPH_TAILS`` lengths (with every
+    block's input checkpointed in RAM before them, shared decompression and default tiles:
+    the fast configurations, which the tail's memory is traded against). MeZO (forwards
+    only): the weights, the tiles and the MLP's chunks. Plain backprop: its one
+    configuration."""
     run = {"bf16_matmul": bf16_matmul, "threads": threads}
     if workload.method == "backprop":
         return [EngineKnobs(**BACKPROP_KNOBS, **run)]
@@ -219,35 +220,61 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
     weights = [("lazy", None),
                *[("resident", int(total * f) >> 10 << 10) for f in (0.25, 0.5, 0.75)],
                ("resident", None)]
-    tiles = (8 << 20, SMALL_TILE_BYTES)
-    mlp_chunks = [None, *(c for c in MLP_CHUNK_TOKENS if c < workload.tokens)]
+    em = matmul_bytes(workload, EngineKnobs(bf16_matmul=bf16_matmul))
+    tiles_and_chunks = [(tile, chunk) for tile in (8 << 20, SMALL_TILE_BYTES)
+                        for chunk in [{}, *mlp_chunk_choices(workload, tile, em)]]
     if workload.method == "mezo":
         return [EngineKnobs(frozen_weights=frozen, resident_weight_bytes=budget,
                             decompress_tile_bytes=tile, loss_vocab_tile_bytes=tile,
-                            mlp_chunk_tokens=chunk, **run)
-                for (frozen, budget), tile, chunk in itertools.product(weights, tiles,
-                                                                        mlp_chunks)
+                            **chunk, **run)
+                for (frozen, budget), (tile, chunk) in itertools.product(weights,
+                                                                          tiles_and_chunks)
                 if not (frozen == "resident" and budget is None and tile != 8 << 20)]
     checkpoint_blocks = [1, 2, 4, "none"]
     out = []
-    for (frozen, budget), every, storage, hidden, shared, tile, chunk in itertools.product(
+    for (frozen, budget), every, storage, hidden, shared, (tile, chunk) in itertools.product(
             weights, checkpoint_blocks, ("ram", "mmap"), ("recompute", "store"),
-            (True, False), tiles, mlp_chunks):
-        if every == "none" and (storage == "mmap" or not shared or chunk is not None):
+            (True, False), tiles_and_chunks):
+        if every == "none" and (storage == "mmap" or not shared or chunk):
             continue  # none of these applies without checkpoints
+        if shared and "mlp_intermediate_chunk" in chunk:
+            continue  # its point is to decompress a chunk's columns, never a whole weight
         if frozen == "resident" and budget is None and (not shared or tile != 8 << 20):
             continue  # nothing is decompressed per step
         out.append(EngineKnobs(frozen_weights=frozen, resident_weight_bytes=budget,
                                checkpoint_blocks=every, checkpoint_storage=storage,
                                lora_hidden=hidden, share_decompression=shared,
                                decompress_tile_bytes=tile, loss_vocab_tile_bytes=tile,
-                               mlp_chunk_tokens=chunk, **run))
+                               **chunk, **run))
     out += [EngineKnobs(frozen_weights=frozen, resident_weight_bytes=budget,
                         graph_tail_blocks=tail, lora_hidden=hidden, share_decompression=True,
                         **run)
             for (frozen, budget), tail, hidden in itertools.product(
                 weights, graph_tails(arch.num_layers), ("recompute", "store"))]
     return out
+
+
+def mlp_chunk_choices(workload: Workload, tile_bytes: int, matmul_itemsize: int
+                      ) -> list[dict[str, int]]:
+    """The MLP's chunks the grid tries: each of ``MLP_CHUNK_TOKENS`` below the batch's
+    tokens, and beside it the intermediate columns (a multiple of 64) that keep the same
+    (tokens, intermediate) tensors over every token, or fewer so that a chunk's slice of a
+    weight is no larger than a tile, decompressing each weight once per pass. Not where a
+    block norms its MLP's output (Gemma 3): its backward needs that output first, one more
+    pass over the MLP's weights that the time model does not price."""
+    arch = workload.arch
+    by_columns = arch.residual_output_projection is not None
+    in_a_tile = tile_bytes // (arch.hidden_size * matmul_itemsize) // 64 * 64
+    choices = []
+    for tokens in MLP_CHUNK_TOKENS:
+        if tokens >= workload.tokens:
+            continue
+        choices.append({"mlp_chunk_tokens": tokens})
+        width = min(-(-arch.intermediate_size * tokens // workload.tokens // 64) * 64,
+                    max(64, in_a_tile))
+        if by_columns and width < arch.intermediate_size:
+            choices.append({"mlp_intermediate_chunk": width})
+    return choices
 
 
 def graph_tails(layers: int) -> range:
@@ -282,6 +309,8 @@ def knobs_id(knobs: EngineKnobs, method: str = "mebp") -> str:
                  _SHARING[knobs.share_decompression], tiles]
     if knobs.mlp_chunk_tokens is not None:
         parts.append(f"mlp{knobs.mlp_chunk_tokens}")
+    if knobs.mlp_intermediate_chunk is not None:
+        parts.append(f"mlpi{knobs.mlp_intermediate_chunk}")
     return "-".join(parts)
 
 

@@ -148,7 +148,7 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
         every, tail = "none", 0
     # a tail's blocks are decompressed in tiles: only the checkpointed ones share
     weights = _transient_weights(arch, knobs, e, em, resident.names, shared,
-                                 arch.num_layers - tail)
+                                 arch.num_layers - tail, mlp_intermediate_width(workload, knobs))
     hidden_bytes = n_tokens * arch.hidden_size * e
     # the MLP part of a block's backward runs a chunk of tokens, or of intermediate
     # columns over every token, at a time if asked
@@ -166,8 +166,10 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
         (em + e if upcast else e)
     if upcast or every == "none" or not shared:
         block_grads += running_sum
-    if chunk < n_tokens or width < arch.intermediate_size:
-        block_grads += hidden_bytes  # the MLP part's input gradient, summed whole
+    if chunk < n_tokens:
+        block_grads += hidden_bytes  # the MLP part's input gradient, gathered whole
+    if width < arch.intermediate_size:  # ... or summed over the column chunks in float32
+        block_grads += n_tokens * arch.hidden_size * 4
     # fused updates step each block as its gradients complete: a tail's all at once
     lora = _lora_bytes(workload, grad_blocks=arch.num_layers
                        if every == "none" or not workload.fused_update else max(1, tail))
@@ -215,7 +217,8 @@ def _mezo_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     parameters alone (no gradients, no optimizer state) and one parameter's drawn z."""
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
     em = matmul_bytes(workload, knobs)
-    weights = _transient_weights(arch, knobs, e, em, resident.names, shared=False)
+    weights = _transient_weights(arch, knobs, e, em, resident.names, shared=False,
+                                 mlp_width=mlp_intermediate_width(workload, knobs))
     blocks = forward_block_bytes(workload, knobs, em)
     loss = loss_chunk_bytes(workload, knobs, em, with_grad=False)
     adapted = adapted_projections(workload).values()
@@ -236,8 +239,8 @@ def forward_block_bytes(workload: Workload, knobs: EngineKnobs, em: int) -> int:
     attention = n * (em * (2 * q + 4 * kv) + e * q)
     width = mlp_intermediate_width(workload, knobs)
     mlp = mlp_chunk_tokens(workload, knobs) * FORWARD_MLP_COPIES * em * width
-    if width < arch.intermediate_size:  # down's output summed over the column chunks
-        mlp += n * arch.hidden_size * em
+    if width < arch.intermediate_size:  # down's output summed over the chunks in float32
+        mlp += n * arch.hidden_size * 4
     return int(FORWARD_RETENTION * (2 * n * arch.hidden_size * e + max(attention, mlp)))
 
 
@@ -275,14 +278,21 @@ def _widest_inputs(arch: Architecture) -> Mapping[str, int]:
 
 def _transient_weights(arch: Architecture, knobs: EngineKnobs, e: int, em: int,
                        resident: frozenset[str], shared: bool,
-                       shared_blocks: int | None = None) -> Mapping[str, int]:
+                       shared_blocks: int | None = None,
+                       mlp_width: int | None = None) -> Mapping[str, int]:
     """The tile arena (largest lazy tile in the matmul dtype, forward and head, or largest
-    upcast tile of a held weight) and the shared arena (the largest lazy weights of a block
+    upcast tile of a held weight; an MLP column chunk's slice, ``mlp_width`` columns, is
+    made whole whatever the tile) and the shared arena (the largest lazy weights of a block
     among the first ``shared_blocks``, all by default, decompressed whole in the storage
     dtype for its backward)."""
-    return _transient_arenas(arch, knobs.decompress_tile_bytes, knobs.loss_vocab_tile_bytes,
-                             e, em, resident, shared,
-                             arch.num_layers if shared_blocks is None else shared_blocks)
+    arenas = _transient_arenas(arch, knobs.decompress_tile_bytes, knobs.loss_vocab_tile_bytes,
+                               e, em, resident, shared,
+                               arch.num_layers if shared_blocks is None else shared_blocks)
+    if mlp_width is None or mlp_width >= arch.intermediate_size:
+        return arenas
+    # a shared step holds a chunk's gate and up slices from its forward to its backward
+    slices = arch.hidden_size * mlp_width * em * (2 if shared else 1)
+    return MappingProxyType({**arenas, "tile": max(arenas["tile"], slices)})
 
 
 @lru_cache(maxsize=MEMO_ENTRIES)

@@ -33,11 +33,19 @@ MARGIN = 0.10  # the planner's default safety margin: a cap of peak * (1 + margi
 LAZY = EngineKnobs(frozen_weights="lazy", checkpoint_blocks=1, checkpoint_storage="mmap",
                    lora_hidden="recompute", share_decompression=False, mlp_chunk_tokens=64,
                    decompress_tile_bytes=1 << 20, loss_vocab_tile_bytes=1 << 20)
+# the same, its MLP a chunk of intermediate columns at a time over every token: at 2048
+# tokens, the columns of 64 tokens' worth
+BY_COLUMNS = LAZY.model_copy(update={"mlp_chunk_tokens": None, "mlp_intermediate_chunk": 64})
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("preset", ["smollm2-135m", "qwen3-0.6b", "gemma3-1b"])
-def test_one_blocks_backward_peaks_within_the_planners_count(tmp_path, host, preset):
+@pytest.mark.parametrize(("preset", "knobs"), [
+    pytest.param(preset, knobs, id=f"{preset}-{name}")
+    for preset, knobs, name in [("smollm2-135m", LAZY, "tokens"), ("qwen3-0.6b", LAZY, "tokens"),
+                                ("gemma3-1b", LAZY, "tokens"),
+                                ("smollm2-135m", BY_COLUMNS, "columns"),
+                                ("qwen3-0.6b", BY_COLUMNS, "columns")]])
+def test_one_blocks_backward_peaks_within_the_planners_count(tmp_path, host, preset, knobs):
     config = {**PRESET_CONFIGS[preset], "num_hidden_layers": LAYERS,
               "vocab_size": 256}
     if "layer_types" in config:
@@ -46,16 +54,16 @@ def test_one_blocks_backward_peaks_within_the_planners_count(tmp_path, host, pre
     hf_config = transformers.AutoConfig.for_model(config["model_type"], **fields)
     transformers.AutoModelForCausalLM.from_config(hf_config).save_pretrained(tmp_path / "hf")
     packed = pack_model(tmp_path / "hf", tmp_path / "packed", quant="int4")
-    knobs = LAZY.model_dump(mode="json", exclude_defaults=True)
+    dumped = knobs.model_dump(mode="json", exclude_defaults=True)
     proc = subprocess.run(
         [sys.executable, "-m", "mebp_core.bench.worker", "mebp", "--model", str(packed),
          "--seq-len", str(SEQ_LEN), "--steps", "1", "--threads", "1", "--dtype", "bfloat16",
-         "--knobs", json.dumps(knobs)], capture_output=True, text=True, check=True)
+         "--knobs", json.dumps(dumped)], capture_output=True, text=True, check=True)
     measured = json.loads(proc.stdout)
 
     arch = architecture_from_config(hf_config.to_dict())
     prediction = predict(Workload(arch=arch, seq_len=SEQ_LEN, compute_dtype="bfloat16"),
-                         LAZY, host)
+                         knobs, host)
     # above the imports, where the seeded host's runtime is not this process's
     predicted_mb = (prediction.peak_bytes - host.runtime_bytes) / MB
     activations_mb = prediction.memory["activations"] / MB
