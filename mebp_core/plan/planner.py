@@ -14,7 +14,7 @@ from mebp_core.errors import MebpError
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.devices import DeviceProfile, mezo_device_step_time
 from mebp_core.plan.predict import Prediction, predict, under_budget
-from mebp_core.plan.workload import DTYPE_BYTES, Workload, canonical_workload, matmul_bytes
+from mebp_core.plan.workload import DTYPE_BYTES, Workload, canonical_workload
 from mebp_core.units import MB
 
 DEFAULT_MARGIN = 0.10  # a configuration fits when its predicted peak * 1.10 is within budget
@@ -220,9 +220,8 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
     weights = [("lazy", None),
                *[("resident", int(total * f) >> 10 << 10) for f in (0.25, 0.5, 0.75)],
                ("resident", None)]
-    em = matmul_bytes(workload, EngineKnobs(bf16_matmul=bf16_matmul))
-    tiles_and_chunks = [(tile, chunk) for tile in (8 << 20, SMALL_TILE_BYTES)
-                        for chunk in [{}, *mlp_chunk_choices(workload, tile, em)]]
+    tiles_and_chunks = list(itertools.product((8 << 20, SMALL_TILE_BYTES),
+                                              [{}, *mlp_chunk_choices(workload)]))
     if workload.method == "mezo":
         return [EngineKnobs(frozen_weights=frozen, resident_weight_bytes=budget,
                             decompress_tile_bytes=tile, loss_vocab_tile_bytes=tile,
@@ -254,24 +253,22 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
     return out
 
 
-def mlp_chunk_choices(workload: Workload, tile_bytes: int, matmul_itemsize: int
-                      ) -> list[dict[str, int]]:
+def mlp_chunk_choices(workload: Workload) -> list[dict[str, int]]:
     """The MLP's chunks the grid tries: each of ``MLP_CHUNK_TOKENS`` below the batch's
-    tokens, and beside it the intermediate columns (a multiple of 64) that keep the same
-    (tokens, intermediate) tensors over every token, or fewer so that a chunk's slice of a
-    weight is no larger than a tile, decompressing each weight once per pass. Not where a
-    block norms its MLP's output (Gemma 3): its backward needs that output first, one more
-    pass over the MLP's weights that the time model does not price."""
+    tokens, and beside it the intermediate columns that keep the same (tokens, intermediate)
+    tensors over every token, decompressing each weight once per pass. Their width is a
+    multiple of 64 and of the quantization group (a chunk's columns of down are whole
+    groups). Not where a block norms its MLP's output (Gemma 3): its backward makes that
+    output first, priced but not measured against the kernel."""
     arch = workload.arch
     by_columns = arch.residual_output_projection is not None
-    in_a_tile = tile_bytes // (arch.hidden_size * matmul_itemsize) // 64 * 64
+    step = math.lcm(64, workload.group_size)
     choices = []
     for tokens in MLP_CHUNK_TOKENS:
         if tokens >= workload.tokens:
             continue
         choices.append({"mlp_chunk_tokens": tokens})
-        width = min(-(-arch.intermediate_size * tokens // workload.tokens // 64) * 64,
-                    max(64, in_a_tile))
+        width = -(-arch.intermediate_size * tokens // workload.tokens // step) * step
         if by_columns and width < arch.intermediate_size:
             choices.append({"mlp_intermediate_chunk": width})
     return choices

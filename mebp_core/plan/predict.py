@@ -41,6 +41,7 @@ from mebp_core.plan.workload import (
     matmul_dtype_of,
     mlp_chunk_tokens,
     mlp_intermediate_width,
+    mlp_output_passes,
     packed_bytes_per_param,
     saved_bytes_per_token_by_part,
     shape_of,
@@ -170,6 +171,8 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
         block_grads += hidden_bytes  # the MLP part's input gradient, gathered whole
     if width < arch.intermediate_size:  # ... or summed over the column chunks in float32
         block_grads += n_tokens * arch.hidden_size * 4
+    # the MLP's output made first for a backward in column chunks, summed in float32
+    block_grads += mlp_output_passes(arch, width) * n_tokens * arch.hidden_size * (4 + e)
     # fused updates step each block as its gradients complete: a tail's all at once
     lora = _lora_bytes(workload, grad_blocks=arch.num_layers
                        if every == "none" or not workload.fused_update else max(1, tail))

@@ -42,6 +42,7 @@ from mebp_core.plan.workload import (
     mlp_chunks,
     mlp_column_chunks,
     mlp_intermediate_width,
+    mlp_output_passes,
     saved_bytes_per_token,
     tile_rows,
 )
@@ -183,6 +184,9 @@ def _matmuls(workload: Workload, e: int, every: int | str, shared: bool, tail: i
                 share = resident_blocks[suffix] / (stop - first)  # resident blocks never tile
                 tiled, whole = forward_passes(group, suffix, skipped) if kind == "forward" \
                     else (group["tiled_backward"], group["whole_backward"])
+                if kind == "forward" and suffix in ("gate_proj", "up_proj"):
+                    tiled += mlp_output_passes(arch, width) * (
+                        group["tiled_backward"] + group["whole_backward"])
                 work.append((flops * tiled * (1 - share), rows, tile, form))
                 work.append((flops * (tiled * share + whole), rows, out, form))
     forwards = passes["tiled_forward"] + passes["whole_forward"]
@@ -207,26 +211,30 @@ def _decompress_work(workload: Workload, knobs: EngineKnobs, resident: frozenset
     # per block weight: its share of its group's block passes (a shared block is
     # decompressed once for its recompute and its backward), and the tiled passes the
     # skipped projection is not decompressed in (a recompute's, when unshared)
+    width = mlp_intermediate_width(workload, knobs)
+    y_passes = mlp_output_passes(arch, width)
     uses = tuple((first, stop, (passes["tiled_forward"] + passes["tiled_backward"]) /
                   (stop - first), passes["whole_backward"] / (stop - first),
-                  recompute_tiles_spared(passes, skipped) / (stop - first))
+                  recompute_tiles_spared(passes, skipped) / (stop - first),
+                  y_passes * (passes["tiled_backward"] + passes["whole_backward"]) /
+                  (stop - first))
                  for first, stop, passes in block_groups(workload, knobs))
     head_uses = 2 if workload.method == "mezo" else 1  # MeBP's one pass makes loss and gradient
     chunks = mlp_chunks(workload, knobs)  # each decompresses the MLP's tiles again
     return _decompressions(arch, resident, knobs.decompress_tile_bytes,
                            knobs.loss_vocab_tile_bytes, matmul_bytes(workload, knobs),
-                           uses, head_uses, chunks, mlp_intermediate_width(workload, knobs),
-                           skipped)
+                           uses, head_uses, chunks, width, skipped)
 
 
 @lru_cache(maxsize=MEMO_ENTRIES, typed=True)
 def _decompressions(arch: Architecture, resident: frozenset[str], block_tile_bytes: int,
                     head_tile_bytes: int, e: int,
-                    group_uses: tuple[tuple[int, int, float, float, float], ...],
+                    group_uses: tuple[tuple[int, int, float, float, float, float], ...],
                     head_uses: int, chunks: int, width: int, skipped: str | None = None
                     ) -> tuple[float, float, float, float]:
     """``group_uses``: per group of blocks first..stop-1, a block weight's tiled and whole
-    decompressions, and the tiled ones ``skipped`` is spared."""
+    decompressions, the tiled ones ``skipped`` is spared, and gate's and up's extra tiled
+    ones making the MLP's output for a backward in column chunks."""
     tiles = _tiles_per_projection(arch, block_tile_bytes, e, width)
     tiled_params = tile_calls = whole_params = whole_calls = 0.0
     for name, count, suffix in frozen_weight_suffixes(arch):
@@ -239,11 +247,13 @@ def _decompressions(arch: Architecture, resident: frozenset[str], block_tile_byt
                 rows / tile_rows(rows, cols, head_tile_bytes, e))
             continue
         block = block_index(name)
-        tiled_uses, whole_uses, spared = next(
-            (tiled, whole, spared) for first, stop, tiled, whole, spared in group_uses
+        tiled_uses, whole_uses, spared, y_uses = next(
+            (tiled, whole, spared, y) for first, stop, tiled, whole, spared, y in group_uses
             if first <= block < stop)
         if suffix == skipped:
             tiled_uses -= spared
+        if suffix in ("gate_proj", "up_proj"):
+            tiled_uses += y_uses
         uses = tiled_uses * (chunks if suffix in MLP_PROJECTIONS else 1)
         tiled_params += count * uses
         whole_params += count * whole_uses

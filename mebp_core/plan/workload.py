@@ -158,6 +158,15 @@ def mlp_intermediate_width(workload: Workload, knobs: EngineKnobs) -> int:
     return min(width, workload.arch.intermediate_size)
 
 
+def mlp_output_passes(arch: Architecture, width: int) -> int:
+    """Extra passes of gate and up per block backward in intermediate-column chunks of
+    ``width``: a block that norms its MLP's output before the sum (Gemma 3) makes that
+    output first (its chunks' recomputes then skip down's product, as every block's do)."""
+    if arch.residual_output_projection is None and width < arch.intermediate_size:
+        return 1
+    return 0
+
+
 def mlp_column_chunks(workload: Workload, knobs: EngineKnobs) -> int:
     """Intermediate-column chunks of a block's MLP: each runs the MLP's ops again, but
     decompresses only its own columns of each weight."""

@@ -9,6 +9,7 @@ import pytest
 
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import load_architecture
+from mebp_core.plan.planner import candidate_knobs
 from mebp_core.plan.predict import predict
 from mebp_core.plan.timing import step_work
 from mebp_core.plan.workload import Workload
@@ -50,3 +51,34 @@ def test_a_chunk_as_wide_as_the_intermediate_size_is_no_chunk(workload, host):
     whole = EngineKnobs(**SMALL)
     wide = EngineKnobs(**SMALL, mlp_intermediate_chunk=workload.arch.intermediate_size + 64)
     assert predict(workload, wide, host) == predict(workload, whole, host)
+
+
+def test_gemma3s_column_chunks_pay_for_making_the_mlps_output_first(host):
+    """Gemma 3 norms its MLP's output before the sum, so a backward in column chunks makes
+    that output first: gate and up once more per block backward, and the output with its
+    float32 sum alive beside the block's gradients."""
+    workload = Workload(arch=load_architecture("preset:gemma3-1b"), seq_len=256)
+    width = workload.arch.intermediate_size // 4
+    by_tokens = predict(workload, EngineKnobs(**SMALL, mlp_chunk_tokens=64), host)
+    by_columns = predict(workload, EngineKnobs(**SMALL, mlp_intermediate_chunk=width), host)
+    work = step_work(workload, EngineKnobs(**SMALL, mlp_intermediate_chunk=width),
+                     frozenset())
+    untiled = step_work(workload, EngineKnobs(**SMALL), frozenset())
+    arch = workload.arch
+    gate_and_up = 2 * arch.hidden_size * arch.intermediate_size * arch.num_layers
+    backwards = arch.num_layers  # checkpointed every block: one backward each
+    assert work.tile_params == pytest.approx(
+        untiled.tile_params + gate_and_up * backwards / arch.num_layers)
+    n_by_d = workload.tokens * arch.hidden_size
+    assert by_columns.memory["activations"] >= by_tokens.memory["activations"] + n_by_d * 4
+
+
+@pytest.mark.parametrize("group_size", [32, 64, 128, 256])
+def test_the_grid_chunks_columns_in_whole_quantization_groups(group_size):
+    workload = Workload(arch=load_architecture("preset:qwen2.5-0.5b"), seq_len=256,
+                        group_size=group_size)
+    widths = [k.mlp_intermediate_chunk for k in candidate_knobs(workload)
+              if k.mlp_intermediate_chunk is not None]
+    assert widths and all(w % group_size == 0 and w % 64 == 0 for w in widths)
+    gemma = Workload(arch=load_architecture("preset:gemma3-1b"), seq_len=256)
+    assert not any(k.mlp_intermediate_chunk for k in candidate_knobs(gemma))
