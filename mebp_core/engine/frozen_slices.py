@@ -65,10 +65,11 @@ def multiply_slice(x: torch.Tensor, weight: WeightSlice, skip_output: bool = Fal
 
 def _product(a: torch.Tensor, weight: WeightSlice, transposed: bool) -> torch.Tensor:
     tile = weight.take()
-    a_m = a.to(tile.dtype)
-    out = (a_m @ tile if transposed else a_m @ tile.T).to(a.dtype)
-    weight.give_back(tile)
-    return out
+    try:
+        a_m = a.to(tile.dtype)
+        return (a_m @ tile if transposed else a_m @ tile.T).to(a.dtype)
+    finally:  # the live-byte count stays balanced when the matmul raises
+        weight.give_back(tile)
 
 
 class _SliceMatmul(torch.autograd.Function):

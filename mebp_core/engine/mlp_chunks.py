@@ -28,6 +28,14 @@ def column_chunks(intermediate_size: int, chunk: int) -> list[slice]:
             for start in range(0, intermediate_size, chunk)]
 
 
+def column_chunk_width(mlp: nn.Module, chunk: int | None) -> int | None:
+    """``chunk``, or None (the MLP untiled) when unset or one chunk would span every column:
+    the planner prices that as untiled."""
+    if chunk is None or chunk >= _frozen(mlp.gate_proj).out_features:
+        return None
+    return chunk
+
+
 def run_mlp_by_columns(mlp: nn.Module, x: torch.Tensor, chunk: int) -> torch.Tensor:
     """``mlp(x)`` for x (..., D) without autograd, summed over column chunks in float32."""
     flat = x.reshape(-1, x.shape[-1])  # (N, D)

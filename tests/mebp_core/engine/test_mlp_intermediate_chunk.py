@@ -243,3 +243,29 @@ def test_the_activation_peak_shrinks_with_a_wide_mlp(wide_models):
                                                mlp_intermediate_chunk=256))
     one_wide = 128 * 4096 * 4
     assert untiled - tiled >= 2 * one_wide, (untiled, tiled)
+
+
+@pytest.mark.parametrize("chunk", [INTERMEDIATE, INTERMEDIATE + 64])
+@pytest.mark.parametrize("dtype", ["float32", "bf16-native"])
+def test_a_chunk_spanning_every_column_runs_the_untiled_mlp(chunk, dtype, wide_models):
+    """The planner prices a chunk >= the intermediate size as untiled: the engine runs it so,
+    bit for bit."""
+    compute_dtype, knobs = DTYPES[dtype]
+    packed = wide_models["llama", "int4"]
+    loss, untiled, _ = step(packed, compute_dtype=compute_dtype, **knobs)
+    tiled_loss, tiled, _ = step(packed, compute_dtype=compute_dtype,
+                                mlp_intermediate_chunk=chunk, **knobs)
+    assert tiled_loss == loss
+    assert all(torch.equal(tiled[k], untiled[k]) for k in untiled)
+
+
+def test_a_failing_slice_matmul_gives_its_tile_back(wide_models):
+    from mebp_core.engine.frozen_slices import WeightSlice, multiply_slice
+
+    engine = step(wide_models["llama", "int4"], share_decompression=False)[2]
+    gate = engine.layers[0].mlp.gate_proj.base
+    ws = engine.working_set
+    before = ws.live_bytes
+    with pytest.raises(RuntimeError):
+        multiply_slice(torch.randn(3, gate.in_features + 1), WeightSlice(gate, rows=slice(0, 8)))
+    assert ws.live_bytes == before
