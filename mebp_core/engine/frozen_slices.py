@@ -56,34 +56,60 @@ class WeightSlice:
             self._held = None
 
 
-def multiply_slice(x: torch.Tensor, weight: WeightSlice, skip_output: bool = False):
+def multiply_slice(x: torch.Tensor, weight: WeightSlice, skip_output: bool = False,
+                   grad_into: torch.Tensor | None = None):
     """``x W[rows]^T`` (x (..., in)) or ``x W[:, cols]^T`` (x (..., |cols|)), in x's dtype;
-    ``skip_output``: zeros, for a forward run only for its backward, whose output nothing
-    reads (no decompression, no product), the backward unchanged."""
-    return _SliceMatmul.apply(x, weight, skip_output)
+    ``skip_output``: an expanded zero, for a forward run only for its backward, whose output
+    nothing reads (no decompression, no product, no memory), the backward unchanged;
+    ``grad_into``: the backward adds x's gradient into this float32 (x.numel() // in, in)
+    sum in the matmul dtype (unrounded) and hands autograd none."""
+    return _SliceMatmul.apply(x, weight, skip_output, grad_into)
+
+
+def add_slice_product(into: torch.Tensor, a: torch.Tensor, weight: WeightSlice,
+                      transposed: bool = False) -> None:
+    """``into += a W[slice]^T`` (``a W[slice]`` if ``transposed``) for a float32 ``into``,
+    the product kept in the matmul dtype (or, float32, accumulated by the matmul itself)."""
+    tile = weight.take()
+    try:
+        a_m = a.to(tile.dtype)
+        w = tile if transposed else tile.T
+        if tile.dtype == into.dtype:
+            into.addmm_(a_m, w)
+        else:
+            into.add_(a_m @ w)
+    finally:  # the live-byte count stays balanced when the matmul raises
+        weight.give_back(tile)
 
 
 def _product(a: torch.Tensor, weight: WeightSlice, transposed: bool) -> torch.Tensor:
     tile = weight.take()
-    a_m = a.to(tile.dtype)
-    out = (a_m @ tile if transposed else a_m @ tile.T).to(a.dtype)
-    weight.give_back(tile)
-    return out
+    try:
+        a_m = a.to(tile.dtype)
+        return (a_m @ tile if transposed else a_m @ tile.T).to(a.dtype)
+    finally:  # the live-byte count stays balanced when the matmul raises
+        weight.give_back(tile)
 
 
 class _SliceMatmul(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: WeightSlice, skip_output: bool) -> torch.Tensor:
-        ctx.weight = weight
+    def forward(ctx, x: torch.Tensor, weight: WeightSlice, skip_output: bool,
+                grad_into: torch.Tensor | None) -> torch.Tensor:
+        ctx.weight, ctx.grad_into = weight, grad_into
         layer = weight.layer
         if skip_output:
             n_out = layer.out_features if weight.rows is None else \
                 len(range(layer.out_features)[weight.rows])
-            return x.new_zeros(*x.shape[:-1], n_out)
+            return x.new_zeros(()).expand(*x.shape[:-1], n_out)
         return _product(x, weight, transposed=False)
 
     @staticmethod
     def backward(ctx, grad_y: torch.Tensor):
         if not ctx.needs_input_grad[0]:
-            return None, None, None
-        return _product(grad_y.contiguous(), ctx.weight, transposed=True), None, None
+            return None, None, None, None
+        grad_y = grad_y.contiguous()
+        if ctx.grad_into is not None:
+            add_slice_product(ctx.grad_into, grad_y.view(-1, grad_y.shape[-1]), ctx.weight,
+                              transposed=True)
+            return None, None, None, None
+        return _product(grad_y, ctx.weight, transposed=True), None, None, None

@@ -28,7 +28,11 @@ from mebp_core.engine.loss import (
     compute_head_loss,
     iter_vocab_tiles,
 )
-from mebp_core.engine.mlp_chunks import backward_block_by_columns, run_mlp_by_columns
+from mebp_core.engine.mlp_chunks import (
+    backward_block_by_columns,
+    column_chunk_width,
+    run_mlp_by_columns,
+)
 from mebp_core.engine.model import EngineModel
 from mebp_core.models.base import apply_softcap
 
@@ -73,7 +77,7 @@ def run_block(engine: EngineModel, block, hidden: torch.Tensor, ctx) -> torch.Te
     """One block's forward without autograd, its MLP part ``mlp_chunk_tokens`` tokens or
     ``mlp_intermediate_chunk`` intermediate columns at a time if asked (so no (tokens,
     intermediate) tensor is made)."""
-    columns = engine.knobs.mlp_intermediate_chunk
+    columns = column_chunk_width(block.mlp, engine.knobs.mlp_intermediate_chunk)
     if columns is not None:
         middle = block.attention_part(hidden, ctx)
         return block.mlp_output(middle, run_mlp_by_columns(block.mlp, block.mlp_input(middle),
@@ -220,7 +224,7 @@ def _residual_output_unused(block):
 
 def _recompute_and_backward(engine: EngineModel, block, block_input: torch.Tensor,
                             grad: torch.Tensor, ctx) -> None:
-    columns = engine.knobs.mlp_intermediate_chunk
+    columns = column_chunk_width(block.mlp, engine.knobs.mlp_intermediate_chunk)
     if columns is not None:  # down's product is skipped there whatever the block
         backward_block_by_columns(block, block_input, grad, ctx, columns)
         return

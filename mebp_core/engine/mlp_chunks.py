@@ -16,8 +16,8 @@ import contextlib
 import torch
 from torch import nn
 
-from mebp_core.engine.backward import backward_from
-from mebp_core.engine.frozen_slices import WeightSlice, multiply_slice
+from mebp_core.engine.backward import backward_from, backward_from_parts
+from mebp_core.engine.frozen_slices import WeightSlice, add_slice_product, multiply_slice
 from mebp_core.lora.linear import LoraLinear
 
 
@@ -28,6 +28,14 @@ def column_chunks(intermediate_size: int, chunk: int) -> list[slice]:
             for start in range(0, intermediate_size, chunk)]
 
 
+def column_chunk_width(mlp: nn.Module, chunk: int | None) -> int | None:
+    """``chunk``, or None (the MLP untiled) when unset or one chunk would span every column:
+    the planner prices that as untiled."""
+    if chunk is None or chunk >= _frozen(mlp.gate_proj).out_features:
+        return None
+    return chunk
+
+
 def run_mlp_by_columns(mlp: nn.Module, x: torch.Tensor, chunk: int) -> torch.Tensor:
     """``mlp(x)`` for x (..., D) without autograd, summed over column chunks in float32."""
     flat = x.reshape(-1, x.shape[-1])  # (N, D)
@@ -35,7 +43,7 @@ def run_mlp_by_columns(mlp: nn.Module, x: torch.Tensor, chunk: int) -> torch.Ten
     working_set = _frozen(mlp.down_proj).working_set
     for cols in column_chunks(_frozen(mlp.gate_proj).out_features, chunk):
         with working_set.chunk_scope():
-            y += _chunk_output(mlp, flat, cols)
+            _add_chunk_output(y, mlp, flat, cols)
     y = y.to(x.dtype)
     bias = _frozen(mlp.down_proj).bias
     if bias is not None:
@@ -73,35 +81,50 @@ def _mlp_input_grad(mlp: nn.Module, x_flat: torch.Tensor, grad_y: torch.Tensor,
     working_set = _frozen(mlp.gate_proj).working_set
     hold = working_set.shared is not None
     grad_x = torch.zeros(x_flat.shape, dtype=torch.float32)  # (N, D)
+    down = mlp.down_proj
     for cols in column_chunks(_frozen(mlp.gate_proj).out_features, chunk):
         with working_set.chunk_scope(), _held_slices(mlp, cols, hold) as held:
             x_c = x_flat.detach().requires_grad_(True)
+            # the frozen slices add their input gradients into grad_x themselves (unrounded)
+            a = _chunk_activation(mlp, x_c, cols, held, grad_into=grad_x)  # (N, |c|)
             # the chunk's output is never read, only its backward: down's product is skipped
-            backward_from(_chunk_output(mlp, x_c, cols, held, skip_down=True), grad_y)
-            grad_x += x_c.grad
+            # (an expanded zero) and each part is handed dL/dy, no (N, D) sum made
+            parts = [multiply_slice(a, WeightSlice(_frozen(down), cols=cols),
+                                    skip_output=True)]
+            if isinstance(down, LoraLinear):
+                parts.append(down.delta(a, cols=cols))
+            del a
+            backward_from_parts(parts, grad_y)
+            del parts
+            if x_c.grad is not None:  # the gate and up LoRA branches' share
+                grad_x += x_c.grad
             del x_c
     return grad_x.to(x_flat.dtype)
 
 
-def _chunk_output(mlp: nn.Module, x: torch.Tensor, cols: slice, held=None,
-                  skip_down: bool = False) -> torch.Tensor:
-    """``a_c Wd[:, c]^T`` (+ LoRA) for x (N, D): (N, D), without down's bias."""
-    gate_slice, up_slice = held or (None, None)
-    gate = _rows_output(mlp.gate_proj, x, cols, gate_slice)  # (N, |c|)
-    up = _rows_output(mlp.up_proj, x, cols, up_slice)
-    a = mlp.act_fn(gate) * up  # (N, |c|)
-    del gate, up
+def _add_chunk_output(y: torch.Tensor, mlp: nn.Module, x: torch.Tensor, cols: slice) -> None:
+    """``y += a_c Wd[:, c]^T`` (+ LoRA) for x (N, D), y (N, D) float32, without down's bias:
+    in place, the frozen product in the matmul dtype, one (N, D) partial alive at most."""
+    a = _chunk_activation(mlp, x, cols)  # (N, |c|)
     down = mlp.down_proj
-    y = multiply_slice(a, WeightSlice(_frozen(down), cols=cols), skip_output=skip_down)
+    add_slice_product(y, a, WeightSlice(_frozen(down), cols=cols))
     if isinstance(down, LoraLinear):
-        y = y + down.delta(a, cols=cols)
-    return y
+        y.add_(down.delta(a, cols=cols))
+
+
+def _chunk_activation(mlp: nn.Module, x: torch.Tensor, cols: slice, held=None,
+                      grad_into: torch.Tensor | None = None) -> torch.Tensor:
+    """``a_c = act(x Wg[c]^T) * (x Wu[c]^T)`` (+ LoRA) for x (N, D): (N, |c|)."""
+    gate_slice, up_slice = held or (None, None)
+    gate = _rows_output(mlp.gate_proj, x, cols, gate_slice, grad_into)  # (N, |c|)
+    up = _rows_output(mlp.up_proj, x, cols, up_slice, grad_into)
+    return mlp.act_fn(gate) * up
 
 
 def _rows_output(projection: nn.Module, x: torch.Tensor, rows: slice,
-                 weight: WeightSlice | None) -> torch.Tensor:
+                 weight: WeightSlice | None, grad_into: torch.Tensor | None) -> torch.Tensor:
     frozen = _frozen(projection)
-    y = multiply_slice(x, weight or WeightSlice(frozen, rows=rows))
+    y = multiply_slice(x, weight or WeightSlice(frozen, rows=rows), grad_into=grad_into)
     if frozen.bias is not None:
         y = y + frozen.bias[rows]
     if isinstance(projection, LoraLinear):

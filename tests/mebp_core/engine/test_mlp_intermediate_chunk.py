@@ -243,3 +243,70 @@ def test_the_activation_peak_shrinks_with_a_wide_mlp(wide_models):
                                                mlp_intermediate_chunk=256))
     one_wide = 128 * 4096 * 4
     assert untiled - tiled >= 2 * one_wide, (untiled, tiled)
+
+
+@pytest.mark.parametrize("chunk", [INTERMEDIATE, INTERMEDIATE + 64])
+@pytest.mark.parametrize("dtype", ["float32", "bf16-native"])
+def test_a_chunk_spanning_every_column_runs_the_untiled_mlp(chunk, dtype, wide_models):
+    """The planner prices a chunk >= the intermediate size as untiled: the engine runs it so,
+    bit for bit."""
+    compute_dtype, knobs = DTYPES[dtype]
+    packed = wide_models["llama", "int4"]
+    loss, untiled, _ = step(packed, compute_dtype=compute_dtype, **knobs)
+    tiled_loss, tiled, _ = step(packed, compute_dtype=compute_dtype,
+                                mlp_intermediate_chunk=chunk, **knobs)
+    assert tiled_loss == loss
+    assert all(torch.equal(tiled[k], untiled[k]) for k in untiled)
+
+
+def test_a_failing_slice_matmul_gives_its_tile_back(wide_models):
+    from mebp_core.engine.frozen_slices import WeightSlice, multiply_slice
+
+    engine = step(wide_models["llama", "int4"], share_decompression=False)[2]
+    gate = engine.layers[0].mlp.gate_proj.base
+    ws = engine.working_set
+    before = ws.live_bytes
+    with pytest.raises(RuntimeError):
+        multiply_slice(torch.randn(3, gate.in_features + 1), WeightSlice(gate, rows=slice(0, 8)))
+    assert ws.live_bytes == before
+
+
+# peak bytes torch allocates in units of one float32 (N, D), measured: before the partials
+# were added in place (forward 16.06 float32, 9.56 bf16-upcast; backward 6.06 float32)
+PEAK_UNITS = {"float32": (15.1, 5.6), "bf16-upcast": (9.1, 5.4)}
+
+
+@pytest.mark.parametrize("dtype", list(PEAK_UNITS))
+def test_a_chunk_adds_its_partials_in_place(dtype, wide_models):
+    """N 4096 tokens, D 64, chunks of 32: the forward adds down's product and the LoRA delta
+    into the float32 sum one at a time (a float32 matmul adds into it itself); the backward
+    makes no (N, D) zeros, chunk sum or output * grad product."""
+    from mebp_core.engine.mlp_chunks import _mlp_input_grad, run_mlp_by_columns
+
+    compute_dtype, knobs = DTYPES[dtype]
+    engine = step(wide_models["llama", "int4"], compute_dtype=compute_dtype,
+                  share_decompression=False, **knobs)[2]
+    mlp, tokens = engine.layers[0].mlp, 4096
+    x = torch.randn(tokens, 64).to(engine.dtype)
+    grad_y = torch.randn(tokens, 64).to(engine.dtype)
+    unit = tokens * 64 * 4
+    forward = _peak_allocated_bytes(lambda: run_mlp_by_columns(mlp, x, 32)) / unit
+    backward = _peak_allocated_bytes(lambda: _mlp_input_grad(mlp, x, grad_y, 32)) / unit
+    most_forward, most_backward = PEAK_UNITS[dtype]
+    assert forward <= most_forward and backward <= most_backward, (forward, backward)
+
+
+def test_float32_matmul_partials_are_summed_unrounded(wide_models):
+    """bf16 storage, float32 matmuls: the chunks' partials reach the float32 sum unrounded,
+    so the output is the untiled one (a float32 product rounded once) but for rare
+    summation-order flips; rounding each partial to bf16 first flipped 41%."""
+    from mebp_core.engine.mlp_chunks import run_mlp_by_columns
+
+    engine = step(wide_models["llama", "int4"], spec=NO_MLP, compute_dtype="bfloat16",
+                  bf16_matmul="float32", share_decompression=False)[2]
+    mlp = engine.layers[0].mlp
+    x = torch.randn(512, 64).to(torch.bfloat16)
+    with torch.no_grad():
+        untiled = mlp(x)
+        tiled = run_mlp_by_columns(mlp, x, 32)
+    assert float((tiled != untiled).float().mean()) < 0.02
