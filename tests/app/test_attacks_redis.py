@@ -94,10 +94,11 @@ def test_the_embedded_redis_killed_while_idle_is_restarted_and_serves_jobs(priva
                "one worker counted", service)
 
 
-def worker_family(service) -> list[psutil.Process]:
-    """The service's worker with its horse and engine."""
-    worker = next(child for child in psutil.Process(service.process.pid).children()
-                  if "worker" in child.cmdline())
+def worker_family(service, engine: psutil.Process) -> list[psutil.Process]:
+    """The service's worker running ``engine``, with its horse and engine (the service has
+    an exports worker too, whose cmdline also says worker: the one above the engine)."""
+    worker = next(parent for parent in engine.parents()
+                  if parent.ppid() == service.process.pid and "worker" in parent.cmdline())
     family = [worker, *worker.children(recursive=True)]
     assert len(family) >= 3, family  # the worker, RQ's horse running the job, the engine
     return family
@@ -124,7 +125,7 @@ def test_a_job_interrupted_by_the_embedded_redis_dying_resumes_and_succeeds(priv
     job = service.request("POST", "/v1/jobs", tiny_job(dataset, steps, checkpoint_every=5))[1]
     engine = hold_engine(storage_of(service), job["id"], 10)  # mid-job when Redis dies
     # Taken before Redis dies: the worker may exit on its own once Redis is gone.
-    family = worker_family(service)
+    family = worker_family(service, engine)
     kill_embedded_redis(service)
     if with_worker:
         kill(family)
