@@ -10,8 +10,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from dashboard_harness import launch_chromium
-from playwright.sync_api import Browser
+from dashboard_harness import launch_chromium, open_page
+from playwright.sync_api import Browser, Page
 from service_harness import (
     REDIS_TEST_URL,
     Service,
@@ -159,3 +159,10 @@ def hooked(tmp_path_factory, model_cache) -> Iterator[Service]:
 def chromium() -> Iterator[Browser]:
     with launch_chromium() as browser:
         yield browser
+
+
+@pytest.fixture
+def page(chromium, service) -> Iterator[Page]:
+    """A fresh Chromium page on the function's embedded service."""
+    with open_page(chromium, service.url) as page:
+        yield page

@@ -13,7 +13,6 @@ from cpu_load import all_cores_but_one_busy
 from dashboard_harness import (
     chart_traces,
     labels_outside_plot,
-    open_page,
     point_on_page,
     shoot,
     sign_in,
@@ -22,12 +21,6 @@ from playwright.sync_api import Page, expect
 
 ROWS = b"".join(json.dumps({"text": f"dashboard row {i}: phones learn on the go"}).encode()
                 + b"\n" for i in range(24))
-
-
-@pytest.fixture
-def page(chromium, service) -> Page:
-    with open_page(chromium, service.url) as page:
-        yield page
 
 
 @pytest.fixture(scope="module")

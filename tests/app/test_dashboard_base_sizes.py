@@ -8,9 +8,8 @@ import json
 import re
 from pathlib import Path
 
-import pytest
-from dashboard_harness import open_page, shoot, sign_in
-from playwright.sync_api import Page, expect
+from dashboard_harness import shoot, sign_in
+from playwright.sync_api import expect
 from service_harness import tiny_job
 
 from mebp_core.units import MB
@@ -18,12 +17,6 @@ from mebp_core.units import MB
 ROWS = b"".join(json.dumps({"text": f"a base for phone {i}"}).encode() + b"\n"
                 for i in range(16))
 LABELS = ["hf", "gguf", "gguf q4_1", "gguf q8_0", "mlx"]
-
-
-@pytest.fixture
-def page(chromium, service) -> Page:
-    with open_page(chromium, service.url) as page:
-        yield page
 
 
 def sizes(service) -> dict[tuple[str, str], dict]:

@@ -9,18 +9,12 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from dashboard_harness import open_page, shoot, sign_in
-from playwright.sync_api import Page, expect
+from dashboard_harness import shoot, sign_in
+from playwright.sync_api import expect
 from service_harness import tiny_job
 from test_dashboard import ROWS
 
 STEPS, EVERY = 6, 2
-
-
-@pytest.fixture
-def page(chromium, service) -> Page:
-    with open_page(chromium, service.url) as page:
-        yield page
 
 
 def test_a_job_page_lists_its_checkpoints_with_their_downloads(page, service):

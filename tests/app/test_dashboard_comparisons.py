@@ -6,15 +6,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from dashboard_harness import chart_traces, open_page, shoot, sign_in
-from playwright.sync_api import Page, expect
+from dashboard_harness import chart_traces, shoot, sign_in
+from playwright.sync_api import expect
 from test_api_comparisons import HELD_OUT, ROWS, comparison, comparison_when_done, upload
-
-
-@pytest.fixture
-def page(chromium, service) -> Page:
-    with open_page(chromium, service.url) as page:
-        yield page
 
 
 @pytest.fixture(scope="module")

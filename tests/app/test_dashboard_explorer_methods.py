@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import re
 
-import pytest
-from dashboard_harness import open_page, shoot, sign_in
+from dashboard_harness import shoot, sign_in
 from playwright.sync_api import Page, expect
 from service_harness import create_key
 from test_api_comparisons import HELD_OUT, ROWS
@@ -16,12 +15,6 @@ from app.comparison_sentence import phone_time
 
 EXPLORER = "/explorer?model=preset:tiny&device=pixel-8&seq_len=32"
 NAMES = {"mebp": "MeBP", "mezo": "MeZO", "backprop": "backprop"}
-
-
-@pytest.fixture
-def page(chromium, service) -> Page:
-    with open_page(chromium, service.url) as page:
-        yield page
 
 
 def drawn_traces(page: Page) -> dict[str, dict]:

@@ -6,17 +6,11 @@ densely and says why it recommends what it does."""
 from __future__ import annotations
 
 import pytest
-from dashboard_harness import chart_traces, open_page, shoot, sign_in
-from playwright.sync_api import Page, expect
+from dashboard_harness import chart_traces, shoot, sign_in
+from playwright.sync_api import expect
 from test_dashboard import ROWS, axis
 
 STEPS = 3
-
-
-@pytest.fixture
-def page(chromium, service) -> Page:
-    with open_page(chromium, service.url) as page:
-        yield page
 
 
 def test_a_job_page_gives_the_phones_time_and_draws_loss_against_it(page, service):
