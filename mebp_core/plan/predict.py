@@ -67,6 +67,15 @@ NATIVE_BF16_BYTES = 19 * MB
 # freed between saved tensors leave heap holes the allocator cannot return (fitted: 1.7-1.8x
 # on smollm2-135m and qwen2.5-0.5b, seq 128-512, float32, without checkpoints).
 GRAPH_RETENTION = 1.75
+# A chained graph (every block's graph alive at once: a graph tail, the no-checkpoint step)
+# whose matmuls run in native bf16 keeps less per block. Kernel counts (Zen 4 with
+# avx512_bf16, 2026-12-04), per block of a block's saved tensors, above the planner's other
+# terms of the tail's phase: qwen2.5-0.5b seq 256, vocabulary cut to 256, 1.38x for a tail of 4,
+# 1.32x of 8, 1.19x of 12, 1.13x of 16, 1.11x for the whole model; with its real vocabulary
+# under hard caps, 1.16x a block between tails of 4 and 22. Counted at 1.75, an AMX Xeon's
+# whole model was 36% over. Float32 and upcast bf16 keep GRAPH_RETENTION, as does a single
+# recomputed block in every dtype (the rows at S hold).
+NATIVE_BF16_CHAIN_RETENTION = 1.45
 # No-grad forward temporaries of a block's MLP, in (tokens, intermediate) tensors: gate, up,
 # their product and the LoRA branch's output. FORWARD_RETENTION: allocator holes between them.
 FORWARD_MLP_COPIES = 4
@@ -155,8 +164,8 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     # columns over every token, at a time if asked
     chunk, width = mlp_chunk_tokens(workload, knobs), mlp_intermediate_width(workload, knobs)
     saved_per_token = saved_bytes_per_token_by_part(workload, knobs, width)
-    block_saved = int(GRAPH_RETENTION * (n_tokens * saved_per_token["attention"] +
-                                         chunk * saved_per_token["mlp"]))
+    saved_tensors = n_tokens * saved_per_token["attention"] + chunk * saved_per_token["mlp"]
+    block_saved = int(GRAPH_RETENTION * saved_tensors)  # one block recomputed alone
     block_grads = _backward_transient_bytes(workload, em, n_tokens, chunk, width)
     # a tiled input gradient's running sum, (N, in); when upcasting, in the matmul dtype
     # beside its cast back (the LoRA branch upcasts a bounded chunk of rows at a time)
@@ -181,15 +190,15 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
 
     if every == "none":
         saved = 0
-        activations_fwd = arch.num_layers * block_saved
-        activations_bwd = arch.num_layers * block_saved + block_grads
+        activations_fwd = _chained_graph_bytes(workload, knobs, arch.num_layers, saved_tensors)
+        activations_bwd = activations_fwd + block_grads
         weights_bwd = weights["tile"]
     else:
         checkpointed = arch.num_layers - tail
         slots = math.ceil(checkpointed / every)
         saved = slots * hidden_bytes if knobs.checkpoint_storage == "ram" else hidden_bytes
         # a tail's graph lives through the loss (its running sum: the tail's backward is tiled)
-        activations_fwd = tail * block_saved
+        activations_fwd = _chained_graph_bytes(workload, knobs, tail, saved_tensors)
         # one block recomputed under autograd, its gradients, the segment's re-run inputs
         segment = min(every, checkpointed)
         activations_bwd = block_saved + block_grads + (segment - 1) * hidden_bytes
@@ -202,7 +211,7 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     if tail:
         tail_grads = _backward_transient_bytes(workload, em, n_tokens, n_tokens) + running_sum
         phases.append({"weights": weights["tile"],
-                       "activations": tail * block_saved + tail_grads, "loss_chunk": 0})
+                       "activations": activations_fwd + tail_grads, "loss_chunk": 0})
     phase = max(phases, key=lambda p: sum(p.values()))
     memory = {"weights": resident.bytes + phase["weights"], "checkpoints": saved,
               "activations": phase["activations"], "lora": lora,
@@ -211,6 +220,15 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     if every != "none" and knobs.checkpoint_storage == "mmap":
         checkpoint_file = math.ceil((arch.num_layers - tail) / every) * hidden_bytes
     return memory, checkpoint_file
+
+
+def _chained_graph_bytes(workload: Workload, knobs: EngineKnobs, blocks: int,
+                         saved_per_block: float) -> int:
+    """Anonymous memory of ``blocks`` blocks' graphs alive at once, each saving
+    ``saved_per_block`` bytes of tensors."""
+    native_bf16 = matmul_dtype_of(workload, knobs) == "bfloat16"
+    retention = NATIVE_BF16_CHAIN_RETENTION if native_bf16 else GRAPH_RETENTION
+    return blocks * int(retention * saved_per_block)
 
 
 def _mezo_memory(workload: Workload, knobs: EngineKnobs, resident: Residency

@@ -19,15 +19,17 @@ from mebp_core.units import MB
 
 
 def test_a_graph_tail_trades_a_blocks_activations_for_its_recompute(host):
-    """Each block of the tail keeps its activations (about 25 MB here, the no-checkpoint
-    step's per block) and saves its recompute: memory and time move a block at a time,
-    from the checkpointed step to the no-checkpoint one, on the host and on a phone."""
+    """Each block of the tail keeps its activations (about 21 MB here in native bf16, 25 MB
+    upcast: the no-checkpoint step's per block) and saves its recompute: memory and time
+    move a block at a time, from the checkpointed step to the no-checkpoint one, on the host
+    and on a phone."""
     arch = load_architecture("preset:qwen2.5-0.5b")
     workload = Workload(arch=arch, seq_len=256, compute_dtype="bfloat16")
     phone = get_device("iphone-15-pro-max")
 
-    def figures(**knobs):
-        prediction = predict(workload, EngineKnobs(lora_hidden="store", **knobs), host)
+    def figures(bf16_matmul="native", **knobs):
+        prediction = predict(workload, EngineKnobs(lora_hidden="store", bf16_matmul=bf16_matmul,
+                                                   **knobs), host)
         device = phone.estimate_step_time(prediction, workload, None)
         return prediction, device
 
@@ -38,10 +40,13 @@ def test_a_graph_tail_trades_a_blocks_activations_for_its_recompute(host):
     assert tails[-1][0].memory == graph[0].memory and tails[-1][1] == graph[1]
     assert tails[-1][0].time == pytest.approx(graph[0].time)
     per_block = (graph[0].peak_bytes - checkpointed[0].peak_bytes) / arch.num_layers
-    assert 20 * MB < per_block < 30 * MB
+    assert 14 * MB < per_block < 20 * MB
+    upcast = figures("float32", checkpoint_blocks="none")[0].peak_bytes - \
+        figures("float32")[0].peak_bytes
+    assert 20 * MB < upcast / arch.num_layers < 30 * MB  # float32's heap retention
     for k in range(2, arch.num_layers + 1):
         (shorter, shorter_device), (longer, longer_device) = tails[k - 1], tails[k]
-        assert 0 < longer.peak_bytes - shorter.peak_bytes < 1.1 * per_block, k
+        assert 0 < longer.peak_bytes - shorter.peak_bytes < 1.25 * per_block, k
         assert longer.step_time_s < shorter.step_time_s and longer_device < shorter_device, k
         assert longer.memory["checkpoints"] < shorter.memory["checkpoints"]
     # one block's recompute each: the tail's time is the checkpointed step's less the
@@ -78,47 +83,50 @@ def test_a_tails_blocks_are_never_decompressed_whole(host):
 def test_graph_tails_fill_the_front_between_300_mb_and_1_gb(host):
     """qwen2.5-0.5b at seq 256 in bfloat16: without tails the picks jumped from the
     checkpointed step (292 MB) to the no-checkpoint one (843 MB) with nothing in between.
-    Now every 100 MB of budget from 300 MB to 1 GB buys a configuration at least 2.5% faster,
-    until the fastest that fits 1 GB is reached.
+    Now every 100 MB of budget from 300 MB up to the no-checkpoint step buys a configuration
+    at least 3% faster (the last step to it buys what is left of the tail, a block or two),
+    and past it no budget's pick is slower than a smaller one's.
 
-    Not 5%: 100 MB of budget holds 100 / 1.1 / 25 = 3.7 more blocks' activations, and each
-    saves its recompute, which no longer multiplies the down projection (29% of a block's
-    products): 2.7-3.3% of the step here (3.8-4.7% while a recompute was the whole block,
-    every step then slower). Resident weights buy less per byte (two decompressions of a
-    30 MB block, ~10 ms, against a 25 MB block's recompute, ~40 ms), and a budget's store
-    re-reads take some of it back."""
+    Not 5%: 100 MB of budget holds 100 / 1.1 / 21.3 = 4.3 more blocks' activations (native
+    bf16), and each saves its recompute, which no longer multiplies the down projection (29%
+    of a block's products): 3.4-4.2% of the step here (2.7-3.3% at float32's retention).
+    Past the no-checkpoint step (742 MB here) only resident weights are
+    left to buy, and they buy little per byte (two decompressions of a 30 MB block, ~10 ms,
+    against a block's recompute, ~40 ms): a budget there buys fewer store re-reads."""
     arch = load_architecture("preset:qwen2.5-0.5b")
     workload = Workload(arch=arch, seq_len=256, compute_dtype="bfloat16")
 
     def fastest(budget_mb: int):
-        return make_plan(workload, host, budget_bytes=budget_mb * MB).auto
+        return make_plan(workload, host, budget_bytes=budget_mb * MB, bf16_matmul="native").auto
 
-    at_1gb = fastest(1000).ranking_time_s
     steps = 0
     for budget_mb in range(300, 1001, 10):
         before, now = fastest(budget_mb - 100), fastest(budget_mb)
-        if before is None or before.ranking_time_s <= at_1gb:
-            continue  # nothing fits 100 MB less, or it is already the fastest
+        if before is None:
+            continue  # nothing fits 100 MB less
+        assert now.ranking_time_s <= before.ranking_time_s, (budget_mb, now.id, before.id)
+        if "none" in (before.knobs.checkpoint_blocks, now.knobs.checkpoint_blocks):
+            continue  # the front's end: less than 100 MB of tail was left to buy
         steps += 1
-        assert now.ranking_time_s <= 0.975 * before.ranking_time_s, (budget_mb, now.id,
+        assert now.ranking_time_s <= 0.97 * before.ranking_time_s, (budget_mb, now.id,
                                                                     before.id)
-    assert steps >= 60
+    assert steps >= 35
     # the front has no gap wider than a block's activations between the two steps
-    front = [e for e in make_plan(workload, host).pareto
-             if 290 * MB < e.prediction.peak_bytes < 850 * MB]
+    front = [e for e in make_plan(workload, host, bf16_matmul="native").pareto
+             if 290 * MB < e.prediction.peak_bytes < 760 * MB]
     peaks = [e.prediction.peak_bytes for e in front]
-    assert max(b - a for a, b in itertools.pairwise(peaks)) < 26 * MB
+    assert max(b - a for a, b in itertools.pairwise(peaks)) < 22 * MB
     assert {e.knobs.graph_tail_blocks for e in front} >= set(range(1, arch.num_layers))
 
 
-@pytest.mark.parametrize("device", ["iphone-15", "iphone-13", "android-4gb"])
+@pytest.mark.parametrize("device", ["iphone-13", "android-4gb"])
 def test_a_phone_between_the_two_steps_runs_a_graph_tail_and_is_estimated_faster(device,
                                                                                   host):
-    """The paper's setting on phones of 512 and 768 MB: their budgets fall between the
-    checkpointed step and the no-checkpoint one, so a tail is the fastest that fits, and
-    the phone's estimate (no recompute for the tail: fewer FLOPs and dispatches, the same
-    decompressions) beats the best without one (iPhone 15: 3.92 s against 4.44; iPhone 13,
-    by the least: 5.75 against 6.04)."""
+    """The paper's setting on phones of 512 MB: their budgets fall between the checkpointed
+    step and the no-checkpoint one (which a 768 MB phone runs since native bf16 graphs are
+    counted at their own heap retention), so a tail is the fastest that fits, and the
+    phone's estimate (no recompute for the tail: fewer FLOPs and dispatches, the same
+    decompressions) beats the best without one."""
     paper = paper_workload("preset:qwen2.5-0.5b", 256)
     phone = get_device(device)
     grid = candidate_knobs(paper, host.threads, "native")

@@ -54,7 +54,9 @@ CASES = {
 # from the planner of commit 433de5c, then of the one whose recompute skips the down
 # projection's product (not gemma3's, MeZO's or backprop's) and whose front is judged on
 # the figures as shown (gemma3's digest moved by that alone), then of the one whose grid
-# offers the MLP in chunks of intermediate columns (not gemma3's: its digest is unchanged)
+# offers the MLP in chunks of intermediate columns (not gemma3's: its digest is unchanged),
+# then of the one counting native bf16's chained graphs at their own retention (the native
+# bf16 case's alone)
 RECORDED = {
     'gemma-mebp-nobudget-int8': (426, 'resident-nockpt-h-store-shared-tile8M', 292,
         '69221faf73304dc4daef11f40b1a86a517f98385c4fa649ce18f70eb3ab02044'),
@@ -70,8 +72,8 @@ RECORDED = {
         522, 'lazy-ckpt1-mmap-h-store-unshared-tile8M-mlpi192', 273,
         'eb73ed18f2c050f0c34335a3ef0033b0cca42c66ff1d0f133d1104d39404b54d'),
     'smollm-mebp-native-bf16-corrected-android': (
-        522, 'resident65664K-nockpt-h-store-shared-tile8M', 222,
-        '46f253665d302c1bb8be158ca8dc3c251ce691404df365c9dfbdc4862b6eb567'),
+        522, 'resident131328K-nockpt-h-store-shared-tile1M', 222,
+        'e5b8e5577a37756192c0f75b16fecb7d6a52df6eaea555ece11c443451e6ceb1'),
     'tiny-mebp-requested-knobs': (1, None, 207,
         'cabb597241f4b98409591066a865a1855e2017b40c0d7a265e6e08ace52ca460'),
 }
