@@ -89,7 +89,7 @@ def test_graph_tails_fill_the_front_between_300_mb_and_1_gb(host):
 
     Not 5%: 100 MB of budget holds 100 / 1.1 / 21.3 = 4.3 more blocks' activations (native
     bf16), and each saves its recompute, which no longer multiplies the down projection (29%
-    of a block's products): 3.4-4.2% of the step here (2.7-3.3% at float32's retention).
+    of a block's products): 3.3-4.8% of the step here (2.7-3.3% at float32's retention).
     Past the no-checkpoint step (742 MB here) only resident weights are
     left to buy, and they buy little per byte (two decompressions of a 30 MB block, ~10 ms,
     against a block's recompute, ~40 ms): a budget there buys fewer store re-reads."""
