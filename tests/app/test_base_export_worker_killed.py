@@ -34,6 +34,7 @@ MODEL = "preset:smollm2-135m"
 BASE = f"/v1/models/{MODEL}/base"
 TIMEOUT_S = 600  # packing smollm2-135m alone takes about a minute on 2 busy cores
 CATCH_ATTEMPTS = 5
+HOLD_S = 10.0  # a held process's threads all stop within a scheduling slice or two
 
 pytestmark = pytest.mark.slow
 
@@ -64,9 +65,9 @@ def exporting_run(service: Service, queue_name: str, bases: Path, params: dict,
     cannot finish before the test acts) once it writes the file (past packing: its scratch
     directory exists) under its lease; that horse and its RQ job id. Only that run's lease
     counts: a run killed earlier leaves its lease until it lapses. A horse caught too late
-    (its export already whole, or the horse gone by the time it is held: a loaded machine
-    can deschedule this test for the seconds a write takes) is let go, its export removed,
-    and the export asked for again."""
+    (its export already at its path, or the horse gone by the time it is held: a loaded
+    machine can deschedule this test for the seconds a write takes) is let go, its export
+    removed, and the export asked for again."""
     redis = connect(REDIS_TEST_URL)
 
     def holder() -> tuple[int, str, Path] | None:
@@ -87,10 +88,14 @@ def exporting_run(service: Service, queue_name: str, bases: Path, params: dict,
         try:
             horse = psutil.Process(pid)
             horse.suspend()
-            if horse.status() == psutil.STATUS_STOPPED and not is_kept(target):
+            # SIGSTOP acts when each thread next runs: judge the run once all of them have
+            poll_until(lambda held=pid: all_stopped(held), bool, HOLD_S,
+                       lambda _, held=pid: f"horse {held}: not all its threads stopped",
+                       interval_s=0.01)
+            if not target.exists():  # not yet moved to its path: mid-write
                 return horse, job_id
             horse.resume()
-        except psutil.NoSuchProcess:
+        except psutil.NoSuchProcess:  # it ended before it was held
             pass
         wait_for("the run caught too late, ended with its export kept",
                  lambda done=target: is_kept(done) and not redis.exists(
@@ -100,12 +105,30 @@ def exporting_run(service: Service, queue_name: str, bases: Path, params: dict,
     raise AssertionError(f"no run of the export held before it was whole in {CATCH_ATTEMPTS}")
 
 
+def all_stopped(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped (state T); NoSuchProcess if the
+    process has ended."""
+    try:
+        states = {(task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                  for task in Path(f"/proc/{pid}/task").iterdir()}
+    except FileNotFoundError:
+        states = {"X"}
+    if states & {"Z", "X"}:
+        raise psutil.NoSuchProcess(pid)
+    return states == {"T"}
+
+
 def sigterm_pending(pid: int) -> bool:
-    """Whether a SIGTERM sent to process ``pid`` waits for it (held, it acts on none)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("ShdPnd:"):
-            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
-    return False
+    """Whether a SIGTERM sent to process ``pid`` waits for it (held, it acts on none), or
+    has ended it already (a thread not yet held when it came takes it at once)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return True
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if fields["State"].split()[0] in ("Z", "X"):
+        return True
+    return bool(int(fields["ShdPnd"].split()[0], 16) >> (signal.SIGTERM - 1) & 1)
 
 
 @pytest.mark.parametrize(("quant", "kill"), [("q4_1", "horse"), ("q8_0", "worker")])

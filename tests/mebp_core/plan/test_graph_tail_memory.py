@@ -4,7 +4,7 @@ a hard cgroup cap at the planner's predicted peak: qwen2.5-0.5b (vocabulary cut 
 in float32, and in bfloat16 on this host's path (native bf16 matmuls, whose chained graphs
 the planner counts at a lower heap retention, where the CPU has them; upcast elsewhere).
 At float32's retention a native bf16 graph was over-counted: 36% for the whole model on an
-AMX Xeon, 16-21% for a tail of 4 in 6 blocks, 1.12x its saved tensors per tail block on a
+AMX Xeon, 16-21% for a tail of 4 in 6 blocks, 1.16x its saved tensors per tail block on a
 Zen 4."""
 
 from __future__ import annotations
