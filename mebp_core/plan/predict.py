@@ -30,6 +30,7 @@ from mebp_core.plan.arch import Architecture
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.correction import TimeCorrection
 from mebp_core.plan.timing import MEMO_ENTRIES, StepWork, step_time, step_work
+from mebp_core.plan.weight_memory import Residency, resident_weights, transient_weights
 from mebp_core.plan.workload import (
     DTYPE_BYTES,
     MLP_PROJECTIONS,
@@ -44,11 +45,9 @@ from mebp_core.plan.workload import (
     mlp_output_passes,
     packed_bytes_per_param,
     saved_bytes_per_token_by_part,
-    shape_of,
     shares_decompression,
     tile_rows,
 )
-from mebp_core.resident import block_index, select_resident
 from mebp_core.units import MB
 
 # What a training run holds above its imports and the modelled tensors: the data, allocator
@@ -127,7 +126,7 @@ class Prediction:
 def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Prediction:
     """Peak memory by component and step time of ``workload.method`` with these knobs."""
     e = DTYPE_BYTES[workload.compute_dtype]
-    resident = _resident_weights(workload.arch, knobs, e)
+    resident = resident_weights(workload.arch, knobs, e)
     if workload.method == "mezo":
         memory, checkpoint_file = _mezo_memory(workload, knobs, resident), 0
     else:
@@ -160,7 +159,7 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     if tail == arch.num_layers:  # the engine runs the whole-graph step
         every, tail = "none", 0
     # a tail's blocks are decompressed in tiles: only the checkpointed ones share
-    weights = _transient_weights(arch, knobs, e, em, resident.names, shared,
+    weights = transient_weights(arch, knobs, e, em, resident.names, shared,
                                  arch.num_layers - tail, mlp_intermediate_width(workload, knobs))
     hidden_bytes = n_tokens * arch.hidden_size * e
     # the MLP part of a block's backward runs a chunk of tokens, or of intermediate
@@ -241,7 +240,7 @@ def _mezo_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     parameters alone (no gradients, no optimizer state) and one parameter's drawn z."""
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
     em = matmul_bytes(workload, knobs)
-    weights = _transient_weights(arch, knobs, e, em, resident.names, shared=False,
+    weights = transient_weights(arch, knobs, e, em, resident.names, shared=False,
                                  mlp_width=mlp_intermediate_width(workload, knobs))
     blocks = forward_block_bytes(workload, knobs, em)
     loss = loss_chunk_bytes(workload, knobs, em, with_grad=False)
@@ -268,75 +267,12 @@ def forward_block_bytes(workload: Workload, knobs: EngineKnobs, em: int) -> int:
     return int(FORWARD_RETENTION * (2 * n * arch.hidden_size * e + max(attention, mlp)))
 
 
-@dataclass(frozen=True)
-class Residency:
-    """The frozen weights a configuration keeps decompressed, and their bytes together."""
-
-    names: frozenset[str]
-    bytes: int
-
-
-_NOTHING_RESIDENT = Residency(frozenset(), 0)
-
-
-def _resident_weights(arch: Architecture, knobs: EngineKnobs, e: int) -> Residency:
-    if knobs.frozen_weights != "resident":
-        return _NOTHING_RESIDENT
-    return _resident_within(arch, knobs.resident_weight_bytes, e)
-
-
-@lru_cache(maxsize=MEMO_ENTRIES)
-def _resident_within(arch: Architecture, budget_bytes: int | None, e: int) -> Residency:
-    sizes = {name: params * e for name, params in arch.frozen_weights()}
-    names = select_resident(sizes.items(), budget_bytes)
-    return Residency(frozenset(names), sum(sizes[name] for name in names))
-
-
 @lru_cache(maxsize=64)
 def _widest_inputs(arch: Architecture) -> Mapping[str, int]:
     """The widest input of a block's attention projections and of its MLP's."""
     return MappingProxyType({part: max(inp for suffix, (_, inp) in arch.projections().items()
                                        if (suffix in MLP_PROJECTIONS) == (part == "mlp"))
                              for part in ("attention", "mlp")})
-
-
-def _transient_weights(arch: Architecture, knobs: EngineKnobs, e: int, em: int,
-                       resident: frozenset[str], shared: bool,
-                       shared_blocks: int | None = None,
-                       mlp_width: int | None = None) -> Mapping[str, int]:
-    """The tile arena (largest lazy tile in the matmul dtype, forward and head, or largest
-    upcast tile of a held weight; an MLP column chunk's slice, ``mlp_width`` columns, is
-    made whole whatever the tile) and the shared arena (the largest lazy weights of a block
-    among the first ``shared_blocks``, all by default, decompressed whole in the storage
-    dtype for its backward)."""
-    arenas = _transient_arenas(arch, knobs.decompress_tile_bytes, knobs.loss_vocab_tile_bytes,
-                               e, em, resident, shared,
-                               arch.num_layers if shared_blocks is None else shared_blocks)
-    if mlp_width is None or mlp_width >= arch.intermediate_size:
-        return arenas
-    # a shared step holds a chunk's gate and up slices from its forward to its backward
-    slices = arch.hidden_size * mlp_width * em * (2 if shared else 1)
-    return MappingProxyType({**arenas, "tile": max(arenas["tile"], slices)})
-
-
-@lru_cache(maxsize=MEMO_ENTRIES)
-def _transient_arenas(arch: Architecture, block_tile_bytes: int, head_tile_bytes: int, e: int,
-                      em: int, resident: frozenset[str], shared: bool,
-                      shared_blocks: int) -> Mapping[str, int]:
-    tile = 0
-    blocks: dict[int, int] = {}
-    for name, params in arch.frozen_weights():
-        if name in resident and em == e:
-            continue
-        rows, cols = shape_of(arch, name)
-        tile_bytes = head_tile_bytes if "layers" not in name else block_tile_bytes
-        tile = max(tile, tile_rows(rows, cols, tile_bytes, em) * cols * em)
-        if name in resident:
-            continue
-        if shared and "layers" in name and block_index(name) < shared_blocks:
-            block = block_index(name)
-            blocks[block] = blocks.get(block, 0) + params * e
-    return MappingProxyType({"tile": tile, "block": max(blocks.values(), default=0)})
 
 
 def _backward_transient_bytes(workload: Workload, em: int, n_tokens: int,
