@@ -10,6 +10,8 @@ and the backward re-runs each segment's forward from it (keeping that segment's 
 meanwhile); with "none" one autograd graph spans the model, every activation kept.
 ``graph_tail_blocks`` K keeps the last K blocks in one autograd graph (their activations
 kept, never recomputed) and checkpoints the blocks before them: the two, a block at a time.
+A graph that chains blocks keeps each MLP's gate and up outputs alone; the activation and
+the product are recomputed from them in its backward (``models.base.chained_graph``).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from mebp_core.engine.mlp_chunks import (
     run_mlp_by_columns,
 )
 from mebp_core.engine.model import EngineModel
-from mebp_core.models.base import apply_softcap
+from mebp_core.models.base import apply_softcap, chained_graph
 
 
 @dataclass
@@ -182,7 +184,7 @@ def _tail_backward(engine: EngineModel, hidden: torch.Tensor, labels: torch.Tens
     ``hidden``, and the head's loss. No tail (``first`` past the last block): the head's
     alone."""
     tail_input = hidden.requires_grad_(True) if first < len(engine.layers) else hidden
-    with torch.enable_grad():
+    with torch.enable_grad(), chained_graph():
         for layer in engine.layers[first:]:
             hidden = layer(hidden, ctx)
     head, grad = _head_backward(engine, hidden, labels, loss_scale)
@@ -264,7 +266,7 @@ def _run_whole_graph_step(engine: EngineModel, input_ids: torch.Tensor, labels: 
     """No checkpoints: one autograd graph over every block, all activations kept, no recompute.
     Lazy frozen weights are decompressed again, tile by tile, by their backward."""
     ctx = engine.context(input_ids.shape[1])
-    with torch.enable_grad():
+    with torch.enable_grad(), chained_graph():
         hidden = engine.arch.embed(input_ids).to(engine.dtype)  # (B, T, D)
         for layer in engine.layers:
             hidden = layer(hidden, ctx)

@@ -24,6 +24,7 @@ from mebp_core.models.base import (
     UnsupportedConfigError,
     apply_rotary,
     attend,
+    gated_mlp,
     get_activation,
     split_heads,
 )
@@ -154,7 +155,7 @@ class MLP(nn.Module):
         self.act_fn = get_activation(args.hidden_activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return gated_mlp(self, x)
 
 
 class TransformerBlock(DecoderBlock):

@@ -16,6 +16,7 @@ from mebp_core.models.base import (
     RopeSpec,
     apply_rotary,
     attend,
+    gated_mlp,
     get_activation,
     parse_layer_types,
     parse_rope,
@@ -101,7 +102,7 @@ class MLP(nn.Module):
         self.act_fn = get_activation(args.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
+        return gated_mlp(self, x)
 
 
 class TransformerBlock(PreNormBlock):

@@ -67,17 +67,15 @@ NATIVE_BF16_BYTES = 19 * MB
 # on smollm2-135m and qwen2.5-0.5b, seq 128-512, float32, without checkpoints).
 GRAPH_RETENTION = 1.75
 # A chained graph (every block's graph alive at once: a graph tail, the no-checkpoint step)
-# whose matmuls run in native bf16 keeps less per block. Kernel counts (Zen 4 with
-# avx512_bf16, 2026-12-04), per block of a block's saved tensors, above the planner's other
-# terms of the tail's phase: qwen2.5-0.5b seq 256, vocabulary cut to 256, 1.38x for a tail of
-# 4, 1.32x of 8, 1.19x of 12, 1.13x of 16, 1.11x for the whole model; with its real vocabulary
-# under hard caps, 1.16x a block between tails of 4 and 22. Counted at 1.75, an AMX Xeon's
-# whole model was 36% over. A bound above the whole and long tails, not a fit: a chain's first
-# blocks cost more than later ones, so short tails come out a little under (tail 3 at -6.1%
-# under a hard cap, within the 10% margin) and long ones over (+9..+13%). Float32 and upcast
-# bf16 keep GRAPH_RETENTION, as does a single recomputed block in every dtype (the rows at S
-# hold).
-NATIVE_BF16_CHAIN_RETENTION = 1.45
+# keeps its MLPs' gate and up alone, recomputing the activation and the product in backward
+# (``models.base.chained_graph``); the two freed per block leave heap holes, so its blocks
+# cost more per saved byte than a block recomputed alone. Kernel counts (Zen 4 with
+# avx512_bf16, 2026-12-04), per block of saved tensors above the planner's other terms of
+# the tail's phase, qwen2.5-0.5b seq 256 with its vocabulary cut to 256, tails of 4, 8 and 16
+# and the whole model: float32 2.0-2.2x; native bf16 matmuls 1.22-1.43x. Bounds above them,
+# not fits: long chains come out over (+10..+17% for the whole model).
+CHAIN_RETENTION = 2.25
+NATIVE_BF16_CHAIN_RETENTION = 1.5
 # No-grad forward temporaries of a block's MLP, in (tokens, intermediate) tensors: gate, up,
 # their product and the LoRA branch's output. FORWARD_RETENTION: allocator holes between them.
 FORWARD_MLP_COPIES = 4
@@ -168,6 +166,9 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     saved_per_token = saved_bytes_per_token_by_part(workload, knobs, width)
     saved_tensors = n_tokens * saved_per_token["attention"] + chunk * saved_per_token["mlp"]
     block_saved = int(GRAPH_RETENTION * saved_tensors)  # one block recomputed alone
+    # a block of a chained graph (a tail, no checkpoints) runs whole, keeping less
+    chained_saved = n_tokens * sum(saved_bytes_per_token_by_part(workload, knobs,
+                                                                 chained=True).values())
     block_grads = _backward_transient_bytes(workload, em, n_tokens, chunk, width)
     # a tiled input gradient's running sum, (N, in); when upcasting, in the matmul dtype
     # beside its cast back (the LoRA branch upcasts a bounded chunk of rows at a time)
@@ -192,7 +193,8 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
 
     if every == "none":
         saved = 0
-        activations_fwd = _chained_graph_bytes(workload, knobs, arch.num_layers, saved_tensors)
+        activations_fwd = _chained_graph_bytes(workload, knobs, arch.num_layers,
+                                               chained_saved)
         activations_bwd = activations_fwd + block_grads
         weights_bwd = weights["tile"]
     else:
@@ -200,7 +202,7 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
         slots = math.ceil(checkpointed / every)
         saved = slots * hidden_bytes if knobs.checkpoint_storage == "ram" else hidden_bytes
         # a tail's graph lives through the loss (its running sum: the tail's backward is tiled)
-        activations_fwd = _chained_graph_bytes(workload, knobs, tail, saved_tensors)
+        activations_fwd = _chained_graph_bytes(workload, knobs, tail, chained_saved)
         # one block recomputed under autograd, its gradients, the segment's re-run inputs
         segment = min(every, checkpointed)
         activations_bwd = block_saved + block_grads + (segment - 1) * hidden_bytes
@@ -229,7 +231,7 @@ def _chained_graph_bytes(workload: Workload, knobs: EngineKnobs, blocks: int,
     """Anonymous memory of ``blocks`` blocks' graphs alive at once, each saving
     ``saved_per_block`` bytes of tensors."""
     native_bf16 = matmul_dtype_of(workload, knobs) == "bfloat16"
-    retention = NATIVE_BF16_CHAIN_RETENTION if native_bf16 else GRAPH_RETENTION
+    retention = NATIVE_BF16_CHAIN_RETENTION if native_bf16 else CHAIN_RETENTION
     return blocks * int(retention * saved_per_block)
 
 

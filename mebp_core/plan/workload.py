@@ -174,7 +174,7 @@ def mlp_column_chunks(workload: Workload, knobs: EngineKnobs) -> int:
 
 
 def saved_bytes_per_token(workload: Workload, knobs: EngineKnobs) -> float:
-    """Bytes one block's autograd graph keeps per token, as counted with
+    """Bytes one block's autograd graph keeps per token, recomputed alone, as counted with
     ``torch.autograd.graph.saved_tensors_hooks`` on the engine's blocks (qwen2.5, qwen3,
     gemma3, llama/smollm2; within 2-10%): gate, up, activation and product; q, k, v in the
     attention layout, their rotated copies (and normed ones, with a q/k norm) and the
@@ -184,15 +184,24 @@ def saved_bytes_per_token(workload: Workload, knobs: EngineKnobs) -> float:
 
 
 def saved_bytes_per_token_by_part(workload: Workload, knobs: EngineKnobs,
-                                  mlp_width: int | None = None) -> Mapping[str, float]:
+                                  mlp_width: int | None = None, *, chained: bool = False
+                                  ) -> Mapping[str, float]:
     """``saved_bytes_per_token`` split into the block's attention part and its MLP part; the
-    MLP's for ``mlp_width`` of its intermediate columns (all by default)."""
+    MLP's for ``mlp_width`` of its intermediate columns (all by default); ``chained``: a
+    block in one graph with others, whose MLP keeps fewer (``models.base.chained_graph``)."""
+    wide = CHAINED_MLP_SAVED_WIDE if chained else MLP_SAVED_WIDE
     return _saved_bytes_per_token_by_part(workload, knobs.lora_hidden,
-                                          mlp_width or workload.arch.intermediate_size)
+                                          mlp_width or workload.arch.intermediate_size, wide)
+
+
+# (tokens, intermediate) tensors a block's MLP graph keeps: gate, up, the activation and the
+# product; in a chained graph gate and up alone (the engine recomputes the other two there)
+MLP_SAVED_WIDE = 4
+CHAINED_MLP_SAVED_WIDE = 2
 
 
 @lru_cache(maxsize=256)
-def _saved_bytes_per_token_by_part(workload: Workload, lora_hidden: str, i: int
+def _saved_bytes_per_token_by_part(workload: Workload, lora_hidden: str, i: int, wide: int
                                    ) -> Mapping[str, float]:
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
     d = arch.hidden_size
@@ -202,7 +211,7 @@ def _saved_bytes_per_token_by_part(workload: Workload, lora_hidden: str, i: int
     kv_copies = 5 if gemma else 3
     qk_normed = q + kv if arch.qk_norm else 0  # q and k kept before and after their norm
     parts = {"attention": e * (3 * q + kv_copies * kv + d + qk_normed) + 4 * 1.2 * d * norms,
-             "mlp": e * (4 * i + d) + 4 * 1.2 * d * norms}
+             "mlp": e * (wide * i + d) + 4 * 1.2 * d * norms}
     if lora_hidden == "store":
         for suffix in adapted_projections(workload):
             parts["mlp" if suffix in MLP_PROJECTIONS else "attention"] += e * workload.lora.rank

@@ -19,10 +19,10 @@ from mebp_core.units import MB
 
 
 def test_a_graph_tail_trades_a_blocks_activations_for_its_recompute(host):
-    """Each block of the tail keeps its activations (about 19 MB here in native bf16, 25 MB
-    upcast: the no-checkpoint step's per block) and saves its recompute: memory and time
-    move a block at a time, from the checkpointed step to the no-checkpoint one, on the host
-    and on a phone."""
+    """Each block of the tail keeps its activations (about 12 MB here in native bf16, 20 MB
+    upcast: the no-checkpoint step's per block; its MLP keeps gate and up alone) and saves
+    its recompute: memory and time move a block at a time, from the checkpointed step to the
+    no-checkpoint one, on the host and on a phone."""
     arch = load_architecture("preset:qwen2.5-0.5b")
     workload = Workload(arch=arch, seq_len=256, compute_dtype="bfloat16")
     phone = get_device("iphone-15-pro-max")
@@ -40,10 +40,10 @@ def test_a_graph_tail_trades_a_blocks_activations_for_its_recompute(host):
     assert tails[-1][0].memory == graph[0].memory and tails[-1][1] == graph[1]
     assert tails[-1][0].time == pytest.approx(graph[0].time)
     per_block = (graph[0].peak_bytes - checkpointed[0].peak_bytes) / arch.num_layers
-    assert 14 * MB < per_block < 20 * MB
+    assert 10 * MB < per_block < 14 * MB
     upcast = figures("float32", checkpoint_blocks="none")[0].peak_bytes - \
         figures("float32")[0].peak_bytes
-    assert 20 * MB < upcast / arch.num_layers < 30 * MB  # float32's heap retention
+    assert 17 * MB < upcast / arch.num_layers < 23 * MB  # float32's heap retention
     for k in range(2, arch.num_layers + 1):
         (shorter, shorter_device), (longer, longer_device) = tails[k - 1], tails[k]
         assert 0 < longer.peak_bytes - shorter.peak_bytes < 1.25 * per_block, k
@@ -85,14 +85,15 @@ def test_graph_tails_fill_the_front_between_300_mb_and_1_gb(host):
     """qwen2.5-0.5b at seq 256 in bfloat16: without tails the picks jumped from the
     checkpointed step (292 MB) to the no-checkpoint one (843 MB) with nothing in between.
     Now every 100 MB of budget from 300 MB up to the no-checkpoint step buys a configuration
-    at least 3% faster (the last step to it buys what is left of the tail, a block or two).
+    at least 4.5% faster (the last step to it buys what is left of the tail, a block or two).
 
-    Not 5%: 100 MB of budget holds 100 / 1.1 / 21.3 = 4.3 more blocks' activations (native
-    bf16), and each saves its recompute, which no longer multiplies the down projection (29%
-    of a block's products): 3.3-4.8% of the step here (2.7-3.3% at float32's retention).
-    Past the no-checkpoint step (742 MB here) only resident weights are
-    left to buy, and they buy little per byte (two decompressions of a 30 MB block, ~10 ms,
-    against a block's recompute, ~40 ms): a budget there buys fewer store re-reads."""
+    100 MB of budget holds 100 / 1.1 / 12.3 = 7.4 more blocks' activations (native bf16: a
+    chained block's MLP keeps gate and up alone), and each saves its recompute, which no
+    longer multiplies the down projection (29% of a block's products): 4.8-8.5% of the step
+    here (3.3-4.8% when the MLPs kept four tensors). Past the no-checkpoint step (588 MB
+    here) only resident weights are left to buy, and they buy little per byte (two
+    decompressions of a 30 MB block, ~10 ms, against a block's recompute, ~40 ms): a budget
+    there buys fewer store re-reads."""
     arch = load_architecture("preset:qwen2.5-0.5b")
     workload = Workload(arch=arch, seq_len=256, compute_dtype="bfloat16")
 
@@ -107,24 +108,24 @@ def test_graph_tails_fill_the_front_between_300_mb_and_1_gb(host):
         if "none" in (before.knobs.checkpoint_blocks, now.knobs.checkpoint_blocks):
             continue  # the front's end: less than 100 MB of tail was left to buy
         steps += 1
-        assert now.ranking_time_s <= 0.97 * before.ranking_time_s, (budget_mb, now.id,
-                                                                    before.id)
-    assert steps >= 35
+        assert now.ranking_time_s <= 0.955 * before.ranking_time_s, (budget_mb, now.id,
+                                                                     before.id)
+    assert steps >= 25
     # the front has no gap wider than a block's activations between the two steps
     front = [e for e in make_plan(workload, host, bf16_matmul="native").pareto
-             if 290 * MB < e.prediction.peak_bytes < 760 * MB]
+             if 290 * MB < e.prediction.peak_bytes < 600 * MB]
     peaks = [e.prediction.peak_bytes for e in front]
-    assert max(b - a for a, b in itertools.pairwise(peaks)) < 22 * MB
+    assert max(b - a for a, b in itertools.pairwise(peaks)) < 15 * MB
     assert {e.knobs.graph_tail_blocks for e in front} >= set(range(1, arch.num_layers))
 
 
-@pytest.mark.parametrize("device", ["iphone-15", "iphone-13", "android-4gb"])
+@pytest.mark.parametrize("device", ["iphone-13", "iphone-se-3", "android-4gb"])
 def test_a_phone_between_the_two_steps_runs_a_graph_tail_and_is_estimated_faster(device,
                                                                                   host):
-    """The paper's setting on phones of 512 and 768 MB: their budgets fall between the
-    checkpointed step and the no-checkpoint one (742 MB, 816 with the margin), so a tail is
-    the fastest that fits, and the phone's estimate (no recompute for the tail: fewer FLOPs
-    and dispatches, the same decompressions) beats the best without one."""
+    """The paper's setting on phones of 512 MB: their budgets fall between the checkpointed
+    step and the no-checkpoint one (588 MB, 647 with the margin; a 768 MB phone runs that),
+    so a tail is the fastest that fits, and the phone's estimate (no recompute for the tail:
+    fewer FLOPs and dispatches, the same decompressions) beats the best without one."""
     paper = paper_workload("preset:qwen2.5-0.5b", 256)
     phone = get_device(device)
     grid = candidate_knobs(paper, host.threads, "native")
@@ -143,3 +144,13 @@ def test_a_phone_between_the_two_steps_runs_a_graph_tail_and_is_estimated_faster
     assert work.tile_params + work.whole_params == pytest.approx(
         checkpointed.prediction.device_work.tile_params +
         checkpointed.prediction.device_work.whole_params)
+
+
+def test_a_768_mb_phone_runs_the_no_checkpoint_step(host):
+    """The paper's setting fits whole in 768 MB now that a chained block's MLP keeps gate and
+    up alone (588 MB predicted; 742 when it kept four tensors, which left this phone a
+    tail)."""
+    paper = paper_workload("preset:qwen2.5-0.5b", 256)
+    plan = make_plan(paper, host, device=get_device("iphone-15"), bf16_matmul="native")
+    assert plan.auto.knobs.checkpoint_blocks == "none"
+    assert plan.auto.prediction.peak_bytes < 768 * MB / 1.1
