@@ -26,7 +26,6 @@ LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
 T = TypeVar("T")
 
 
-
 @dataclass(frozen=True)
 class Activation:
     """An MLP's activation, and the op autograd runs for its backward: (grad, input) ->

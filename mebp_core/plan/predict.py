@@ -73,9 +73,14 @@ GRAPH_RETENTION = 1.75
 # avx512_bf16, 2026-12-04), per block of saved tensors above the planner's other terms of
 # the tail's phase, qwen2.5-0.5b seq 256 with its vocabulary cut to 256, tails of 4, 8 and 16
 # and the whole model: float32 2.0-2.2x; native bf16 matmuls 1.22-1.43x. Bounds above them,
-# not fits: long chains come out over (+10..+17% for the whole model).
+# not fits. A chain's first blocks cost more than its later ones (the holes its first
+# temporaries leave are filled by later blocks' tensors): with its real vocabulary under hard
+# caps, a tail of 5 in float32 was 9.5% over its count at these retentions, a tail of 8 in
+# bf16 4.5%, long tails and the whole model 4.5-10% under. CHAIN_ONSET_BLOCKS: that excess,
+# counted as blocks more in every chain.
 CHAIN_RETENTION = 2.25
 NATIVE_BF16_CHAIN_RETENTION = 1.5
+CHAIN_ONSET_BLOCKS = 1.25
 # No-grad forward temporaries of a block's MLP, in (tokens, intermediate) tensors: gate, up,
 # their product and the LoRA branch's output. FORWARD_RETENTION: allocator holes between them.
 FORWARD_MLP_COPIES = 4
@@ -232,7 +237,8 @@ def _chained_graph_bytes(workload: Workload, knobs: EngineKnobs, blocks: int,
     ``saved_per_block`` bytes of tensors."""
     native_bf16 = matmul_dtype_of(workload, knobs) == "bfloat16"
     retention = NATIVE_BF16_CHAIN_RETENTION if native_bf16 else CHAIN_RETENTION
-    return blocks * int(retention * saved_per_block)
+    onset = CHAIN_ONSET_BLOCKS if blocks else 0
+    return int((blocks + onset) * int(retention * saved_per_block))
 
 
 def _mezo_memory(workload: Workload, knobs: EngineKnobs, resident: Residency

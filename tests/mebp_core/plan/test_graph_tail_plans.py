@@ -19,7 +19,7 @@ from mebp_core.units import MB
 
 
 def test_a_graph_tail_trades_a_blocks_activations_for_its_recompute(host):
-    """Each block of the tail keeps its activations (about 12 MB here in native bf16, 20 MB
+    """Each block of the tail keeps its activations (about 13 MB here in native bf16, 21 MB
     upcast: the no-checkpoint step's per block; its MLP keeps gate and up alone) and saves
     its recompute: memory and time move a block at a time, from the checkpointed step to the
     no-checkpoint one, on the host and on a phone."""
@@ -87,10 +87,10 @@ def test_graph_tails_fill_the_front_between_300_mb_and_1_gb(host):
     Now every 100 MB of budget from 300 MB up to the no-checkpoint step buys a configuration
     at least 4.5% faster (the last step to it buys what is left of the tail, a block or two).
 
-    100 MB of budget holds 100 / 1.1 / 12.3 = 7.4 more blocks' activations (native bf16: a
+    100 MB of budget holds 100 / 1.1 / 14.1 = 6.4 more blocks' activations (native bf16: a
     chained block's MLP keeps gate and up alone), and each saves its recompute, which no
-    longer multiplies the down projection (29% of a block's products): 4.8-8.5% of the step
-    here (3.3-4.8% when the MLPs kept four tensors). Past the no-checkpoint step (588 MB
+    longer multiplies the down projection (29% of a block's products): 4.7-8.5% of the step
+    here (3.3-4.8% when the MLPs kept four tensors). Past the no-checkpoint step (605 MB
     here) only resident weights are left to buy, and they buy little per byte (two
     decompressions of a 30 MB block, ~10 ms, against a block's recompute, ~40 ms): a budget
     there buys fewer store re-reads."""
@@ -123,7 +123,7 @@ def test_graph_tails_fill_the_front_between_300_mb_and_1_gb(host):
 def test_a_phone_between_the_two_steps_runs_a_graph_tail_and_is_estimated_faster(device,
                                                                                   host):
     """The paper's setting on phones of 512 MB: their budgets fall between the checkpointed
-    step and the no-checkpoint one (588 MB, 647 with the margin; a 768 MB phone runs that),
+    step and the no-checkpoint one (605 MB, 665 with the margin; a 768 MB phone runs that),
     so a tail is the fastest that fits, and the phone's estimate (no recompute for the tail:
     fewer FLOPs and dispatches, the same decompressions) beats the best without one."""
     paper = paper_workload("preset:qwen2.5-0.5b", 256)
@@ -148,7 +148,7 @@ def test_a_phone_between_the_two_steps_runs_a_graph_tail_and_is_estimated_faster
 
 def test_a_768_mb_phone_runs_the_no_checkpoint_step(host):
     """The paper's setting fits whole in 768 MB now that a chained block's MLP keeps gate and
-    up alone (588 MB predicted; 742 when it kept four tensors, which left this phone a
+    up alone (605 MB predicted; 742 when it kept four tensors, which left this phone a
     tail)."""
     paper = paper_workload("preset:qwen2.5-0.5b", 256)
     plan = make_plan(paper, host, device=get_device("iphone-15"), bf16_matmul="native")

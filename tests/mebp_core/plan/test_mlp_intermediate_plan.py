@@ -9,7 +9,7 @@ import pytest
 
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import load_architecture
-from mebp_core.plan.planner import candidate_knobs
+from mebp_core.plan.planner import SMALL_TILE_BYTES, candidate_knobs, make_plan
 from mebp_core.plan.predict import predict
 from mebp_core.plan.timing import step_work
 from mebp_core.plan.workload import Workload
@@ -82,3 +82,27 @@ def test_the_grid_chunks_columns_in_whole_quantization_groups(group_size):
     assert widths and all(w % group_size == 0 and w % 64 == 0 for w in widths)
     gemma = Workload(arch=load_architecture("preset:gemma3-1b"), seq_len=256)
     assert not any(k.mlp_intermediate_chunk for k in candidate_knobs(gemma))
+
+
+@pytest.mark.parametrize(("dtype", "bf16_matmul", "matmul_bytes"),
+                         [("float32", "auto", 4), ("bfloat16", "native", 2),
+                          ("bfloat16", "float32", 4)])
+def test_the_grids_columns_fit_a_small_tile_and_make_the_smallest_configuration(
+        host, dtype, bf16_matmul, matmul_bytes):
+    """A chunk's slice of a weight is decompressed whole: the grid keeps it within the small
+    tile, so the columns' configuration is the plan's smallest (a quarter of the columns,
+    1216 at seq 256, made 2.1 MB slices in bf16 and was priced above the token chunks), and
+    faster than the token chunks, which decompress each MLP weight once per chunk."""
+    workload = Workload(arch=load_architecture("preset:qwen2.5-0.5b"), seq_len=256,
+                        compute_dtype=dtype)
+    widths = {k.mlp_intermediate_chunk for k in candidate_knobs(workload,
+                                                                bf16_matmul=bf16_matmul)
+              if k.mlp_intermediate_chunk is not None}
+    assert widths
+    assert all(w * workload.arch.hidden_size * matmul_bytes <= SMALL_TILE_BYTES for w in widths)
+    entries = make_plan(workload, host, bf16_matmul=bf16_matmul).entries
+    smallest = min(entries, key=lambda e: e.prediction.peak_bytes)
+    by_tokens = min((e for e in entries if e.knobs.mlp_chunk_tokens),
+                    key=lambda e: e.prediction.peak_bytes)
+    assert smallest.knobs.mlp_intermediate_chunk in widths
+    assert smallest.ranking_time_s < 0.85 * by_tokens.ranking_time_s
