@@ -53,12 +53,13 @@ class EngineKnobs(BaseModel):
         default=1, description=(
             "save every K-th block input (1: every block; the backward re-runs each "
             "segment's forward from its checkpoint), or none: one autograd graph over the "
-            "whole model, every activation kept, no recompute"))
+            "whole model, no block recomputed (each MLP's activation and product are, "
+            "elementwise, in the backward)"))
     graph_tail_blocks: int = Field(default=0, ge=0, description=(
-        "with checkpoints: run the model's last K blocks under one autograd graph, their "
-        "activations kept and never recomputed (the earlier blocks checkpointed as "
-        "checkpoint_blocks says): memory for time, a block at a time; 0: every block "
-        "checkpointed"))
+        "with checkpoints: run the model's last K blocks under one autograd graph, never "
+        "recomputed but for each MLP's activation and product (the earlier blocks "
+        "checkpointed as checkpoint_blocks says): memory for time, a block at a time; 0: "
+        "every block checkpointed"))
     checkpoint_storage: CheckpointStorage = Field(default="ram", description=(
         "keep block-input checkpoints in RAM or in a memory-mapped file beside the output"))
     lora_hidden: LoraHidden = Field(default="recompute", description=(

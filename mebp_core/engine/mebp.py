@@ -7,11 +7,12 @@ The gradients are exactly those of plain autograd over the same model.
 
 The ``checkpoint_blocks`` knob trades this: with k > 1 only every k-th block input is saved
 and the backward re-runs each segment's forward from it (keeping that segment's k inputs
-meanwhile); with "none" one autograd graph spans the model, every activation kept.
+meanwhile); with "none" one autograd graph spans the model, no block recomputed.
 ``graph_tail_blocks`` K keeps the last K blocks in one autograd graph (their activations
 kept, never recomputed) and checkpoints the blocks before them: the two, a block at a time.
 A graph that chains blocks keeps each MLP's gate and up outputs alone; the activation and
-the product are recomputed from them in its backward (``models.base.chained_graph``).
+the product are recomputed from them in its backward (``gated_mlp``); plain backprop's
+(``full_logits``) keeps all four, as a plain trainer's does.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import torch
 
 from mebp_core.engine.backward import backward_from
 from mebp_core.engine.frozen import FrozenLinear
+from mebp_core.engine.gated_mlp import run_chained_block
 from mebp_core.engine.loss import (
     IGNORE_INDEX,
     compute_full_logits_loss,
@@ -36,7 +38,7 @@ from mebp_core.engine.mlp_chunks import (
     run_mlp_by_columns,
 )
 from mebp_core.engine.model import EngineModel
-from mebp_core.models.base import apply_softcap, chained_graph
+from mebp_core.models.base import apply_softcap
 
 
 @dataclass
@@ -184,9 +186,9 @@ def _tail_backward(engine: EngineModel, hidden: torch.Tensor, labels: torch.Tens
     ``hidden``, and the head's loss. No tail (``first`` past the last block): the head's
     alone."""
     tail_input = hidden.requires_grad_(True) if first < len(engine.layers) else hidden
-    with torch.enable_grad(), chained_graph():
+    with torch.enable_grad():
         for layer in engine.layers[first:]:
-            hidden = layer(hidden, ctx)
+            hidden = run_chained_block(layer, hidden, ctx)
     head, grad = _head_backward(engine, hidden, labels, loss_scale)
     if hidden is tail_input:
         return grad, head
@@ -263,13 +265,16 @@ def _segment_inputs(engine: EngineModel, first_input: torch.Tensor, first: int, 
 def _run_whole_graph_step(engine: EngineModel, input_ids: torch.Tensor, labels: torch.Tensor,
                           loss_scale: float, on_block_done: Callable[[int], None] | None,
                           full_logits: bool) -> StepLoss:
-    """No checkpoints: one autograd graph over every block, all activations kept, no recompute.
-    Lazy frozen weights are decompressed again, tile by tile, by their backward."""
+    """No checkpoints: one autograd graph over every block, no block recomputed (only each
+    MLP's activation and product, elementwise, unless ``full_logits``: plain backprop's graph
+    keeps every activation). Lazy frozen weights are decompressed again, tile by tile, by
+    their backward."""
     ctx = engine.context(input_ids.shape[1])
-    with torch.enable_grad(), chained_graph():
+    run = _plain_block if full_logits else run_chained_block  # backprop's graph is plain
+    with torch.enable_grad():
         hidden = engine.arch.embed(input_ids).to(engine.dtype)  # (B, T, D)
         for layer in engine.layers:
-            hidden = layer(hidden, ctx)
+            hidden = run(layer, hidden, ctx)
     if full_logits:
         step = _full_logits_backward(engine, hidden, labels, loss_scale)
     else:
@@ -282,6 +287,10 @@ def _run_whole_graph_step(engine: EngineModel, input_ids: torch.Tensor, labels: 
         for index in reversed(range(len(engine.layers))):
             on_block_done(index)
     return step
+
+
+def _plain_block(block, hidden: torch.Tensor, ctx) -> torch.Tensor:
+    return block(hidden, ctx)
 
 
 def _full_logits_backward(engine: EngineModel, hidden: torch.Tensor, labels: torch.Tensor,

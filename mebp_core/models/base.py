@@ -6,13 +6,11 @@ architecture files can reproduce its logits to float32 round-off.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -23,7 +21,6 @@ from mebp_core.errors import MebpError
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 LAYER_TYPES = (FULL_ATTENTION, SLIDING_ATTENTION)
-T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -255,81 +252,6 @@ class RMSNorm(nn.Module):
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         # HF multiplies in the weight's dtype; casting the weight keeps activations in x's dtype
         return self.weight.to(x.dtype) * x32.to(x.dtype)
-
-
-_IN_CHAINED_GRAPH = contextvars.ContextVar("in_chained_graph", default=False)
-
-
-@contextlib.contextmanager
-def chained_graph():
-    """Blocks run inside are held in one autograd graph with many others: their MLPs keep
-    gate's and up's outputs alone for backward (``gated_down``), which halves what a block
-    holds there. A block recomputed alone keeps all four: for it the recompute's
-    temporaries cost more than the two tensors spared (float32 peaks 5-18 MB higher on
-    qwen2.5-0.5b)."""
-    token = _IN_CHAINED_GRAPH.set(True)
-    try:
-        yield
-    finally:
-        _IN_CHAINED_GRAPH.reset(token)
-
-
-def gated_mlp(mlp: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``down(act(gate(x)) * up(x))`` for an MLP with those four attributes."""
-    gate, up = mlp.gate_proj(x), mlp.up_proj(x)
-    if _IN_CHAINED_GRAPH.get():
-        return gated_down(gate, up, mlp.act_fn, mlp.down_proj)
-    return mlp.down_proj(mlp.act_fn(gate) * up)
-
-
-def gated_down(gate: torch.Tensor, up: torch.Tensor, act: Activation,
-               down: Callable[[torch.Tensor], T]) -> T:
-    """``down(act(gate) * up)``. Under autograd the graph keeps ``gate`` and ``up`` alone: the
-    activation and the product, two more (tokens, intermediate) tensors, are recomputed from
-    them in backward (elementwise, the same bits), for whatever ``down`` saves of its input
-    too."""
-    if not (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)):
-        return down(act(gate) * up)
-    product = _GatedProduct.apply(gate, up, act)
-    layout = _layout(product)  # a saved tensor may come as another Python object of it
-
-    def pack(saved: torch.Tensor):
-        return _RECOMPUTED_PRODUCT if _layout(saved) == layout else saved
-
-    def unpack(packed):
-        if packed is not _RECOMPUTED_PRODUCT:
-            return packed
-        with torch.no_grad():
-            return act(gate) * up
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-        return down(product)
-
-
-_RECOMPUTED_PRODUCT = object()  # what down's graph keeps in place of its input
-
-
-def _layout(t: torch.Tensor) -> tuple:
-    return t.data_ptr(), t.shape, t.stride(), t.dtype
-
-
-class _GatedProduct(torch.autograd.Function):
-    """``act(gate) * up`` saving its inputs only: backward recomputes ``act(gate)`` and runs
-    the ops autograd would (the product's two gradients, then the activation's backward)."""
-
-    @staticmethod
-    def forward(ctx, gate: torch.Tensor, up: torch.Tensor, act) -> torch.Tensor:
-        ctx.save_for_backward(gate, up)
-        ctx.act = act
-        return act(gate) * up
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        gate, up = ctx.saved_tensors
-        need_gate, need_up = ctx.needs_input_grad[:2]
-        grad_up = grad * ctx.act(gate) if need_up else None
-        grad_gate = ctx.act.backward(grad * up, gate) if need_gate else None
-        return grad_gate, grad_up, None
 
 
 def get_activation(name: str) -> Activation:

@@ -24,7 +24,6 @@ from mebp_core.models.base import (
     UnsupportedConfigError,
     apply_rotary,
     attend,
-    gated_mlp,
     get_activation,
     split_heads,
 )
@@ -155,7 +154,7 @@ class MLP(nn.Module):
         self.act_fn = get_activation(args.hidden_activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gated_mlp(self, x)
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
 class TransformerBlock(DecoderBlock):

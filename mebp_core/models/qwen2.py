@@ -16,7 +16,6 @@ from mebp_core.models.base import (
     RopeSpec,
     apply_rotary,
     attend,
-    gated_mlp,
     get_activation,
     parse_layer_types,
     parse_rope,
@@ -97,7 +96,7 @@ class MLP(nn.Module):
         self.act_fn = get_activation(args.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return gated_mlp(self, x)
+        return self.down_proj(self.act_fn(self.gate_proj(x)) * self.up_proj(x))
 
 
 class TransformerBlock(PreNormBlock):

@@ -68,19 +68,25 @@ NATIVE_BF16_BYTES = 19 * MB
 GRAPH_RETENTION = 1.75
 # A chained graph (every block's graph alive at once: a graph tail, the no-checkpoint step)
 # keeps its MLPs' gate and up alone, recomputing the activation and the product in backward
-# (``models.base.chained_graph``); the two freed per block leave heap holes, so its blocks
-# cost more per saved byte than a block recomputed alone. Kernel counts (Zen 4 with
-# avx512_bf16, 2026-12-04), per block of saved tensors above the planner's other terms of
-# the tail's phase, qwen2.5-0.5b seq 256 with its vocabulary cut to 256, tails of 4, 8 and 16
-# and the whole model: float32 2.0-2.2x; native bf16 matmuls 1.22-1.43x. Bounds above them,
-# not fits. A chain's first blocks cost more than its later ones (the holes its first
-# temporaries leave are filled by later blocks' tensors): with its real vocabulary under hard
-# caps, a tail of 5 in float32 was 9.5% over its count at these retentions, a tail of 8 in
-# bf16 4.5%, long tails and the whole model 4.5-10% under. CHAIN_ONSET_BLOCKS: that excess,
-# counted as blocks more in every chain.
+# (``engine.gated_mlp``; the elementwise recompute, ~3 passes over a (tokens, intermediate)
+# tensor a block, is left out of the time model); the two freed per block leave heap holes,
+# so its blocks cost more per saved byte than a block recomputed alone. Kernel counts (Zen 4
+# with avx512_bf16, 2026-12-04), per block of saved tensors above the planner's other terms
+# of the tail's phase, qwen2.5-0.5b seq 256 with its vocabulary cut to 256, tails of 4, 8 and
+# 16 and the whole model: float32 2.0-2.2x; native bf16 matmuls 1.22-1.43x. Bounds above
+# them, not fits; upcast bf16 (float32 matmuls) keeps less than CHAIN_RETENTION counts
+# (14-24% less uncapped, 3-15% under hard caps). A chain's first blocks cost more than its
+# later ones (the holes its first temporaries leave are filled by later blocks' tensors):
+# with its real vocabulary under hard caps, at these retentions the kernel counted a tail of
+# 5 in float32 9.5% above the prediction, a tail of 8 in bf16 4.5% above, long tails and the
+# whole model 4.5-10% below. CHAIN_ONSET_BLOCKS: that excess, counted as blocks more in
+# every chain.
 CHAIN_RETENTION = 2.25
 NATIVE_BF16_CHAIN_RETENTION = 1.5
 CHAIN_ONSET_BLOCKS = 1.25
+# Plain backprop's chain keeps all four MLP tensors: in native bf16 1.11-1.38x a block's
+# saved tensors (same host and model, 2026-12-04), float32 at GRAPH_RETENTION.
+NATIVE_BF16_PLAIN_CHAIN_RETENTION = 1.45
 # No-grad forward temporaries of a block's MLP, in (tokens, intermediate) tensors: gate, up,
 # their product and the LoRA branch's output. FORWARD_RETENTION: allocator holes between them.
 FORWARD_MLP_COPIES = 4
@@ -171,9 +177,10 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     saved_per_token = saved_bytes_per_token_by_part(workload, knobs, width)
     saved_tensors = n_tokens * saved_per_token["attention"] + chunk * saved_per_token["mlp"]
     block_saved = int(GRAPH_RETENTION * saved_tensors)  # one block recomputed alone
-    # a block of a chained graph (a tail, no checkpoints) runs whole, keeping less
-    chained_saved = n_tokens * sum(saved_bytes_per_token_by_part(workload, knobs,
-                                                                 chained=True).values())
+    # a block of a chained graph (a tail, no checkpoints) runs whole, keeping less (not
+    # plain backprop's: its graph keeps what a plain trainer's does)
+    chained_saved = n_tokens * sum(saved_bytes_per_token_by_part(
+        workload, knobs, chained=workload.method != "backprop").values())
     block_grads = _backward_transient_bytes(workload, em, n_tokens, chunk, width)
     # a tiled input gradient's running sum, (N, in); when upcasting, in the matmul dtype
     # beside its cast back (the LoRA branch upcasts a bounded chunk of rows at a time)
@@ -236,6 +243,9 @@ def _chained_graph_bytes(workload: Workload, knobs: EngineKnobs, blocks: int,
     """Anonymous memory of ``blocks`` blocks' graphs alive at once, each saving
     ``saved_per_block`` bytes of tensors."""
     native_bf16 = matmul_dtype_of(workload, knobs) == "bfloat16"
+    if workload.method == "backprop":  # every MLP tensor kept
+        retention = NATIVE_BF16_PLAIN_CHAIN_RETENTION if native_bf16 else GRAPH_RETENTION
+        return blocks * int(retention * saved_per_block)
     retention = NATIVE_BF16_CHAIN_RETENTION if native_bf16 else CHAIN_RETENTION
     onset = CHAIN_ONSET_BLOCKS if blocks else 0
     return int((blocks + onset) * int(retention * saved_per_block))

@@ -188,7 +188,7 @@ def saved_bytes_per_token_by_part(workload: Workload, knobs: EngineKnobs,
                                   ) -> Mapping[str, float]:
     """``saved_bytes_per_token`` split into the block's attention part and its MLP part; the
     MLP's for ``mlp_width`` of its intermediate columns (all by default); ``chained``: a
-    block in one graph with others, whose MLP keeps fewer (``models.base.chained_graph``)."""
+    block in one graph with others, whose MLP keeps fewer (``engine.gated_mlp``)."""
     wide = CHAINED_MLP_SAVED_WIDE if chained else MLP_SAVED_WIDE
     return _saved_bytes_per_token_by_part(workload, knobs.lora_hidden,
                                           mlp_width or workload.arch.intermediate_size, wide)

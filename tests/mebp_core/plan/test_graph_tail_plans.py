@@ -12,7 +12,8 @@ import pytest
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.devices import get_device, paper_workload
-from mebp_core.plan.planner import candidate_knobs, make_plan
+from mebp_core.plan.grid import candidate_knobs
+from mebp_core.plan.planner import make_plan
 from mebp_core.plan.predict import predict
 from mebp_core.plan.workload import Workload
 from mebp_core.units import MB

@@ -11,9 +11,10 @@ from benchmarks.device_estimates import MEBP_PAPER, estimate
 from mebp_core.cli import main
 from mebp_core.config import TrainConfig
 from mebp_core.plan.arch import load_architecture
+from mebp_core.plan.grid import candidate_knobs
 from mebp_core.plan.methods import MethodSettingError, plan_methods_on_host
 from mebp_core.plan.passes import pass_counts
-from mebp_core.plan.planner import candidate_knobs, knobs_id, make_plan
+from mebp_core.plan.planner import knobs_id, make_plan
 from mebp_core.plan.predict import full_logits_bytes, predict
 from mebp_core.plan.workload import Workload
 from mebp_core.units import MB

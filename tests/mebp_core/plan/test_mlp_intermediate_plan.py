@@ -9,7 +9,8 @@ import pytest
 
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import load_architecture
-from mebp_core.plan.planner import SMALL_TILE_BYTES, candidate_knobs, make_plan
+from mebp_core.plan.grid import SMALL_TILE_BYTES, candidate_knobs
+from mebp_core.plan.planner import make_plan
 from mebp_core.plan.predict import predict
 from mebp_core.plan.timing import step_work
 from mebp_core.plan.workload import Workload

@@ -22,7 +22,8 @@ from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.correction import correction_from
 from mebp_core.plan.devices import get_device
-from mebp_core.plan.planner import Plan, candidate_knobs, make_plan
+from mebp_core.plan.grid import candidate_knobs
+from mebp_core.plan.planner import Plan, make_plan
 from mebp_core.plan.workload import Workload
 from mebp_core.units import MB
 
@@ -57,14 +58,15 @@ CASES = {
 # offers the MLP in chunks of intermediate columns (not gemma3's: its digest is unchanged),
 # then of the one counting native bf16's chained graphs at their own retention (the native
 # bf16 case's alone), then of the one whose chained graphs keep an MLP's gate and up alone
-# (every case but MeZO's: each plans a chained graph among its candidates), then of the one
-# whose grid's MLP columns are no wider than a small tile's slice of a weight (the qwen
-# cases: the others' columns were that narrow already, or their grids have none)
+# (MeBP's cases that plan a chained graph: not MeZO's, backprop's, whose graph stays plain,
+# or the requested knobs'), then of the one whose grid's MLP columns are no wider than a
+# small tile's slice of a weight (the qwen cases, MeZO's too: the others' columns were that
+# narrow already, or their grids have none)
 RECORDED = {
     'gemma-mebp-nobudget-int8': (426, 'resident-nockpt-h-store-shared-tile8M', 292,
         '6fa8093d9e9e19878bbf7f14b23026e0c61255e01cf27942cdd6d69ad69cc39f'),
-    'llama-backprop-2gb': (1, None, 7871,
-        'e693a8f600931d9cef8a9e9f290e140adc54f54794f49d4ed0ea2da52f0e2fc9'),
+    'llama-backprop-2gb': (1, None, 7989,
+        'd6577ad47020762f0300ad3ceafd87b4cad2596cf1d3911f8e59d4ad73f2e64f'),
     'qwen-mebp-bf16-upcast-corrected': (522, 'lazy-ckpt1-mmap-h-store-shared-tile8M', 272,
         '427e181c592e8dd8bb8d285fc37e919ccb98846185b5df1d9961dea896c4f24f'),
     'qwen-mebp-pixel8': (522, 'resident482384K-ckpt1-ram-h-store-shared-tile8M', 244,

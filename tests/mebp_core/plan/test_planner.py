@@ -8,8 +8,9 @@ import pytest
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.devices import get_device
+from mebp_core.plan.grid import candidate_knobs
 from mebp_core.plan.on_host import fastest_fitting, plan_on_host
-from mebp_core.plan.planner import candidate_knobs, make_plan
+from mebp_core.plan.planner import make_plan
 from mebp_core.plan.predict import COMPONENTS
 from mebp_core.plan.workload import Workload
 from mebp_core.units import MB

@@ -1,0 +1,109 @@
+"""The planner's grid: every configuration of a method's knobs that a plan prices."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from mebp_core.config import BACKPROP_KNOBS, EngineKnobs
+from mebp_core.cpu import matmul_dtype
+from mebp_core.plan.workload import DTYPE_BYTES, Workload
+
+SMALL_TILE_BYTES = 1 << 20
+# MLP chunks the grid tries (each only below the batch's tokens): a quarter of a seq-256
+# batch, where the (tokens, intermediate) tensors stop dominating a block's backward
+MLP_CHUNK_TOKENS = (64,)
+# graph tails the grid tries: every length short of the whole model, or this many evenly
+# spaced in a deeper one (a tail's memory and time move a block at a time: on qwen2.5-0.5b
+# at seq 256 in bfloat16, 25 MB and one block's recompute each)
+GRAPH_TAILS = 24
+
+
+def candidate_knobs(workload: Workload, threads: int | None = None,
+                    bf16_matmul: str = "auto") -> list[EngineKnobs]:
+    """The grid of ``workload.method``'s knobs. MeBP: weights lazy, resident to a quarter,
+    half, three quarters, or all; checkpoints every 1, 2, 4 blocks or none, in RAM or a file;
+    LoRA h kept or not; one decompression per block or two; default or small tiles; the
+    backward's MLP whole, in chunks of tokens or of intermediate columns; and between
+    checkpointing every block and none, graph tails of ``GRAPH_TAILS`` lengths (with every
+    block's input checkpointed in RAM before them, shared decompression and default tiles:
+    the fast configurations, which the tail's memory is traded against). MeZO (forwards
+    only): the weights, the tiles and the MLP's chunks. Plain backprop: its one
+    configuration."""
+    run = {"bf16_matmul": bf16_matmul, "threads": threads}
+    if workload.method == "backprop":
+        return [EngineKnobs(**BACKPROP_KNOBS, **run)]
+    arch = workload.arch
+    e = DTYPE_BYTES[workload.compute_dtype]
+    total = sum(params for _, params in arch.frozen_weights()) * e
+    # budgets rounded to whole KB keep the configuration ids short and exact
+    weights = [("lazy", None),
+               *[("resident", int(total * f) >> 10 << 10) for f in (0.25, 0.5, 0.75)],
+               ("resident", None)]
+    tiles_and_chunks = list(itertools.product((8 << 20, SMALL_TILE_BYTES),
+                                              [{}, *mlp_chunk_choices(workload,
+                                                                      bf16_matmul)]))
+    if workload.method == "mezo":
+        return [EngineKnobs(frozen_weights=frozen, resident_weight_bytes=budget,
+                            decompress_tile_bytes=tile, loss_vocab_tile_bytes=tile,
+                            **chunk, **run)
+                for (frozen, budget), (tile, chunk) in itertools.product(weights,
+                                                                          tiles_and_chunks)
+                if not (frozen == "resident" and budget is None and tile != 8 << 20)]
+    checkpoint_blocks = [1, 2, 4, "none"]
+    out = []
+    for (frozen, budget), every, storage, hidden, shared, (tile, chunk) in itertools.product(
+            weights, checkpoint_blocks, ("ram", "mmap"), ("recompute", "store"),
+            (True, False), tiles_and_chunks):
+        if every == "none" and (storage == "mmap" or not shared or chunk):
+            continue  # none of these applies without checkpoints
+        if shared and "mlp_intermediate_chunk" in chunk:
+            continue  # its point is to decompress a chunk's columns, never a whole weight
+        if frozen == "resident" and budget is None and (not shared or tile != 8 << 20):
+            continue  # nothing is decompressed per step
+        out.append(EngineKnobs(frozen_weights=frozen, resident_weight_bytes=budget,
+                               checkpoint_blocks=every, checkpoint_storage=storage,
+                               lora_hidden=hidden, share_decompression=shared,
+                               decompress_tile_bytes=tile, loss_vocab_tile_bytes=tile,
+                               **chunk, **run))
+    out += [EngineKnobs(frozen_weights=frozen, resident_weight_bytes=budget,
+                        graph_tail_blocks=tail, lora_hidden=hidden, share_decompression=True,
+                        **run)
+            for (frozen, budget), tail, hidden in itertools.product(
+                weights, graph_tails(arch.num_layers), ("recompute", "store"))]
+    return out
+
+
+def mlp_chunk_choices(workload: Workload, bf16_matmul: str = "auto"
+                      ) -> list[dict[str, int]]:
+    """The MLP's chunks the grid tries: each of ``MLP_CHUNK_TOKENS`` below the batch's
+    tokens, and beside it the intermediate columns that keep the same (tokens, intermediate)
+    tensors over every token, decompressing each weight once per pass; narrower where a
+    weight's slice of that many columns would outgrow the small tile (a slice is decompressed
+    whole: at qwen2.5-0.5b seq 256 in bf16, 1216 columns make 2.1 MB slices and are priced
+    above the token chunks; 576 make 1 MB ones, priced below them at the same speed). Their
+    width is a multiple of 64 and of the quantization group (a chunk's columns of down are
+    whole groups). Not where a block norms its MLP's output (Gemma 3): its backward makes
+    that output first, priced but not measured against the kernel."""
+    arch = workload.arch
+    by_columns = arch.residual_output_projection is not None
+    step = math.lcm(64, workload.group_size)
+    slice_bytes = arch.hidden_size * DTYPE_BYTES[matmul_dtype(workload.compute_dtype,
+                                                              bf16_matmul)]
+    small_tile_width = max(step, SMALL_TILE_BYTES // slice_bytes // step * step)
+    choices = []
+    for tokens in MLP_CHUNK_TOKENS:
+        if tokens >= workload.tokens:
+            continue
+        choices.append({"mlp_chunk_tokens": tokens})
+        width = -(-arch.intermediate_size * tokens // workload.tokens // step) * step
+        width = min(width, small_tile_width)
+        if by_columns and width < arch.intermediate_size:
+            choices.append({"mlp_intermediate_chunk": width})
+    return choices
+
+
+def graph_tails(layers: int) -> range:
+    """The graph tails the grid tries: from 1 block, evenly spaced, short of the whole model
+    (a tail of every block is checkpoint_blocks none)."""
+    return range(1, layers, max(1, math.ceil((layers - 1) / GRAPH_TAILS)))
