@@ -5,9 +5,9 @@ Plain autograd over ``down(act(gate) * up)`` keeps four (tokens, intermediate) t
 block: gate, up, the activation and the product (down's LoRA branch reads it). A chain holds
 every block's graph at once, so here the activation and the product are recomputed from gate
 and up in the backward (elementwise: the same bits, and the same gradients to the bit),
-halving what a block holds. A block recomputed alone keeps all four: for it the recompute's
-temporaries cost more than the two tensors spared (float32 peaks 5-18 MB higher on
-qwen2.5-0.5b at seq 256).
+halving what a block holds. A block recomputed alone keeps all four: there the two tensors
+spared showed no gain (qwen2.5-0.5b seq 256, four float32 runs 5-18 MB higher, inside the
+heap's run-to-run spread of ~16 MB).
 
 The saved-tensor hooks that stand in for the product apply to down's forward only; nested
 hooks replace outer ones there (``torch.autograd.graph.saved_tensors_hooks``).

@@ -270,11 +270,13 @@ def _run_whole_graph_step(engine: EngineModel, input_ids: torch.Tensor, labels: 
     keeps every activation). Lazy frozen weights are decompressed again, tile by tile, by
     their backward."""
     ctx = engine.context(input_ids.shape[1])
-    run = _plain_block if full_logits else run_chained_block  # backprop's graph is plain
     with torch.enable_grad():
         hidden = engine.arch.embed(input_ids).to(engine.dtype)  # (B, T, D)
         for layer in engine.layers:
-            hidden = run(layer, hidden, ctx)
+            if full_logits:  # plain backprop's graph is a plain trainer's
+                hidden = layer(hidden, ctx)
+            else:
+                hidden = run_chained_block(layer, hidden, ctx)
     if full_logits:
         step = _full_logits_backward(engine, hidden, labels, loss_scale)
     else:
@@ -287,10 +289,6 @@ def _run_whole_graph_step(engine: EngineModel, input_ids: torch.Tensor, labels: 
         for index in reversed(range(len(engine.layers))):
             on_block_done(index)
     return step
-
-
-def _plain_block(block, hidden: torch.Tensor, ctx) -> torch.Tensor:
-    return block(hidden, ctx)
 
 
 def _full_logits_backward(engine: EngineModel, hidden: torch.Tensor, labels: torch.Tensor,

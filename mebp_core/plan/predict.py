@@ -74,13 +74,13 @@ GRAPH_RETENTION = 1.75
 # with avx512_bf16, 2026-12-04), per block of saved tensors above the planner's other terms
 # of the tail's phase, qwen2.5-0.5b seq 256 with its vocabulary cut to 256, tails of 4, 8 and
 # 16 and the whole model: float32 2.0-2.2x; native bf16 matmuls 1.22-1.43x. Bounds above
-# them, not fits; upcast bf16 (float32 matmuls) keeps less than CHAIN_RETENTION counts
-# (14-24% less uncapped, 3-15% under hard caps). A chain's first blocks cost more than its
-# later ones (the holes its first temporaries leave are filled by later blocks' tensors):
-# with its real vocabulary under hard caps, at these retentions the kernel counted a tail of
-# 5 in float32 9.5% above the prediction, a tail of 8 in bf16 4.5% above, long tails and the
-# whole model 4.5-10% below. CHAIN_ONSET_BLOCKS: that excess, counted as blocks more in
-# every chain.
+# them, not fits; upcast bf16 (float32 matmuls) is counted above the kernel at
+# CHAIN_RETENTION (+14..+24% uncapped, +3..+15% under hard caps). A chain's first blocks
+# cost more than its later ones (the holes its first temporaries leave are filled by later
+# blocks' tensors): with its real vocabulary under hard caps, at these retentions the kernel
+# counted a tail of 5 in float32 9.5% above the prediction, a tail of 8 in bf16 4.5% above,
+# long tails and the whole model 4.5-10% below. CHAIN_ONSET_BLOCKS: that excess, counted as
+# blocks more in every chain.
 CHAIN_RETENTION = 2.25
 NATIVE_BF16_CHAIN_RETENTION = 1.5
 CHAIN_ONSET_BLOCKS = 1.25
@@ -177,10 +177,6 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     saved_per_token = saved_bytes_per_token_by_part(workload, knobs, width)
     saved_tensors = n_tokens * saved_per_token["attention"] + chunk * saved_per_token["mlp"]
     block_saved = int(GRAPH_RETENTION * saved_tensors)  # one block recomputed alone
-    # a block of a chained graph (a tail, no checkpoints) runs whole, keeping less (not
-    # plain backprop's: its graph keeps what a plain trainer's does)
-    chained_saved = n_tokens * sum(saved_bytes_per_token_by_part(
-        workload, knobs, chained=workload.method != "backprop").values())
     block_grads = _backward_transient_bytes(workload, em, n_tokens, chunk, width)
     # a tiled input gradient's running sum, (N, in); when upcasting, in the matmul dtype
     # beside its cast back (the LoRA branch upcasts a bounded chunk of rows at a time)
@@ -205,8 +201,7 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
 
     if every == "none":
         saved = 0
-        activations_fwd = _chained_graph_bytes(workload, knobs, arch.num_layers,
-                                               chained_saved)
+        activations_fwd = _chained_graph_bytes(workload, knobs, arch.num_layers)
         activations_bwd = activations_fwd + block_grads
         weights_bwd = weights["tile"]
     else:
@@ -214,7 +209,7 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
         slots = math.ceil(checkpointed / every)
         saved = slots * hidden_bytes if knobs.checkpoint_storage == "ram" else hidden_bytes
         # a tail's graph lives through the loss (its running sum: the tail's backward is tiled)
-        activations_fwd = _chained_graph_bytes(workload, knobs, tail, chained_saved)
+        activations_fwd = _chained_graph_bytes(workload, knobs, tail)
         # one block recomputed under autograd, its gradients, the segment's re-run inputs
         segment = min(every, checkpointed)
         activations_bwd = block_saved + block_grads + (segment - 1) * hidden_bytes
@@ -238,12 +233,14 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     return memory, checkpoint_file
 
 
-def _chained_graph_bytes(workload: Workload, knobs: EngineKnobs, blocks: int,
-                         saved_per_block: float) -> int:
-    """Anonymous memory of ``blocks`` blocks' graphs alive at once, each saving
-    ``saved_per_block`` bytes of tensors."""
+def _chained_graph_bytes(workload: Workload, knobs: EngineKnobs, blocks: int) -> int:
+    """Anonymous memory of ``blocks`` whole blocks' graphs alive at once: each MLP's gate and
+    up alone, but plain backprop's, which keeps what a plain trainer's graph keeps."""
+    plain = workload.method == "backprop"
+    saved_per_block = workload.tokens * sum(saved_bytes_per_token_by_part(
+        workload, knobs, chained=not plain).values())
     native_bf16 = matmul_dtype_of(workload, knobs) == "bfloat16"
-    if workload.method == "backprop":  # every MLP tensor kept
+    if plain:
         retention = NATIVE_BF16_PLAIN_CHAIN_RETENTION if native_bf16 else GRAPH_RETENTION
         return blocks * int(retention * saved_per_block)
     retention = NATIVE_BF16_CHAIN_RETENTION if native_bf16 else CHAIN_RETENTION

@@ -173,6 +173,12 @@ def mlp_column_chunks(workload: Workload, knobs: EngineKnobs) -> int:
     return math.ceil(workload.arch.intermediate_size / mlp_intermediate_width(workload, knobs))
 
 
+# (tokens, intermediate) tensors a block's MLP graph keeps: gate, up, the activation and the
+# product; in a chained graph gate and up alone (the engine recomputes the other two there)
+MLP_SAVED_WIDE = 4
+CHAINED_MLP_SAVED_WIDE = 2
+
+
 def saved_bytes_per_token(workload: Workload, knobs: EngineKnobs) -> float:
     """Bytes one block's autograd graph keeps per token, recomputed alone, as counted with
     ``torch.autograd.graph.saved_tensors_hooks`` on the engine's blocks (qwen2.5, qwen3,
@@ -192,12 +198,6 @@ def saved_bytes_per_token_by_part(workload: Workload, knobs: EngineKnobs,
     wide = CHAINED_MLP_SAVED_WIDE if chained else MLP_SAVED_WIDE
     return _saved_bytes_per_token_by_part(workload, knobs.lora_hidden,
                                           mlp_width or workload.arch.intermediate_size, wide)
-
-
-# (tokens, intermediate) tensors a block's MLP graph keeps: gate, up, the activation and the
-# product; in a chained graph gate and up alone (the engine recomputes the other two there)
-MLP_SAVED_WIDE = 4
-CHAINED_MLP_SAVED_WIDE = 2
 
 
 @lru_cache(maxsize=256)
