@@ -18,7 +18,7 @@ from pathlib import Path
 from mebp_core.cpu import cpu_flags
 
 SOURCE = Path(__file__).with_name("native") / "dequant.c"
-FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 
 
 @functools.cache

@@ -26,14 +26,29 @@ def test_the_kernel_builds_here():
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_native_equals_torch_bit_for_bit(bits, group_size, dtype):
+@pytest.mark.parametrize("n_rows", [96, 1030])  # one thread; rows split over the pool
+def test_native_equals_torch_bit_for_bit(bits, group_size, dtype, n_rows):
     gen = torch.Generator().manual_seed(bits * group_size)
-    q = quantize(torch.randn(96, 256, generator=gen) * 0.05, bits, group_size)
+    q = quantize(torch.randn(n_rows, 256, generator=gen) * 0.05, bits, group_size)
     for rows in (None, slice(7, 61), torch.tensor([3, 90, 3, 0])):
         fast, slow = dequantize_both(q, bits, group_size, dtype, rows)
         assert fast.dtype == dtype
         assert torch.equal(fast.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
                            slow.view(torch.int16 if dtype == torch.bfloat16 else torch.int32))
+
+
+def test_the_kernel_runs_on_torchs_openmp_pool():
+    """Linked against libgomp.so.1, which resolves to the copy torch loaded: one OpenMP
+    runtime in the process, so the kernel's threads are torch's (no second pool)."""
+    import subprocess
+
+    library = native.load_library()
+    assert library is not None
+    needed = subprocess.run(["ldd", library._name], capture_output=True, text=True).stdout
+    assert "libgomp.so.1" in needed
+    with open("/proc/self/maps") as maps:
+        runtimes = {line.split()[-1] for line in maps if "libgomp" in line}
+    assert len(runtimes) == 1 and "torch" in next(iter(runtimes)), runtimes
 
 
 def test_native_path_is_taken_and_fills_out():
