@@ -69,5 +69,6 @@ def dequantize_native(data: torch.Tensor, scales: torch.Tensor, biases: torch.Te
     getattr(library, function)(
         ctypes.c_void_p(data.data_ptr()), ctypes.c_void_p(scales32.data_ptr()),
         ctypes.c_void_p(biases32.data_ptr()), ctypes.c_int64(rows), ctypes.c_int64(k),
-        ctypes.c_int64(group_size), ctypes.c_void_p(out.data_ptr()))
+        ctypes.c_int64(group_size), ctypes.c_void_p(out.data_ptr()),
+        ctypes.c_int(torch.get_num_threads()))
     return True

@@ -4,7 +4,8 @@
  * round-to-nearest-even to bfloat16.
  *
  * Rows are split over OpenMP threads. The library is linked against libgomp.so.1, which
- * resolves to the copy torch already loaded, so these regions run on torch's own thread pool:
+ * resolves to the copy torch already loaded, so these regions run on torch's own thread pool,
+ * as many threads as torch's ops use (threads, from the caller):
  * its workers spin between torch's ops, and beside them a single-threaded kernel ran at
  * 0.8 ns a parameter inside a training step, against 0.2-0.3 with the workers told not to
  * spin (OMP_WAIT_POLICY=passive, which slowed torch's own ops more). Outputs under
@@ -24,9 +25,10 @@ static inline uint16_t to_bf16(float f) {
 #define DEFINE_INT4(NAME, OUT_T, CONVERT)                                                   \
   void NAME(const uint8_t *restrict data, const float *restrict scales,                    \
             const float *restrict biases, int64_t rows, int64_t k, int64_t group,          \
-            OUT_T *restrict out) {                                                          \
+            OUT_T *restrict out, int threads) {                                             \
     const int64_t groups = k / group, half = group / 2;                                    \
-    _Pragma("omp parallel for schedule(static) if (rows * k >= PARALLEL_MIN)")             \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)                       \
+            if (rows * k >= PARALLEL_MIN)")                                                \
     for (int64_t r = 0; r < rows; r++)                                                      \
       for (int64_t g = 0; g < groups; g++) {                                                \
         const float s = scales[r * groups + g], b = biases[r * groups + g];                \
@@ -42,9 +44,10 @@ static inline uint16_t to_bf16(float f) {
 #define DEFINE_INT8(NAME, OUT_T, CONVERT)                                                   \
   void NAME(const uint8_t *restrict data, const float *restrict scales,                    \
             const float *restrict biases, int64_t rows, int64_t k, int64_t group,          \
-            OUT_T *restrict out) {                                                          \
+            OUT_T *restrict out, int threads) {                                             \
     const int64_t groups = k / group;                                                       \
-    _Pragma("omp parallel for schedule(static) if (rows * k >= PARALLEL_MIN)")             \
+    _Pragma("omp parallel for schedule(static) num_threads(threads)                       \
+            if (rows * k >= PARALLEL_MIN)")                                                \
     for (int64_t r = 0; r < rows; r++)                                                      \
       for (int64_t g = 0; g < groups; g++) {                                                \
         const float s = scales[r * groups + g], b = biases[r * groups + g];                \
