@@ -8,8 +8,9 @@
  * as many threads as torch's ops use (threads, from the caller):
  * its workers spin between torch's ops, and beside them a single-threaded kernel ran at
  * 0.8 ns a parameter inside a training step, against 0.2-0.3 with the workers told not to
- * spin (OMP_WAIT_POLICY=passive, which slowed torch's own ops more). Outputs under
- * PARALLEL_MIN elements stay on one thread: a region costs more than they do. */
+ * spin (OMP_WAIT_POLICY=passive, which slowed torch's own ops more). Right after a matmul,
+ * two threads took 17 us for 131k elements against 28 on one, 94 against 182 for 1M; under
+ * PARALLEL_MIN elements they save 2-3 us a call, and the rows stay on one thread. */
 #include <stdint.h>
 #include <string.h>
 
