@@ -18,14 +18,13 @@ def die_with_parent(signal_number: int, parent_pid: int | None = None) -> None:
         os.kill(os.getpid(), signal_number)
 
 
-def one_malloc_arena() -> None:
-    """Have glibc's malloc serve every thread created from now on from the arena the process
-    already has (no-op where the C library is not glibc).
+def use_one_malloc_arena() -> None:
+    """Cap glibc's malloc arenas at one (no-op where the C library is not glibc): a thread
+    started after this shares the arena the main thread frees into. A thread that already
+    has an arena keeps it, so call this at an engine process's start, before its threads.
 
-    MKL's float32 matmuls allocate their packing buffers on torch's worker thread, which by
-    default gets an arena of its own whose freed space the main thread never reuses: an
-    upcast bf16 step (qwen2.5-0.5b seq 256) peaked 124-135 MB above its imports with it,
-    116-119 MB without (4 and 3 runs; native bf16 101-110 against 105-114)."""
+    MKL's float32 matmuls allocate their packing buffers on torch's worker thread, whose own
+    arena the main thread never reuses (BENCHMARKS: "One malloc arena")."""
     mallopt = getattr(ctypes.CDLL(None), "mallopt", None)
     if mallopt is not None:
         mallopt(M_ARENA_MAX, 1)

@@ -14,7 +14,9 @@ meanwhile, its garbage collector off: a page it wrote first would stay charged t
 engine handed over is ready and fully charged, and one that failed is known. It is its
 engines' parent and keeps each one's exit status (a zombie) until the worker asks it to reap
 it, after the horse that ran the engine's job has read that status (``worker.warm_engine``).
-It ignores stop signals (the worker ends it) and dies with its worker; an engine waiting for
+It runs no torch op before forking: libgomp does not restart its thread pool in a forked
+child, so a pool started here could hang an engine's first parallel region. It ignores stop
+signals (the worker ends it) and dies with its worker; an engine waiting for
 a job dies with it, one that has a job lives and dies with its horse.
 
     python -m worker.engine_zygote SOCKET_FD WORKER_PID
@@ -315,7 +317,9 @@ def _fork_engine(env: dict[str, str], control_fd: int, sock: socket.socket,
 
 
 def main(argv: list[str]) -> int:
-    from mebp_core.proc import die_with_parent
+    from mebp_core.proc import die_with_parent, use_one_malloc_arena
+
+    use_one_malloc_arena()  # its engines inherit the setting through fork
 
     sock = socket.socket(fileno=int(argv[0]))
     die_with_parent(signal.SIGKILL, int(argv[1]))

@@ -12,6 +12,7 @@ import ctypes
 import subprocess
 import warnings
 from functools import cache
+from pathlib import Path
 
 import torch
 
@@ -44,6 +45,31 @@ def load_library() -> ctypes.CDLL | None:
     return library
 
 
+class _DlInfo(ctypes.Structure):
+    _fields_ = [("dli_fname", ctypes.c_char_p), ("dli_fbase", ctypes.c_void_p),
+                ("dli_sname", ctypes.c_char_p), ("dli_saddr", ctypes.c_void_p)]
+
+
+@cache
+def runs_on_torchs_pool() -> bool:
+    """Whether the kernel's OpenMP entry point is the one in the libgomp torch loaded: only
+    then are its threads torch's own pool. Built without OpenMP, or bound to another runtime
+    (a second pool spinning beside torch's), it is run on one thread."""
+    library = load_library()
+    if library is None:
+        return False
+    libc = ctypes.CDLL(None)
+    libc.dlsym.restype = ctypes.c_void_p
+    libc.dlsym.argtypes = [ctypes.c_void_p, ctypes.c_char_p]
+    libc.dladdr.argtypes = [ctypes.c_void_p, ctypes.POINTER(_DlInfo)]
+    address = libc.dlsym(library._handle, b"GOMP_parallel")  # the library's own lookup scope
+    info = _DlInfo()
+    if not address or not libc.dladdr(address, ctypes.byref(info)):
+        return False
+    torch_lib = Path(torch.__file__).parent / "lib"
+    return Path(info.dli_fname.decode()).resolve().parent == torch_lib.resolve()
+
+
 def kernel_name() -> str:
     """Which dequantization runs on this host: the native library (named by the digest of its
     source, flags and CPU) once built and loaded, else ``torch``."""
@@ -70,5 +96,5 @@ def dequantize_native(data: torch.Tensor, scales: torch.Tensor, biases: torch.Te
         ctypes.c_void_p(data.data_ptr()), ctypes.c_void_p(scales32.data_ptr()),
         ctypes.c_void_p(biases32.data_ptr()), ctypes.c_int64(rows), ctypes.c_int64(k),
         ctypes.c_int64(group_size), ctypes.c_void_p(out.data_ptr()),
-        ctypes.c_int(torch.get_num_threads()))
+        ctypes.c_int(torch.get_num_threads() if runs_on_torchs_pool() else 1))
     return True

@@ -3,14 +3,12 @@
  * float32 add (compiled with -ffp-contract=off, so never a fused multiply-add), then
  * round-to-nearest-even to bfloat16.
  *
- * Rows are split over OpenMP threads. The library is linked against libgomp.so.1, which
- * resolves to the copy torch already loaded, so these regions run on torch's own thread pool,
- * as many threads as torch's ops use (threads, from the caller):
- * its workers spin between torch's ops, and beside them a single-threaded kernel ran at
- * 0.8 ns a parameter inside a training step, against 0.2-0.3 with the workers told not to
- * spin (OMP_WAIT_POLICY=passive, which slowed torch's own ops more). Right after a matmul,
- * two threads took 17 us for 131k elements against 28 on one, 94 against 182 for 1M; under
- * PARALLEL_MIN elements they save 2-3 us a call, and the rows stay on one thread. */
+ * Rows are split over OpenMP threads, as many as torch's ops use (threads, from the caller).
+ * Linked against libgomp.so.1, the copy torch loaded, the regions run on torch's own pool,
+ * whose workers spin between ops: beside them a single-threaded kernel ran 3-4x slower than
+ * alone. Like torch's own regions they stall when another process holds a core, where the
+ * engine belongs at one thread. Measurements: BENCHMARKS.md, "Decompression on torch's own
+ * threads". Outputs under PARALLEL_MIN elements stay on one thread (2-3 us a call at stake). */
 #include <stdint.h>
 #include <string.h>
 
