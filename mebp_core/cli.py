@@ -15,7 +15,6 @@ from types import MappingProxyType
 from pydantic import ValidationError
 
 from mebp_core.errors import MebpError
-from mebp_core.proc import use_one_malloc_arena
 
 # what eval shares with train: the model's storage and the batches' shape
 _MODEL_FIELDS = ("quant", "group_size", "compute_dtype", "seq_len", "batch_size")
@@ -113,7 +112,6 @@ def build_parser(extra: Mapping[str, Command] = MappingProxyType({})) -> argpars
 
 def main(argv: list[str] | None = None,
          extra: Mapping[str, Command] = MappingProxyType({})) -> int:
-    use_one_malloc_arena()  # before the memory sampler's and torch's threads
     args = build_parser(extra).parse_args(argv)
     run = extra[args.command].run if args.command in extra else _COMMANDS[args.command]
     try:

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from mebp_core.engine.memory import track_memory
 from mebp_core.engine.stop import StopOnSignals
 from mebp_core.errors import MebpError, out_of_space
-from mebp_core.proc import die_with_parent, use_one_malloc_arena
+from mebp_core.proc import die_with_parent
 from mebp_core.units import MB
 from worker.memory_cap import join_from_env
 
@@ -112,7 +112,6 @@ def die_with(pid: int) -> None:
 
 def main(argv: list[str]) -> int:
     join_from_env()
-    use_one_malloc_arena()  # before any thread of the engine's
     if PARENT_ENV in os.environ:  # a killed worker leaves no engine training on
         die_with_parent(signal.SIGKILL, int(os.environ[PARENT_ENV]))
     return serve(argv)

@@ -317,9 +317,7 @@ def _fork_engine(env: dict[str, str], control_fd: int, sock: socket.socket,
 
 
 def main(argv: list[str]) -> int:
-    from mebp_core.proc import die_with_parent, use_one_malloc_arena
-
-    use_one_malloc_arena()  # its engines inherit the setting through fork
+    from mebp_core.proc import die_with_parent
 
     sock = socket.socket(fileno=int(argv[0]))
     die_with_parent(signal.SIGKILL, int(argv[1]))

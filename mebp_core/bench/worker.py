@@ -23,7 +23,6 @@ import time
 from collections.abc import Callable
 
 from mebp_core.plan.correction import steady_step_time
-from mebp_core.proc import use_one_malloc_arena
 from mebp_core.units import MB
 
 ENGINE_METHODS = ("mebp", "mezo", "backprop")
@@ -111,7 +110,6 @@ def run_engine(args: argparse.Namespace) -> dict:
     from mebp_core.engine.model import load_engine_model
     from mebp_core.engine.train import lora_spec_of, make_block_optimizers
 
-    use_one_malloc_arena()  # before the memory sampler's and torch's threads
     config = engine_config(args, args.kind)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -28,7 +28,6 @@ from mebp_core.lora.peft_io import (
 )
 from mebp_core.lora.spec import LoraSpec
 from mebp_core.models import build_model
-from mebp_core.proc import use_one_malloc_arena
 from mebp_core.resident import select_resident
 from mebp_core.store.export_base_common import base_model_name
 from mebp_core.store.reader import open_store
@@ -141,7 +140,6 @@ def load_engine_model(model_dir: str | Path, *, compute_dtype: str = "float32",
     """Open a packed model directory and build the engine's view of it (copies no weights).
     ``freeze_lora_a`` leaves every LoRA A out of training: no gradient, no update."""
     knobs = knobs or EngineKnobs()
-    use_one_malloc_arena()  # in case the process's entry point did not
     dtype = DTYPES[compute_dtype]
     matmul = DTYPES[matmul_dtype(compute_dtype, knobs.bf16_matmul)]
     store = open_store(model_dir)
