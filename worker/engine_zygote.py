@@ -14,10 +14,10 @@ meanwhile, its garbage collector off: a page it wrote first would stay charged t
 engine handed over is ready and fully charged, and one that failed is known. It is its
 engines' parent and keeps each one's exit status (a zombie) until the worker asks it to reap
 it, after the horse that ran the engine's job has read that status (``worker.warm_engine``).
-It runs no torch op before forking: libgomp does not restart its thread pool in a forked
-child, so a pool started here could hang an engine's first parallel region. It ignores stop
-signals (the worker ends it) and dies with its worker; an engine waiting for
-a job dies with it, one that has a job lives and dies with its horse.
+It runs no torch op before forking, so an engine starts torch's OpenMP pool itself rather
+than inheriting one whose threads the fork did not copy. It ignores stop signals (the worker
+ends it) and dies with its worker; an engine waiting for a job dies with it, one that has a
+job lives and dies with its horse.
 
     python -m worker.engine_zygote SOCKET_FD WORKER_PID
 """
