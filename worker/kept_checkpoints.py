@@ -31,11 +31,16 @@ def recorded_steps(session: Session, job_id: str) -> set[int]:
 
 def record_kept(session: Session, job_id: str, root: Path, steps: list[int]) -> None:
     """A row and an event for each of ``steps`` kept under ``root``; the caller commits. A
-    kept step's metrics line was written before its folder, so its row is in by now."""
-    for step in steps:
+    kept step's metrics line was written before its folder, so its row is in by now.
+
+    Every zip is made before the first row, and the caller holds no write open: making one
+    waits on its lock, which a download or a lost attempt's hung worker may hold, and a
+    write held meanwhile would stop every writer of a SQLite database."""
+    zips = {step: adapter_file(kept_adapter_dir(root, step), "peft", None, remake=True)
+            for step in steps}
+    for step, made in zips.items():
         folder = kept_adapter_dir(root, step)
-        _add(session, job_id, step, path=folder,
-             sha256=adapter_file(folder, "peft", None, remake=True).sha256,
+        _add(session, job_id, step, path=folder, sha256=made.sha256,
              size=sum((folder / name).stat().st_size for name in ADAPTER_FILES))
 
 

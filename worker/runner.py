@@ -251,6 +251,7 @@ class JobRun:
         new = [step for step in on_disk if step not in self.kept]
         dropped = dropped or []
         if new:
+            session.commit()  # no write held open while record_kept waits on a zip's lock
             record_kept(session, job.id, self.dir / KEPT, new)
             dropped += drop_oldest(session, job.id, self.settings.max_checkpoints_per_job)
         session.commit()
@@ -332,8 +333,9 @@ class JobRun:
                     self._record_step(session, job, row)
                 record_cgroup_peak(job, cap)
                 session.add(job)
-                self._record_kept(session, job, kept)  # and commits
+                session.commit()
                 pending.clear()
+                self._record_kept(session, job, kept)  # and commits
                 session.refresh(job)
             except OperationalError as exc:  # the database is briefly away; the engine goes on
                 session.rollback()

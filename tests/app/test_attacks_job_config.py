@@ -15,6 +15,7 @@ import signal
 import sqlite3
 import subprocess
 import sys
+from contextlib import suppress
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -74,10 +75,7 @@ def freeze(worker: subprocess.Popen, database: Path) -> None:
     is tested is a worker that hangs, so a freeze that caught a write is let go and tried
     again."""
     def frozen_outside_a_write() -> bool:
-        family = [worker.pid, *(child.pid for child in
-                                psutil.Process(worker.pid).children(recursive=True))]
-        for pid in family:
-            os.kill(pid, signal.SIGSTOP)
+        family = stop_family(worker.pid)
         probe = sqlite3.connect(database, timeout=1.0)
         try:
             probe.execute("BEGIN IMMEDIATE")
@@ -85,13 +83,47 @@ def freeze(worker: subprocess.Popen, database: Path) -> None:
             return True
         except sqlite3.OperationalError:  # a frozen process holds the write lock
             for pid in family:
-                os.kill(pid, signal.SIGCONT)
+                with suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
             return False
         finally:
             probe.close()
 
     poll_until(frozen_outside_a_write, bool, timeout_s=60,
                failure=lambda _: f"{database}'s write lock was held at every freeze for 60 s")
+
+
+def stop_family(pid: int) -> set[int]:
+    """SIGSTOP process ``pid`` and all its descendants; their pids, once every thread of each
+    has stopped and none of them forked another meanwhile.
+
+    kill() returns before the stop: it wakes one thread, which stops the others in turn, and
+    until then they run on (a horse's heartbeat thread, say, may begin a write)."""
+    family: set[int] = set()
+    while new := {pid, *(child.pid for child in psutil.Process(pid).children(recursive=True))
+                  } - family:
+        for member in new:
+            with suppress(ProcessLookupError):
+                os.kill(member, signal.SIGSTOP)
+        family |= new
+        wait_until_stopped(family)
+    return family
+
+
+def wait_until_stopped(pids: set[int]) -> None:
+    poll_until(lambda: [pid for pid in pids if not all_threads_stopped(pid)],
+               lambda running: not running, timeout_s=60, interval_s=0.01,
+               failure=lambda running: f"processes {running} did not stop within 60 s")
+
+
+def all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of process ``pid`` is stopped (or gone)."""
+    for task in Path(f"/proc/{pid}/task").glob("*/stat"):
+        with suppress(FileNotFoundError, ProcessLookupError):
+            # the state follows the command's name, which may hold spaces and parentheses
+            if task.read_text().rsplit(")", 1)[1].split()[0] not in "TtZX":
+                return False
+    return True
 
 
 @pytest.mark.slow

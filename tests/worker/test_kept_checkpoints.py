@@ -2,18 +2,23 @@
 attempt resuming from step R keeps what its predecessor recorded up to R, records what was
 kept but not recorded since, and removes what was pruned but not yet removed, what it trains
 again, and what a kill left half written or half removed; pruning never touches the job's
-final adapter; a kept adapter that cannot be recorded ends the job with its engine."""
+final adapter; a kept adapter that cannot be recorded ends the job with its engine; a resume
+that waits on a kept adapter's lock holds no write of the database meanwhile."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import threading
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from database_rows import database_with_dataset
 from sqlmodel import Session, select
+from waiting import poll_until
 
+from mebp_core.atomic import exclusive_lock
 from mebp_core.engine.kept_adapters import kept_adapter_dir
 from mebp_core.lora.peft_files import ADAPTER_FILES
 from service.job_checkpoints import checkpoint_id
@@ -151,3 +156,34 @@ def test_a_kept_adapter_that_cannot_be_recorded_kills_the_engine(run, engine):
             peak_bytes=lambda: None))
     assert child.killed
     assert job_dir(run.settings.storage_root, JOB) == run.dir
+
+
+def waited_on(lock: Path) -> bool:
+    """Whether a process waits for the flock on ``lock`` (a ``->`` line in /proc/locks)."""
+    inode = f":{lock.stat().st_ino} "
+    return any("-> FLOCK" in line and inode in line
+               for line in Path("/proc/locks").read_text().splitlines())
+
+
+def test_a_resume_waiting_on_a_kept_adapters_lock_holds_no_write(run, engine, tmp_path):
+    """The lost attempt's worker hung while it zipped step 10's kept adapter, holding the
+    zip's lock (as a test's SIGSTOP left it): the resume that records step 10 waits for it,
+    and meanwhile every other writer of the one SQLite file (the reconciler, the API, this
+    attempt's heartbeat) goes on, rather than waiting behind it until it fails."""
+    prepare(run, engine, resume_from=10, recorded=[5], on_disk=[5, 10], last_step=12)
+    lock = adapter_downloads_dir(kept_adapter_dir(run.dir / KEPT, 10)) / ".adapter-peft.zip.lock"
+    with exclusive_lock(lock):
+        resuming = threading.Thread(target=resume, args=(run, engine))
+        resuming.start()
+        poll_until(lambda: waited_on(lock), bool, timeout_s=60,
+                   failure=lambda _: "the resume never waited on step 10's zip")
+        probe = sqlite3.connect(tmp_path / "mebp.db", timeout=1.0)
+        try:
+            probe.execute("BEGIN IMMEDIATE")  # "database is locked" while a write is held
+            probe.rollback()
+        finally:
+            probe.close()
+    resuming.join()
+    with Session(engine) as session:
+        assert rows(session) == [5, 10]
+        assert session.exec(select(Metric.step).where(Metric.step > 10)).all() == []
