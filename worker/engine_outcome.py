@@ -37,6 +37,12 @@ def record_outcome(session: Session, job: Job, job_dir: Path, returncode: int,
                    decompress_times: list[float | None]) -> None:
     """The job's end, from the engine's result, exit code and the kernel's cap, committed."""
     result = read_result(job_dir)
+    # before the session's first write: held across this wait on the correction's lock, a
+    # write would stop every other writer of a SQLite database
+    said = correct_host_time(job, cache_dir=settings.cache_dir or default_cache_dir(),
+                             threads=request.config.knobs.threads,
+                             decompress_times=decompress_times) \
+        if isinstance(result, EngineFinished) else None
     record_cgroup_peak(job, cap)
     dropped: list[Path] = []
     if isinstance(result, EngineFinished):
@@ -48,9 +54,6 @@ def record_outcome(session: Session, job: Job, job_dir: Path, returncode: int,
             f"cancelled after step {result.steps}; the adapter so far is kept"
         set_status(session, job, result.status, message,
                    data={"final_loss": result.final_loss})
-        said = correct_host_time(job, cache_dir=settings.cache_dir or default_cache_dir(),
-                                 threads=request.config.knobs.threads,
-                                 decompress_times=decompress_times)
         if said is not None:
             add_event(session, job_id=job.id, kind="log", message=said[0], data=said[1])
     elif cap.oom_killed() or (result is not None

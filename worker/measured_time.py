@@ -27,7 +27,11 @@ def correct_host_time(job: Job, *, cache_dir: Path, threads: int | None,
     steps or more, with the engine's own time on decompression in those steps
     (``decompress_times``, one per step, taken as the step time is; not recorded if a step
     lacks it). Returns the job's event saying what the measurement did to this host's
-    plans, or None when it had nothing to compare with."""
+    plans, or None when it had nothing to compare with. Recorded again for the same job (an
+    attempt that died before committing its end, run again), it replaces the earlier record.
+
+    It waits on the correction's lock, which another worker holds while it records (or
+    hangs doing so): call it before the session's first write, never with one held open."""
     decompress_s = None if None in decompress_times else measured_step_time(decompress_times)
     plan = job.planned()
     modelled = None if plan is None else plan.modelled_step_time_s
@@ -43,7 +47,8 @@ def correct_host_time(job: Job, *, cache_dir: Path, threads: int | None,
                             modelled_parts=plan.modelled_time_s,
                             measured_parts=None if decompress_s is None
                             else {"decompress": decompress_s},
-                            label=f"job {job.id}: {job.model} {plan.configuration}")
+                            label=f"job {job.id}: {job.model} {plan.configuration}",
+                            run_id=job.id)  # one record per job, whichever attempt ends it
     measured = f"measured {job.step_time_s:.3g} s/step against " \
         f"{plan.predicted_step_time_s:.3g} predicted"
     data = {"measured_step_time_s": job.step_time_s,

@@ -172,11 +172,13 @@ def _rest_ratio(run: dict) -> float | None:
 def record_run(calibration_file: Path, calibrated_at: str, *, matmul_dtype: str,
                modelled_s: float, measured_s: float, label: str,
                modelled_parts: dict[str, float] | None = None,
-               measured_parts: dict[str, float] | None = None) -> TimeCorrection | None:
+               measured_parts: dict[str, float] | None = None,
+               run_id: str | None = None) -> TimeCorrection | None:
     """Add one run's measured time beside its modelled time, with the modelled time of each
     part and the measured time of those the engine timed (``MEASURED_PARTS``), which the
     part factors come from; the correction the next plans will use, or None if the ratio is
-    out of bounds (not recorded)."""
+    out of bounds (not recorded). A run recorded again under its ``run_id`` replaces its
+    earlier record: a caller may record before it commits its own, and again after a crash."""
     if modelled_s <= 0 or measured_s <= 0:
         return None
     ratio = measured_s / modelled_s
@@ -184,8 +186,9 @@ def record_run(calibration_file: Path, calibrated_at: str, *, matmul_dtype: str,
         return None
     path = correction_path(calibration_file)
     with exclusive_lock(path.with_suffix(".lock")):  # workers record concurrently
-        runs = _read(path)
-        runs.append({"calibrated_at": calibrated_at, "matmul_dtype": matmul_dtype,
+        runs = [run for run in _read(path) if run_id is None or run.get("run_id") != run_id]
+        runs.append({**({"run_id": run_id} if run_id is not None else {}),
+                     "calibrated_at": calibrated_at, "matmul_dtype": matmul_dtype,
                      "ratio": round(ratio, 5), "modelled_s": round(modelled_s, 5),
                      "measured_s": round(measured_s, 5), "label": label,
                      **({"modelled_parts": {p: round(t, 6) for p, t in modelled_parts.items()}}
