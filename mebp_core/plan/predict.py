@@ -84,6 +84,16 @@ GRAPH_RETENTION = 1.75
 CHAIN_RETENTION = 2.25
 NATIVE_BF16_CHAIN_RETENTION = 1.5
 CHAIN_ONSET_BLOCKS = 1.25
+# Float32 matmuls (float32, and bf16 upcast as on AVX2 hosts) over a block recomputed alone
+# whose MLP runs in one pass over every token and column: the kernel counts more than the
+# block's graph and backward temporaries at the retentions above. Zen 4 with avx512_bf16,
+# 2026-12-05, qwen2.5-0.5b, checkpoints every block, lazy unshared tiles, 3 runs each:
+# float32 seq 256 322-347 MB against 306 counted (alike with tiles of 2, 4 and 16 MB: not
+# the tiles), seq 512 448-480 against 415; upcast seq 256 273-300 against 263. The MLP in
+# 256-column chunks (the smallest budgets) within 3% without it. A hard cap of 340 MB, which
+# the planner said held, killed 2 of 3 float32 runs. A bound over those rows (upcast at seq
+# 512 is over-counted by 12-18% with it), not a fit.
+FLOAT32_MATMUL_BLOCK_RETENTION = 1.5
 # Plain backprop's chain keeps all four MLP tensors: in native bf16 1.11-1.38x a block's
 # saved tensors (same host and model, 2026-12-04), float32 at GRAPH_RETENTION.
 NATIVE_BF16_PLAIN_CHAIN_RETENTION = 1.45
@@ -212,7 +222,10 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
         activations_fwd = _chained_graph_bytes(workload, knobs, tail)
         # one block recomputed under autograd, its gradients, the segment's re-run inputs
         segment = min(every, checkpointed)
-        activations_bwd = block_saved + block_grads + (segment - 1) * hidden_bytes
+        block = block_saved + block_grads
+        if em == 4 and chunk == n_tokens and width == arch.intermediate_size:
+            block = int(FLOAT32_MATMUL_BLOCK_RETENTION * block)
+        activations_bwd = block + (segment - 1) * hidden_bytes
         tiles_in_backward = upcast or not shared
         weights_bwd = weights["block"] + (weights["tile"] if tiles_in_backward else 0)
     forward_phase = {"weights": weights["tile"], "activations": activations_fwd,

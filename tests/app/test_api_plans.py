@@ -96,7 +96,7 @@ def test_bad_fields_get_422_naming_the_field(api):
 
 
 def test_the_recommendation_trades_at_most_the_time_tolerance_for_memory(api):
-    """At 1024 MB the fastest configuration holds about 821 MB; the recommendation is the
+    """At 1024 MB the fastest configuration holds about 842 MB; the recommendation is the
     smallest within ``time_tolerance`` (3% by default) of it, saying so; ``auto`` stays the
     fastest. A tolerance out of range is a 422 naming it, in a body or a query."""
     query = {"model": "preset:qwen2.5-0.5b", "seq_len": 256, "device": "iphone-15-pro-max"}

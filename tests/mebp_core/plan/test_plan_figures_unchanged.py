@@ -64,22 +64,23 @@ CASES = {
 # narrow already, or their grids have none)
 RECORDED = {
     'gemma-mebp-nobudget-int8': (426, 'resident-nockpt-h-store-shared-tile8M', 292,
-        '6fa8093d9e9e19878bbf7f14b23026e0c61255e01cf27942cdd6d69ad69cc39f'),
+        '1697b9dbe3b3bb7ed35e0645cc548a4b79ebf19fd8e78510c237cf0024a45de8'),
     'llama-backprop-2gb': (1, None, 7989,
         'd6577ad47020762f0300ad3ceafd87b4cad2596cf1d3911f8e59d4ad73f2e64f'),
-    'qwen-mebp-bf16-upcast-corrected': (522, 'lazy-ckpt1-mmap-h-store-shared-tile8M', 272,
-        '427e181c592e8dd8bb8d285fc37e919ccb98846185b5df1d9961dea896c4f24f'),
-    'qwen-mebp-pixel8': (522, 'resident482384K-ckpt1-ram-h-store-shared-tile8M', 244,
-        '2e4e421c4872055be04a8f3bd92462b5015e7c655faeecbbf50562a5fbcb2179'),
+    'qwen-mebp-bf16-upcast-corrected': (
+        522, 'lazy-ckpt1-ram-h-store-unshared-tile8M-mlpi256', 272,
+        'adcc1fa5a2bd2c7f681e970977291b339f456feac25dc3d1c606656ea9883873'),
+    'qwen-mebp-pixel8': (522, 'resident482384K-ckpt1-mmap-h-store-shared-tile8M', 244,
+        '901cc1995d6a5b7c5adcfbb05b80d613e16ad32db7ca3d7b382dd36e05679a12'),
     'qwen3-mezo-iphone15': (27, 'mezo-lazy-tile8M', 219,
         '9e2952cdeb4527ea310f0ff95759b776cf60eb6cf691c956720e5df57a08f00c'),
     'smollm-mebp-300mb-adamw-accum': (522, 'lazy-ckpt1-mmap-h-store-unshared-tile8M-mlpi192', 273,
-        '62bcb9331dbe675d06a492e18cbce16310963d11bdbd66920c514208c6d8743a'),
+        '024e6d245ed23485c301092adf351b3d4a80694d15b7e161fd415846866c007a'),
     'smollm-mebp-native-bf16-corrected-android': (
         522, 'resident131328K-nockpt-h-store-shared-tile8M', 222,
         '356a3934fd60be49b7b33c0e74930341df00c1a23656317a2a504b4e31eee73a'),
-    'tiny-mebp-requested-knobs': (1, None, 207,
-        'cabb597241f4b98409591066a865a1855e2017b40c0d7a265e6e08ace52ca460'),
+    'tiny-mebp-requested-knobs': (1, None, 208,
+        'f071ec777873b140c7f1a62f8ee3a7062821e3e71183a174f3ed060cbd3dbc06'),
 }
 
 

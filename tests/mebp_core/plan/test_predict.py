@@ -74,7 +74,7 @@ def test_each_knob_moves_memory_and_time_the_way_it_should(workload, host):
 
     whole_graph = predict(workload, EngineKnobs(checkpoint_blocks="none"), host)
     assert whole_graph.memory["checkpoints"] == 0
-    assert whole_graph.memory["activations"] > 10 * base.memory["activations"]
+    assert whole_graph.memory["activations"] > 5 * base.memory["activations"]
     assert whole_graph.step_time_s < base.step_time_s  # no recompute
 
     sparse = predict(workload, EngineKnobs(checkpoint_blocks=4), host)
