@@ -23,6 +23,7 @@ from service_harness import (
     stop_service,
     tiny_job,
 )
+from waiting import poll_until
 
 from mebp_core.engine.kept_adapters import kept_adapter_dir
 from service.job_checkpoints import checkpoint_id
@@ -179,8 +180,11 @@ def test_a_job_resumed_after_its_worker_was_killed_keeps_its_earlier_checkpoints
                                                                 checkpoint_every=5))
     assert status == 201, job
     engine = hold_engine(storage_of(service), job["id"], 12)  # killed mid-job, not after
-    service.wait_for(job["id"], lambda j: j["progress"]["step"] >= 12)  # 5 and 10 recorded
-    before = checkpoints(service, job["id"])["data"]
+    service.wait_for(job["id"], lambda j: j["progress"]["step"] >= 12)
+    # a step's kept adapters are recorded just after its progress, in their own write
+    before = poll_until(lambda: checkpoints(service, job["id"])["data"],
+                        lambda listed: {5, 10} <= {c["step"] for c in listed}, timeout_s=60,
+                        failure=lambda listed: f"steps 5 and 10 never listed: {listed}")
     for worker in workers:  # the worker and the horse; the engine dies with its horse
         if worker.poll() is None:
             kill_group(worker)
