@@ -5,14 +5,13 @@ records it."""
 
 from __future__ import annotations
 
-import sqlite3
 import threading
 from pathlib import Path
 
 import pytest
 from database_rows import database_with_dataset
+from sqlite_writers import assert_no_write_held_while_waiting
 from sqlmodel import Session, select
-from waiting import poll_until
 
 from mebp_core.atomic import exclusive_lock
 from mebp_core.config import EngineKnobs, TrainConfig
@@ -76,13 +75,6 @@ def record(engine, tmp_path: Path, cache: Path) -> None:
                        0, RlimitCap(None), request, settings, [])
 
 
-def waited_on(lock: Path) -> bool:
-    """Whether a process waits for the flock on ``lock`` (a ``->`` line in /proc/locks)."""
-    inode = f":{lock.stat().st_ino} "
-    return any("-> FLOCK" in line and inode in line
-               for line in Path("/proc/locks").read_text().splitlines())
-
-
 def test_a_job_end_waiting_on_the_time_corrections_lock_holds_no_write(engine, tmp_path,
                                                                        cache):
     """Another worker records its job's time in this host's correction (or hung doing so,
@@ -100,15 +92,7 @@ def test_a_job_end_waiting_on_the_time_corrections_lock_holds_no_write(engine, t
 
     with exclusive_lock(lock):
         ending = threading.Thread(target=end)
-        ending.start()
-        poll_until(lambda: waited_on(lock), bool, timeout_s=60,
-                   failure=lambda _: "the job's end never waited on the correction's lock")
-        probe = sqlite3.connect(tmp_path / "mebp.db", timeout=1.0)
-        try:
-            probe.execute("BEGIN IMMEDIATE")  # "database is locked" while a write is held
-            probe.rollback()
-        finally:
-            probe.close()
+        assert_no_write_held_while_waiting(ending, lock, tmp_path / "mebp.db")
     ending.join()
     assert failed == []
     with Session(engine) as session:

@@ -8,15 +8,13 @@ that waits on a kept adapter's lock holds no write of the database meanwhile."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import threading
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from database_rows import database_with_dataset
+from sqlite_writers import assert_no_write_held_while_waiting
 from sqlmodel import Session, select
-from waiting import poll_until
 
 from mebp_core.atomic import exclusive_lock
 from mebp_core.engine.kept_adapters import kept_adapter_dir
@@ -158,13 +156,6 @@ def test_a_kept_adapter_that_cannot_be_recorded_kills_the_engine(run, engine):
     assert job_dir(run.settings.storage_root, JOB) == run.dir
 
 
-def waited_on(lock: Path) -> bool:
-    """Whether a process waits for the flock on ``lock`` (a ``->`` line in /proc/locks)."""
-    inode = f":{lock.stat().st_ino} "
-    return any("-> FLOCK" in line and inode in line
-               for line in Path("/proc/locks").read_text().splitlines())
-
-
 def test_a_resume_waiting_on_a_kept_adapters_lock_holds_no_write(run, engine, tmp_path):
     """The lost attempt's worker hung while it zipped step 10's kept adapter, holding the
     zip's lock (as a test's SIGSTOP left it): the resume that records step 10 waits for it,
@@ -174,15 +165,7 @@ def test_a_resume_waiting_on_a_kept_adapters_lock_holds_no_write(run, engine, tm
     lock = adapter_downloads_dir(kept_adapter_dir(run.dir / KEPT, 10)) / ".adapter-peft.zip.lock"
     with exclusive_lock(lock):
         resuming = threading.Thread(target=resume, args=(run, engine))
-        resuming.start()
-        poll_until(lambda: waited_on(lock), bool, timeout_s=60,
-                   failure=lambda _: "the resume never waited on step 10's zip")
-        probe = sqlite3.connect(tmp_path / "mebp.db", timeout=1.0)
-        try:
-            probe.execute("BEGIN IMMEDIATE")  # "database is locked" while a write is held
-            probe.rollback()
-        finally:
-            probe.close()
+        assert_no_write_held_while_waiting(resuming, lock, tmp_path / "mebp.db")
     resuming.join()
     with Session(engine) as session:
         assert rows(session) == [5, 10]
