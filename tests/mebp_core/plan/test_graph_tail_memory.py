@@ -71,16 +71,16 @@ def packed(tmp_path_factory):
 
 
 def runs_under_its_predicted_peak(packed, host, dtype: str, knobs: EngineKnobs,
-                                  part: str, share: float, steps: int = 2) -> None:
-    """A free run's footprint within the margin of the count, ``part`` at least ``share``
-    of it, and a run under a hard cap at the predicted peak completes."""
+                                  share: float, steps: int = 2) -> None:
+    """A free run's footprint within the margin of the count, the activations at least
+    ``share`` of it, and a run under a hard cap at the predicted peak completes."""
     packed, hf_config = packed
     workload = Workload(arch=architecture_from_config(hf_config.to_dict()), seq_len=SEQ_LEN,
                         compute_dtype=dtype)
     prediction = predict(workload, knobs, host)  # bf16_matmul auto: this host's path
     # above the imports, where the seeded host's runtime is not this process's
     predicted_mb = (prediction.peak_bytes - host.runtime_bytes) / MB
-    assert prediction.memory[part] / MB > share * predicted_mb  # what is checked
+    assert prediction.memory["activations"] / MB > share * predicted_mb  # what is checked
 
     free = run_worker(packed, dtype, knobs, steps=steps)
     assert free.returncode == 0, free.stderr[-2000:]
@@ -114,12 +114,11 @@ def runs_under_its_predicted_peak(packed, host, dtype: str, knobs: EngineKnobs,
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_a_graph_tail_runs_under_a_cap_at_its_predicted_peak(packed, host, dtype):
-    runs_under_its_predicted_peak(packed, host, dtype, TAIL, "activations", 0.6)
+    runs_under_its_predicted_peak(packed, host, dtype, TAIL, 0.6)
 
 
 @pytest.mark.slow
 def test_a_float32_block_recomputed_alone_runs_under_a_cap_at_its_predicted_peak(packed,
                                                                                  host):
     # the heap's holes build up over the steps: three of them
-    runs_under_its_predicted_peak(packed, host, "float32", WHOLE_MLP, "activations", 0.4,
-                                  steps=3)
+    runs_under_its_predicted_peak(packed, host, "float32", WHOLE_MLP, 0.4, steps=3)
