@@ -57,7 +57,10 @@ def rounds_of(session: Session, fleet_id: str) -> list[FleetRound]:
 
 def start_round(session: Session, fleet: Fleet, index: int, storage_root: Path) -> list[str]:
     """Add round ``index`` and the jobs of its selected devices; the caller commits, then
-    enqueues the returned job ids."""
+    enqueues the returned job ids. A population's phones drawn for the first time have their
+    shard files written here, before their rows; no SQLite write may be open meanwhile
+    (``make_fleet_jobs`` finds round 0's written already; ``_advance`` holds its ended
+    round's row back with ``no_autoflush``)."""
     request, spec = fleet.spec.request, fleet.spec
     local_steps = request.steps_per_round
     init = None if index == 0 else str(round_adapter_dir(storage_root, fleet.id, index - 1))
@@ -184,7 +187,8 @@ def _advance(session: Session, fleet_id: str, storage_root: Path, evaluate: Eval
             _release_seats(session, fleet)
             session.commit()
             return []
-        jobs = start_round(session, fleet, current.index + 1, storage_root)
+        with session.no_autoflush:  # the ended round's row waits for the shard files
+            jobs = start_round(session, fleet, current.index + 1, storage_root)
         if current.index + 1 == last:
             _release_seats(session, fleet)  # its last round's jobs have taken their seats
         try:

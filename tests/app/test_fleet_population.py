@@ -6,6 +6,7 @@ shard is written when it first trains, with the same rows every time it is dealt
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,12 +17,15 @@ import torch
 from dashboard_harness import open_page, shoot, sign_in
 from playwright.sync_api import Page, expect
 from service_harness import Service, in_process_service, start_service, stop_service
+from sqlite_writers import assert_no_write_held_while_waiting
 from sqlmodel import Session, select
 
+from mebp_core.atomic import exclusive_lock
 from mebp_core.config import TrainConfig
 from mebp_core.federated.split import SplitSpec, read_rows, split_rows
 from mebp_core.lora.peft_io import save_peft_adapter
 from mebp_core.lora.spec import LoraSpec
+from service import shard_files
 from service.db import database_url, make_engine, upgrade_database
 from service.federation import advance, rounds_of, start_round
 from service.fleet_spec import (
@@ -151,29 +155,38 @@ def succeed_queued_jobs(session: Session, tmp_path: Path) -> None:
     session.commit()
 
 
+PHONES, SEED = 20, 7  # this seed's round 1 draws phones of round 0 and new ones
+
+
+def population_after_round_0(session: Session, tmp_path: Path) -> Fleet:
+    """A population of ``PHONES`` on a training file of 60 rows (``tmp_path/source.jsonl``),
+    whose round 0 has ended with every job succeeded."""
+    (tmp_path / "datasets").mkdir()
+    source = tmp_path / "source.jsonl"
+    source.write_bytes(rows(60))
+    request = FleetRequest(training_file="src", aggregation="fedavg", rounds=2,
+                           participation=0.5, seed=SEED, hyperparameters={"steps": 2})
+    session.add(Dataset(id="src", tenant="t", filename="source.jsonl", path=str(source),
+                        bytes=source.stat().st_size, rows=60, sha256="0" * 64))
+    fleet = Fleet(id=new_id("fleet"), tenant="t", model="preset:tiny", spec=FleetSpec(
+        request=request, members=[], population=Population(profiles=[phone()], counts=[PHONES],
+                                               examples=[3] * PHONES)))
+    session.add(fleet)
+    start_round(session, fleet, 0, tmp_path)
+    session.commit()
+    succeed_queued_jobs(session, tmp_path)
+    return fleet
+
+
 def test_a_phone_has_its_shard_written_when_first_drawn_with_the_same_rows(tmp_path):
     """Round 1 writes the shards of the phones it draws that round 0 did not, each holding
     the rows the seeded split deals it; a phone drawn again keeps its file and goes on in
     it where it stopped."""
     engine = make_engine(url := database_url(None, tmp_path))
     upgrade_database(url)
-    (tmp_path / "datasets").mkdir()
-    source = tmp_path / "source.jsonl"
-    source.write_bytes(rows(60))
-    phones, seed = 20, 7
-    request = FleetRequest(training_file="src", aggregation="fedavg", rounds=2,
-                           participation=0.5, seed=seed, hyperparameters={"steps": 2})
+    source, phones, seed = tmp_path / "source.jsonl", PHONES, SEED
     with Session(engine) as session:
-        session.add(Dataset(id="src", tenant="t", filename="source.jsonl", path=str(source),
-                            bytes=source.stat().st_size, rows=60, sha256="0" * 64))
-        fleet = Fleet(id=new_id("fleet"), tenant="t", model="preset:tiny", spec=FleetSpec(
-            request=request, members=[], population=Population(profiles=[phone()], counts=[phones],
-                                                   examples=[3] * phones)))
-        session.add(fleet)
-        start_round(session, fleet, 0, tmp_path)
-        session.commit()
-        drawn = [{seat.member for seat in r.participants} for r in rounds_of(session, fleet.id)]
-        succeed_queued_jobs(session, tmp_path)
+        fleet = population_after_round_0(session, tmp_path)
         before = {s.id: s.sha256 for s in session.exec(select(Dataset)
                                                        .where(Dataset.id != "src"))}
         assert advance(session, fleet.id, tmp_path, lambda f, a: None)
@@ -193,6 +206,53 @@ def test_a_phone_has_its_shard_written_when_first_drawn_with_the_same_rows(tmp_p
                                         if s.member == index))
             assert job.training_file == shard_id(fleet.id, index)
             assert job.train_config().data_start_batch == 2
+
+
+@pytest.mark.parametrize("held_up", ["shard files", "evaluation"])
+def test_a_coordinator_held_up_in_its_file_io_holds_no_write(tmp_path, monkeypatch, held_up):
+    """Ending round 0 and starting round 1 writes files (the global adapter, the shards of
+    the phones drawn for the first time) and scores the adapter: while either is held up
+    (here by a lock, as a slow disk or model would), every other writer of the one SQLite
+    file (workers' heartbeats, the API, the reconciler) goes on, rather than waiting
+    behind the coordinator until it fails."""
+    engine = make_engine(url := database_url(None, tmp_path))
+    upgrade_database(url)
+    with Session(engine) as session:
+        fleet_id = population_after_round_0(session, tmp_path).id
+    lock = tmp_path / "held-up.lock"
+    write_member_shards = shard_files.write_member_shards
+
+    def write_when_let(*args):
+        with exclusive_lock(lock):
+            return write_member_shards(*args)
+
+    def evaluate(fleet, adapter):
+        if held_up == "evaluation":
+            with exclusive_lock(lock):
+                pass
+        return 1.0
+
+    if held_up == "shard files":
+        monkeypatch.setattr(shard_files, "write_member_shards", write_when_let)
+    started: list[str] = []
+
+    def coordinate() -> None:
+        with Session(engine) as session:
+            started.extend(advance(session, fleet_id, tmp_path, evaluate))
+
+    with exclusive_lock(lock):
+        coordinator = threading.Thread(target=coordinate, name="coordinator")
+        assert_no_write_held_while_waiting(coordinator, lock, tmp_path / "mebp.db")
+    coordinator.join()
+    with Session(engine) as session:
+        first, second = rounds_of(session, fleet_id)
+        assert (first.status, first.eval_loss, second.status) == ("done", 1.0, "running")
+        assert started == [seat.job_id for seat in second.participants if seat.job_id]
+        shards = session.exec(select(Dataset).where(Dataset.id != "src")).all()
+        assert {s.id for s in shards} == {shard_id(fleet_id, seat.member) for r in
+                                          (first, second) for seat in r.participants}
+        assert all(Path(s.path).stat().st_size == s.bytes for s in shards)
+    engine.dispose()
 
 
 @pytest.fixture(scope="module")
