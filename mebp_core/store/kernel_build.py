@@ -35,7 +35,9 @@ def library_path(cache_dir: Path) -> Path:
     return Path(cache_dir) / "kernels" / f"{kernel_digest()}.so"
 
 
-def compile_library(target: Path) -> None:
+def compile_library(target: Path, extra_flags: tuple[str, ...] = ()) -> None:
+    """Compile the kernel to ``target``; ``extra_flags`` (e.g. ``-mno-avx512f``) build the
+    paths a CPU with fewer instructions takes."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise OSError("no C compiler (cc or gcc) on PATH")
@@ -43,7 +45,7 @@ def compile_library(target: Path) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], check=True,
+        subprocess.run([compiler, *FLAGS, *extra_flags, str(SOURCE), "-o", tmp], check=True,
                        capture_output=True, timeout=120)
         os.replace(tmp, target)  # atomic: concurrent builders never load a partial library
     finally:

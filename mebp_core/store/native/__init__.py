@@ -36,10 +36,14 @@ def set_native_enabled(enabled: bool) -> None:
 @cache
 def load_library() -> ctypes.CDLL | None:
     try:
-        library = ctypes.CDLL(str(ensure_library()))
+        return open_library(ensure_library())
     except (OSError, subprocess.SubprocessError) as exc:
         warnings.warn(f"native dequantization unavailable ({exc}); using torch", stacklevel=2)
         return None
+
+
+def open_library(path: Path) -> ctypes.CDLL:
+    library = ctypes.CDLL(str(path))
     for name in _FUNCTIONS.values():
         getattr(library, name).restype = None
     return library
@@ -81,12 +85,14 @@ def kernel_name() -> str:
 
 
 def dequantize_native(data: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
-                      bits: int, group_size: int, out: torch.Tensor) -> bool:
-    """Fill ``out`` (N, K) from contiguous packed rows; False when the kernel cannot."""
+                      bits: int, group_size: int, out: torch.Tensor,
+                      library: ctypes.CDLL | None = None) -> bool:
+    """Fill ``out`` (N, K) from contiguous packed rows; False when the kernel cannot.
+    ``library``: another build of it (``open_library``) than this host's."""
     function = _FUNCTIONS.get((bits, out.dtype))
     if not _enabled or function is None or not (data.is_contiguous() and out.is_contiguous()):
         return False
-    library = load_library()
+    library = library or load_library()
     if library is None:
         return False
     scales32 = scales.to(torch.float32).contiguous()  # (N, G): 1/32 of the output's bytes

@@ -8,6 +8,11 @@ import torch
 from mebp_core.store import native
 from mebp_core.store.quant import dequantize, quantize
 
+# The paths CPUs with fewer instructions take, built here with those instructions switched off
+# (on a CPU without them the host's own build already is one of these).
+REDUCED_BUILDS = {"avx-512 without bf16": ("-mno-avx512bf16",), "avx2": ("-mno-avx512f",),
+                  "no avx2": ("-mno-avx2",)}
+
 
 def dequantize_both(q, bits, group_size, dtype, rows=None):
     fast = dequantize(q.data, q.scales, q.biases, bits, group_size, dtype, rows=rows)
@@ -24,7 +29,7 @@ def test_the_kernel_builds_here():
 
 
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("group_size", [32, 64, 128])
+@pytest.mark.parametrize("group_size", [16, 32, 64, 128])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 # one thread; rows split over torch's pool at 2 and 3 threads (unevenly) and at one
 @pytest.mark.parametrize("n_rows,threads", [(96, 2), (1030, 2), (1030, 3), (1030, 1)])
@@ -41,6 +46,41 @@ def test_native_equals_torch_bit_for_bit(bits, group_size, dtype, n_rows, thread
             assert torch.equal(fast.view(as_int), slow.view(as_int))
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def reduced_builds(tmp_path_factory):
+    from mebp_core.store.kernel_build import compile_library
+
+    libraries = {}
+    for name, flags in REDUCED_BUILDS.items():
+        target = tmp_path_factory.mktemp("kernels") / "dequant.so"
+        compile_library(target, flags)
+        libraries[name] = native.open_library(target)
+    return libraries
+
+
+@pytest.mark.parametrize("build", REDUCED_BUILDS)
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_cpus_path_equals_torch_bit_for_bit(reduced_builds, build, bits, dtype):
+    """Groups a whole number of vectors (64, 32), half a wide one (16) and neither (6),
+    over weights from 1e-7 (float16 subnormal factors: a CPU's bfloat16 rounding, which
+    flushes float32 denormals, must still agree) to 1e4."""
+    gen = torch.Generator().manual_seed(bits)
+    for group_size in (64, 32, 16, 6):
+        for magnitude in (1e-7, 0.05, 1e4):
+            q = quantize(torch.randn(70, 192, generator=gen) * magnitude, bits, group_size)
+            out = torch.empty(70, 192, dtype=dtype)
+            assert native.dequantize_native(q.data, q.scales, q.biases, bits, group_size, out,
+                                            library=reduced_builds[build])
+            native.set_native_enabled(False)
+            try:
+                slow = dequantize(q.data, q.scales, q.biases, bits, group_size, dtype)
+            finally:
+                native.set_native_enabled(True)
+            as_int = torch.int16 if dtype == torch.bfloat16 else torch.int32
+            assert torch.equal(out.view(as_int), slow.view(as_int)), (group_size, magnitude)
 
 
 def test_the_kernel_runs_on_torchs_openmp_pool():
