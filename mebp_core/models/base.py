@@ -6,6 +6,7 @@ architecture files can reproduce its logits to float32 round-off.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -249,9 +250,43 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        with upcast_kept_as_input(x, x32):
+            x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         # HF multiplies in the weight's dtype; casting the weight keeps activations in x's dtype
         return self.weight.to(x.dtype) * x32.to(x.dtype)
+
+
+def upcast_kept_as_input(x: torch.Tensor, upcast: torch.Tensor):
+    """Where autograd would save ``upcast`` (``x.float()``, a 16-bit ``x``'s exact float32
+    copy) for a backward, it keeps ``x`` instead and upcasts it again when the backward reads
+    it: the same bits at half the bytes. Nested hooks replace outer ones within this scope
+    (``torch.autograd.graph.saved_tensors_hooks``)."""
+    if upcast is x or not (torch.is_grad_enabled() and upcast.requires_grad):
+        return contextlib.nullcontext()
+    storage = upcast.untyped_storage().data_ptr()
+
+    def pack(saved: torch.Tensor):
+        if saved.untyped_storage().data_ptr() != storage:
+            return saved
+        return _UpcastOf(x, saved.shape, saved.stride(), saved.storage_offset())
+
+    def unpack(packed):
+        if not isinstance(packed, _UpcastOf):
+            return packed
+        with torch.no_grad():
+            return packed.source.float().as_strided(packed.shape, packed.stride, packed.offset)
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
+
+
+@dataclass(frozen=True)
+class _UpcastOf:
+    """What a graph keeps in place of (a view of) a 16-bit tensor's float32 copy."""
+
+    source: torch.Tensor
+    shape: torch.Size
+    stride: tuple[int, ...]
+    offset: int
 
 
 def get_activation(name: str) -> Activation:

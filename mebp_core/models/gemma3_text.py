@@ -26,6 +26,7 @@ from mebp_core.models.base import (
     attend,
     get_activation,
     split_heads,
+    upcast_kept_as_input,
 )
 
 
@@ -114,7 +115,8 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        with upcast_kept_as_input(x, x32):
+            x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         return (x32 * (1.0 + self.weight.float())).type_as(x)
 
 

@@ -184,8 +184,8 @@ def saved_bytes_per_token(workload: Workload, knobs: EngineKnobs) -> float:
     ``torch.autograd.graph.saved_tensors_hooks`` on the engine's blocks (qwen2.5, qwen3,
     gemma3, llama/smollm2; within 2-10%): gate, up, activation and product; q, k, v in the
     attention layout, their rotated copies (and normed ones, with a q/k norm) and the
-    attention output; the block's residual inputs; each RMSNorm's float32 statistics-sized
-    copies."""
+    attention output; the block's residual inputs; each RMSNorm's input (kept in its own dtype,
+    ``models.base.upcast_kept_as_input``) and statistics."""
     return sum(saved_bytes_per_token_by_part(workload, knobs).values())
 
 
@@ -210,8 +210,9 @@ def _saved_bytes_per_token_by_part(workload: Workload, lora_hidden: str, i: int,
     norms = 2 if gemma else 1  # per part: Gemma 3 normalizes before and after each
     kv_copies = 5 if gemma else 3
     qk_normed = q + kv if arch.qk_norm else 0  # q and k kept before and after their norm
-    parts = {"attention": e * (3 * q + kv_copies * kv + d + qk_normed) + 4 * 1.2 * d * norms,
-             "mlp": e * (wide * i + d) + 4 * 1.2 * d * norms}
+    # each norm keeps its input (a 16-bit one in place of its float32 copy) and statistics
+    parts = {"attention": e * (3 * q + kv_copies * kv + d + qk_normed) + e * 1.2 * d * norms,
+             "mlp": e * (wide * i + d) + e * 1.2 * d * norms}
     if lora_hidden == "store":
         for suffix in adapted_projections(workload):
             parts["mlp" if suffix in MLP_PROJECTIONS else "attention"] += e * workload.lora.rank

@@ -35,9 +35,10 @@ def library_path(cache_dir: Path) -> Path:
     return Path(cache_dir) / "kernels" / f"{kernel_digest()}.so"
 
 
-def compile_library(target: Path, extra_flags: tuple[str, ...] = ()) -> None:
+def compile_library(target: Path, extra_flags: tuple[str, ...] = (),
+                    source: Path = SOURCE) -> None:
     """Compile the kernel to ``target``; ``extra_flags`` (e.g. ``-mno-avx512f``) build the
-    paths a CPU with fewer instructions takes."""
+    paths a CPU with fewer instructions takes, ``source`` another version of it."""
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise OSError("no C compiler (cc or gcc) on PATH")
@@ -45,7 +46,7 @@ def compile_library(target: Path, extra_flags: tuple[str, ...] = ()) -> None:
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        subprocess.run([compiler, *FLAGS, *extra_flags, str(SOURCE), "-o", tmp], check=True,
+        subprocess.run([compiler, *FLAGS, *extra_flags, str(source), "-o", tmp], check=True,
                        capture_output=True, timeout=120)
         os.replace(tmp, target)  # atomic: concurrent builders never load a partial library
     finally:
