@@ -3,11 +3,13 @@
  * float32 add (compiled with -ffp-contract=off, so never a fused multiply-add), then
  * round-to-nearest-even to bfloat16.
  *
- * int4 groups of a multiple of 32 run on explicit vectors where the CPU has them (AVX-512,
- * else AVX2): 16 (8) packed bytes at a time, low nibble first. bfloat16 is rounded by the
+ * int4 groups run on explicit vectors where the CPU has them: 16 packed bytes at a time on
+ * AVX-512 (groups of a multiple of 32), 8 on AVX2 (of 16), low nibble first; other groups
+ * run the scalar loop. bfloat16 is rounded by the
  * CPU's own instruction where it has AVX-512 BF16 (2x the integer rounding's speed here);
  * its flush of denormals never applies, as every nonzero q * scale + bias of float16 factors
- * is at least 2^-24 in magnitude.
+ * is at least 2^-24 in magnitude. Measured: BENCHMARKS.md, "The dequantization kernel on
+ * explicit vectors".
  *
  * Rows are split over OpenMP threads, as many as torch's ops use (threads, from the caller).
  * Linked against libgomp.so.1, the copy torch loaded, the regions run on torch's own pool,
