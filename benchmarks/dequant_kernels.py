@@ -49,7 +49,7 @@ def source_at(revision: str, directory: Path) -> Path:
     relative = SOURCE.relative_to(REPO)
     text = subprocess.run(["git", "show", f"{revision}:{relative}"], cwd=REPO, check=True,
                           capture_output=True, text=True).stdout
-    path = directory / f"dequant-{revision}.c"
+    path = directory / "dequant-other.c"  # a revision may hold slashes (origin/main)
     path.write_text(text)
     return path
 

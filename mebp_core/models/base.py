@@ -268,22 +268,26 @@ def upcast_kept_as_input(x: torch.Tensor, upcast: torch.Tensor):
     def pack(saved: torch.Tensor):
         if saved.untyped_storage().data_ptr() != storage:
             return saved
-        return _UpcastOf(x, saved.shape, saved.stride(), saved.storage_offset())
+        return _UpcastOf(x, x._version, saved.shape, saved.stride(), saved.storage_offset())
 
     def unpack(packed):
         if not isinstance(packed, _UpcastOf):
             return packed
-        with torch.no_grad():
-            return packed.source.float().as_strided(packed.shape, packed.stride, packed.offset)
+        if packed.source._version != packed.version:  # autograd's own check, on x's behalf
+            raise RuntimeError("a norm's input, needed for its gradient, was modified by an "
+                               "in-place operation after the norm read it")
+        return packed.source.float().as_strided(packed.shape, packed.stride, packed.offset)
 
     return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
 
 @dataclass(frozen=True)
 class _UpcastOf:
-    """What a graph keeps in place of (a view of) a 16-bit tensor's float32 copy."""
+    """What a graph keeps in place of (a view of) a 16-bit tensor's float32 copy: the tensor,
+    at the version the norm read."""
 
     source: torch.Tensor
+    version: int
     shape: torch.Size
     stride: tuple[int, ...]
     offset: int

@@ -163,3 +163,15 @@ DEFINE_INT4(dequant_int4_f32, float, AS_FLOAT, store_f32)
 DEFINE_INT4(dequant_int4_bf16, uint16_t, to_bf16, store_bf16)
 DEFINE_INT8(dequant_int8_f32, float, AS_FLOAT)
 DEFINE_INT8(dequant_int8_bf16, uint16_t, to_bf16)
+
+/* Which path this build takes (for the tests): the packed bytes of a vector step, 0 for the
+ * scalar loop, and whether bfloat16 is rounded by the CPU's own instruction. */
+int dequant_vector_bytes(void) { return VECTOR_BYTES; }
+
+int dequant_bf16_instruction(void) {
+#if VECTOR_BYTES == 16 && defined(__AVX512BF16__)
+  return 1;
+#else
+  return 0;
+#endif
+}

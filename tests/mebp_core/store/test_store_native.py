@@ -2,16 +2,30 @@
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
+from mebp_core.cpu import cpu_flags
 from mebp_core.store import native
 from mebp_core.store.quant import dequantize, quantize
 
-# The paths CPUs with fewer instructions take, built here with those instructions switched off
-# (on a CPU without them the host's own build already is one of these).
-REDUCED_BUILDS = {"avx-512 without bf16": ("-mno-avx512bf16",), "avx2": ("-mno-avx512f",),
-                  "no avx2": ("-mno-avx2",)}
+# This CPU's build, and the paths CPUs with fewer instructions take: built here with those
+# instructions switched off (x86 compilers' flags). ``expected_path`` is the path each takes
+# on a CPU with the given flags: (vector bytes, bfloat16 rounded by an instruction).
+X86 = platform.machine() in ("x86_64", "AMD64")
+BUILDS = {"this cpu": (), "avx-512 without bf16": ("-mno-avx512bf16",),
+          "avx2": ("-mno-avx512f",), "no avx2": ("-mno-avx2",)}
+
+
+def expected_path(build: str, flags: frozenset[str]) -> tuple[int, int]:
+    vector = 16 if {"avx512f", "avx512bw"} <= flags else 8 if "avx2" in flags else 0
+    if build == "avx2":
+        vector = min(vector, 8)
+    elif build == "no avx2":
+        vector = 0
+    return vector, int(build == "this cpu" and vector == 16 and "avx512_bf16" in flags)
 
 
 def dequantize_both(q, bits, group_size, dtype, rows=None):
@@ -49,21 +63,30 @@ def test_native_equals_torch_bit_for_bit(bits, group_size, dtype, n_rows, thread
 
 
 @pytest.fixture(scope="module")
-def reduced_builds(tmp_path_factory):
+def builds(tmp_path_factory):
     from mebp_core.store.kernel_build import compile_library
 
     libraries = {}
-    for name, flags in REDUCED_BUILDS.items():
+    for name, flags in BUILDS.items():
         target = tmp_path_factory.mktemp("kernels") / "dequant.so"
         compile_library(target, flags)
         libraries[name] = native.open_library(target)
     return libraries
 
 
-@pytest.mark.parametrize("build", REDUCED_BUILDS)
+@pytest.mark.skipif(not X86, reason="the builds switch x86 instruction sets off")
+@pytest.mark.parametrize("build", BUILDS)
+def test_each_build_takes_the_path_its_instructions_allow(builds, build):
+    library = builds[build]
+    assert (library.dequant_vector_bytes(), library.dequant_bf16_instruction()) == \
+        expected_path(build, cpu_flags())
+
+
+@pytest.mark.skipif(not X86, reason="the builds switch x86 instruction sets off")
+@pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_cpus_path_equals_torch_bit_for_bit(reduced_builds, build, bits, dtype):
+def test_every_cpus_path_equals_torch_bit_for_bit(builds, build, bits, dtype):
     """Groups a whole number of vectors (64, 32), half a wide one (16) and neither (6),
     over weights from 1e-7 (float16 subnormal factors: a CPU's bfloat16 rounding, which
     flushes float32 denormals, must still agree) to 1e4."""
@@ -73,7 +96,7 @@ def test_every_cpus_path_equals_torch_bit_for_bit(reduced_builds, build, bits, d
             q = quantize(torch.randn(70, 192, generator=gen) * magnitude, bits, group_size)
             out = torch.empty(70, 192, dtype=dtype)
             assert native.dequantize_native(q.data, q.scales, q.biases, bits, group_size, out,
-                                            library=reduced_builds[build])
+                                            library=builds[build])
             native.set_native_enabled(False)
             try:
                 slow = dequantize(q.data, q.scales, q.biases, bits, group_size, dtype)
