@@ -184,8 +184,9 @@ def saved_bytes_per_token(workload: Workload, knobs: EngineKnobs) -> float:
     ``torch.autograd.graph.saved_tensors_hooks`` on the engine's blocks (qwen2.5, qwen3,
     gemma3, llama/smollm2; within 2-10%): gate, up, activation and product; q, k, v in the
     attention layout, their rotated copies (and normed ones, with a q/k norm) and the
-    attention output; the block's residual inputs; each RMSNorm's input (kept in its own dtype,
-    ``models.base.upcast_kept_as_input``) and statistics."""
+    attention output; the block's residual inputs; each RMSNorm's float32 statistics-sized
+    copies (a bound: a 16-bit input is kept in its copy's place, ``models.base.
+    upcast_kept_as_input``)."""
     return sum(saved_bytes_per_token_by_part(workload, knobs).values())
 
 
@@ -210,9 +211,12 @@ def _saved_bytes_per_token_by_part(workload: Workload, lora_hidden: str, i: int,
     norms = 2 if gemma else 1  # per part: Gemma 3 normalizes before and after each
     kv_copies = 5 if gemma else 3
     qk_normed = q + kv if arch.qk_norm else 0  # q and k kept before and after their norm
-    # each norm keeps its input (a 16-bit one in place of its float32 copy) and statistics
-    parts = {"attention": e * (3 * q + kv_copies * kv + d + qk_normed) + e * 1.2 * d * norms,
-             "mlp": e * (wide * i + d) + e * 1.2 * d * norms}
+    # each norm at its float32 copy's size, though it keeps its (16-bit) input instead: at
+    # the input's size the planner picked a graph tail of two blocks for 320 MB, which ran
+    # 6-9% above that count and was OOM-killed once under the cap (BENCHMARKS, "The
+    # dequantization kernel on explicit vectors ..."); the copy's size keeps it unpicked
+    parts = {"attention": e * (3 * q + kv_copies * kv + d + qk_normed) + 4 * 1.2 * d * norms,
+             "mlp": e * (wide * i + d) + 4 * 1.2 * d * norms}
     if lora_hidden == "store":
         for suffix in adapted_projections(workload):
             parts["mlp" if suffix in MLP_PROJECTIONS else "attention"] += e * workload.lora.rank

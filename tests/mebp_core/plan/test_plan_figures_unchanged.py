@@ -68,17 +68,17 @@ RECORDED = {
     'llama-backprop-2gb': (1, None, 7989,
         'd6577ad47020762f0300ad3ceafd87b4cad2596cf1d3911f8e59d4ad73f2e64f'),
     'qwen-mebp-bf16-upcast-corrected': (
-        522, 'lazy-ckpt1-ram-h-store-unshared-tile8M-mlpi256', 269,
-        '42b014936310695155cebafeff63857b0208b6a937d59054bb7c65f05f493517'),
+        522, 'lazy-ckpt1-ram-h-store-unshared-tile8M-mlpi256', 272,
+        'adcc1fa5a2bd2c7f681e970977291b339f456feac25dc3d1c606656ea9883873'),
     'qwen-mebp-pixel8': (522, 'resident482384K-ckpt1-mmap-h-store-shared-tile8M', 244,
-        'c0ce65e57c9c35791da23fd896bff55e70bdf71345ba5259dc1cfb3c6c45db54'),
+        '901cc1995d6a5b7c5adcfbb05b80d613e16ad32db7ca3d7b382dd36e05679a12'),
     'qwen3-mezo-iphone15': (27, 'mezo-lazy-tile8M', 219,
-        'e80c7cd6a5384dd3845402a1650c1d49a5f408620d5037930a7d56de81e00e38'),
+        '9e2952cdeb4527ea310f0ff95759b776cf60eb6cf691c956720e5df57a08f00c'),
     'smollm-mebp-300mb-adamw-accum': (522, 'lazy-ckpt1-mmap-h-store-unshared-tile8M-mlpi192', 273,
         '024e6d245ed23485c301092adf351b3d4a80694d15b7e161fd415846866c007a'),
     'smollm-mebp-native-bf16-corrected-android': (
-        522, 'resident131328K-nockpt-h-store-shared-tile8M', 221,
-        '65fb272cc6f5d5880cd8db9d28ff0f6e346584e06dfed66bd56d0ef3a3fabdfc'),
+        522, 'resident131328K-nockpt-h-store-shared-tile8M', 222,
+        '356a3934fd60be49b7b33c0e74930341df00c1a23656317a2a504b4e31eee73a'),
     'tiny-mebp-requested-knobs': (1, None, 208,
         'f071ec777873b140c7f1a62f8ee3a7062821e3e71183a174f3ed060cbd3dbc06'),
 }
