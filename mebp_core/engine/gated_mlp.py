@@ -21,6 +21,7 @@ from typing import TypeVar
 import torch
 
 from mebp_core.models.base import Activation
+from mebp_core.models.saved_tensors import remade_when_read
 
 T = TypeVar("T")
 
@@ -41,28 +42,13 @@ def project_gated(gate: torch.Tensor, up: torch.Tensor, act: Activation,
     if not (torch.is_grad_enabled() and (gate.requires_grad or up.requires_grad)):
         return down(act(gate) * up)
     product = _GatedProduct.apply(gate, up, act)
-    storage = product.untyped_storage().data_ptr()  # the product's own: made just now
 
-    def pack(saved: torch.Tensor):
-        if saved.untyped_storage().data_ptr() != storage:
-            return saved
-        return _ViewOfProduct(saved.shape, saved.stride(), saved.storage_offset())
-
-    def unpack(packed):
-        if not isinstance(packed, _ViewOfProduct):
-            return packed
+    def remake() -> torch.Tensor:
         with torch.no_grad():
-            return (act(gate) * up).as_strided(packed.shape, packed.stride, packed.offset)
+            return act(gate) * up
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+    with remade_when_read(product, remake):
         return down(product)
-
-
-class _ViewOfProduct:
-    """What down's graph keeps in place of (a view of) its input: the view's layout."""
-
-    def __init__(self, shape: torch.Size, stride: tuple[int, ...], offset: int) -> None:
-        self.shape, self.stride, self.offset = shape, stride, offset
 
 
 class _GatedProduct(torch.autograd.Function):

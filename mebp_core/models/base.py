@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mebp_core.errors import MebpError
+from mebp_core.models.saved_tensors import remade_when_read
 
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
@@ -259,38 +260,10 @@ class RMSNorm(nn.Module):
 def upcast_kept_as_input(x: torch.Tensor, upcast: torch.Tensor):
     """Where autograd would save ``upcast`` (``x.float()``, a 16-bit ``x``'s exact float32
     copy) for a backward, it keeps ``x`` instead and upcasts it again when the backward reads
-    it: the same bits at half the bytes. Nested hooks replace outer ones within this scope
-    (``torch.autograd.graph.saved_tensors_hooks``)."""
+    it: the same bits at half the bytes."""
     if upcast is x or not (torch.is_grad_enabled() and upcast.requires_grad):
         return contextlib.nullcontext()
-    storage = upcast.untyped_storage().data_ptr()
-
-    def pack(saved: torch.Tensor):
-        if saved.untyped_storage().data_ptr() != storage:
-            return saved
-        return _UpcastOf(x, x._version, saved.shape, saved.stride(), saved.storage_offset())
-
-    def unpack(packed):
-        if not isinstance(packed, _UpcastOf):
-            return packed
-        if packed.source._version != packed.version:  # autograd's own check, on x's behalf
-            raise RuntimeError("a norm's input, needed for its gradient, was modified by an "
-                               "in-place operation after the norm read it")
-        return packed.source.float().as_strided(packed.shape, packed.stride, packed.offset)
-
-    return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
-
-
-@dataclass(frozen=True)
-class _UpcastOf:
-    """What a graph keeps in place of (a view of) a 16-bit tensor's float32 copy: the tensor,
-    at the version the norm read."""
-
-    source: torch.Tensor
-    version: int
-    shape: torch.Size
-    stride: tuple[int, ...]
-    offset: int
+    return remade_when_read(upcast, x.float, unchanged=x)
 
 
 def get_activation(name: str) -> Activation:
