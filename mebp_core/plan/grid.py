@@ -6,7 +6,6 @@ import itertools
 import math
 
 from mebp_core.config import BACKPROP_KNOBS, EngineKnobs
-from mebp_core.cpu import matmul_dtype
 from mebp_core.plan.workload import DTYPE_BYTES, Workload
 
 SMALL_TILE_BYTES = 1 << 20
@@ -41,8 +40,7 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
                *[("resident", int(total * f) >> 10 << 10) for f in (0.25, 0.5, 0.75)],
                ("resident", None)]
     tiles_and_chunks = list(itertools.product((8 << 20, SMALL_TILE_BYTES),
-                                              [{}, *mlp_chunk_choices(workload,
-                                                                      bf16_matmul)]))
+                                              [{}, *mlp_chunk_choices(workload)]))
     if workload.method == "mezo":
         return [EngineKnobs(frozen_weights=frozen, resident_weight_bytes=budget,
                             decompress_tile_bytes=tile, loss_vocab_tile_bytes=tile,
@@ -74,33 +72,53 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
     return out
 
 
-def mlp_chunk_choices(workload: Workload, bf16_matmul: str = "auto"
-                      ) -> list[dict[str, int]]:
-    """The MLP's chunks the grid tries: each of ``MLP_CHUNK_TOKENS`` below the batch's
-    tokens, and beside it the intermediate columns that keep the same (tokens, intermediate)
-    tensors over every token, decompressing each weight once per pass; narrower where a
-    weight's slice of that many columns would outgrow the small tile (a slice is decompressed
-    whole: at qwen2.5-0.5b seq 256 in bf16, 1216 columns make 2.1 MB slices and are priced
-    above the token chunks; 576 make 1 MB ones, priced below them at the same speed). Their
-    width is a multiple of 64 and of the quantization group (a chunk's columns of down are
-    whole groups). Not where a block norms its MLP's output (Gemma 3): its backward makes
-    that output first, priced but not measured against the kernel."""
+def mlp_chunk_choices(workload: Workload) -> list[dict[str, int]]:
+    """The MLP's chunks the grid tries: where a block can run its MLP by intermediate
+    columns, the columns that keep about the (tokens, intermediate) tensors of each of
+    ``MLP_CHUNK_TOKENS`` over every token, in equal chunks where a width near that divides
+    the intermediate size; elsewhere (Gemma 3, which norms its MLP's output: its backward
+    would make that output first, priced but not measured against the kernel) those
+    tokens.
+
+    Why columns replace tokens where they can: a column chunk decompresses each weight once
+    per pass where a token chunk decompresses all of them once per chunk, and the kernel
+    counts the two alike (qwen2.5-0.5b, seq 256, bf16, tiles of 1 MB: 64 tokens 75.5 MB
+    above the imports, 1216 columns 73-75 MB, at 2.7 s and 1.6 s a step on an AMX Xeon).
+    Why equal chunks: a narrower last chunk costs the kernel 6-14 MB more than the planner
+    counts (widths 192, 576, 1280 against 128, 1216; BENCHMARKS, "MLP column chunks of
+    equal width"). Why not narrower slices to fit the small tile: each chunk's ops cost
+    about a millisecond of dispatch the time model does not see (576 columns ran 2.1 s
+    against 1216's 1.6 s, for no memory the kernel counts). Widths are multiples of 64
+    and of the quantization group (a chunk's columns of down are whole groups)."""
     arch = workload.arch
     by_columns = arch.residual_output_projection is not None
     step = math.lcm(64, workload.group_size)
-    slice_bytes = arch.hidden_size * DTYPE_BYTES[matmul_dtype(workload.compute_dtype,
-                                                              bf16_matmul)]
-    small_tile_width = max(step, SMALL_TILE_BYTES // slice_bytes // step * step)
     choices = []
     for tokens in MLP_CHUNK_TOKENS:
         if tokens >= workload.tokens:
             continue
-        choices.append({"mlp_chunk_tokens": tokens})
-        width = -(-arch.intermediate_size * tokens // workload.tokens // step) * step
-        width = min(width, small_tile_width)
-        if by_columns and width < arch.intermediate_size:
+        target = arch.intermediate_size * tokens / workload.tokens
+        width = _column_chunk_width(arch.intermediate_size, target, step) if by_columns \
+            else None
+        if width is not None:
             choices.append({"mlp_intermediate_chunk": width})
+        else:
+            choices.append({"mlp_chunk_tokens": tokens})
     return choices
+
+
+def _column_chunk_width(intermediate: int, target: float, step: int) -> int | None:
+    """The multiple of ``step`` below ``intermediate`` that divides it evenly, nearest to
+    ``target`` (the wider of two as near: fewer chunks, whose ops the time model
+    under-prices) between a third of it and half as much again (wider chunks hold wider
+    tensors); where none is, ``target`` rounded up to a multiple of ``step`` (a narrower
+    last chunk); None where that spans every column."""
+    equal = [w for w in range(step, intermediate, step)
+             if intermediate % w == 0 and target / 3 <= w <= 1.5 * target]
+    if equal:
+        return min(equal, key=lambda w: (abs(w - target), -w))
+    rounded = math.ceil(target / step) * step
+    return rounded if rounded < intermediate else None
 
 
 def graph_tails(layers: int) -> range:

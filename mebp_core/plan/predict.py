@@ -61,7 +61,16 @@ RUNTIME_OVERHEAD_BYTES = 22 * MB
 # What native bf16 matmuls keep beyond the same run in float32 (same fit: 19 MB; disabling
 # AMX in oneDNN took off only 5 MB of it). On a Zen 4 with avx512_bf16 the native rows of the
 # earlier fit were over-predicted, so this may be host-specific: refit when it is.
+# It is oneDNN's cached primitives (ONEDNN_PRIMITIVE_CACHE_CAPACITY=0 frees it, at 4-7x the
+# step time; 25 matmul shapes a step), and past 256 tokens it grows with them: the smallest
+# configuration of qwen2.5-0.5b on an AMX Xeon (2026-12-05) kept 17.6, 17.4, 33.2, 30.1 and
+# 57.8 MB at 256, 512, 768, 1024 and 2048 tokens. NATIVE_BF16_BYTES_PER_TOKEN past 256: a
+# bound over those runs (over by 9-10 MB at 512, 1024 and 2048), not a fit. Counted flat,
+# the seq-1024 pick at S was OOM-killed under its cap in 2 runs of 2 (BENCHMARKS, "MLP
+# column chunks of equal width").
 NATIVE_BF16_BYTES = 19 * MB
+NATIVE_BF16_BYTES_PER_TOKEN = 28 << 10
+NATIVE_BF16_FLAT_TOKENS = 256
 # Anonymous memory an autograd graph costs per byte of the tensors it saves: the temporaries
 # freed between saved tensors leave heap holes the allocator cannot return (fitted: 1.7-1.8x
 # on smollm2-135m and qwen2.5-0.5b, seq 128-512, float32, without checkpoints).
@@ -150,7 +159,8 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
         memory, checkpoint_file = _mezo_memory(workload, knobs, resident), 0
     else:
         memory, checkpoint_file = _gradient_memory(workload, knobs, resident)
-    native_bf16 = NATIVE_BF16_BYTES if matmul_dtype_of(workload, knobs) == "bfloat16" else 0
+    native_bf16 = native_bf16_bytes(workload) \
+        if matmul_dtype_of(workload, knobs) == "bfloat16" else 0
     memory = {"runtime": host.runtime_bytes + RUNTIME_OVERHEAD_BYTES + native_bf16, **memory}
     store_bytes = _lazy_store_bytes(workload, resident.names)
     modelled, work = step_time(workload, knobs, host, resident.names)
@@ -163,6 +173,12 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     return Prediction(memory=memory, time=time, store_bytes=store_bytes,
                       checkpoint_file_bytes=checkpoint_file, device_work=work,
                       modelled_time=modelled, correction=correction)
+
+
+def native_bf16_bytes(workload: Workload) -> int:
+    """What native bf16 matmuls keep of their own at this workload's tokens."""
+    extra_tokens = max(0, workload.tokens - NATIVE_BF16_FLAT_TOKENS)
+    return NATIVE_BF16_BYTES + NATIVE_BF16_BYTES_PER_TOKEN * extra_tokens
 
 
 def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency

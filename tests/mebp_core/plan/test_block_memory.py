@@ -16,7 +16,7 @@ import transformers
 
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import architecture_from_config
-from mebp_core.plan.predict import predict
+from mebp_core.plan.predict import RUNTIME_OVERHEAD_BYTES, predict
 from mebp_core.plan.workload import Workload
 from mebp_core.store.pack import pack_model
 from mebp_core.store.preset_configs import PRESET_CONFIGS
@@ -67,7 +67,10 @@ def test_one_blocks_backward_peaks_within_the_planners_count(tmp_path, host, pre
     # above the imports, where the seeded host's runtime is not this process's
     predicted_mb = (prediction.peak_bytes - host.runtime_bytes) / MB
     activations_mb = prediction.memory["activations"] / MB
-    assert activations_mb > 0.5 * predicted_mb  # the block's terms are what is checked
+    # the block's terms are what is checked (beside what native bf16 matmuls keep at 2048
+    # tokens where the CPU has them: this host's oneDNN, not the block)
+    kept_mb = (prediction.memory["runtime"] - host.runtime_bytes - RUNTIME_OVERHEAD_BYTES) / MB
+    assert activations_mb > 0.5 * (predicted_mb - kept_mb)
     assert measured["footprint_mb"] <= predicted_mb + MARGIN * (
         predicted_mb + measured["post_import_mb"]), (measured["footprint_mb"], predicted_mb)
     # an over-count is safe; this bound only keeps the count from growing out of touch

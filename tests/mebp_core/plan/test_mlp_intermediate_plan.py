@@ -5,11 +5,13 @@ decompressed once per pass instead of once per chunk."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import load_architecture
-from mebp_core.plan.grid import SMALL_TILE_BYTES, candidate_knobs
+from mebp_core.plan.grid import candidate_knobs, mlp_chunk_choices
 from mebp_core.plan.planner import make_plan
 from mebp_core.plan.predict import predict
 from mebp_core.plan.timing import step_work
@@ -85,25 +87,47 @@ def test_the_grid_chunks_columns_in_whole_quantization_groups(group_size):
     assert not any(k.mlp_intermediate_chunk for k in candidate_knobs(gemma))
 
 
-@pytest.mark.parametrize(("dtype", "bf16_matmul", "matmul_bytes"),
-                         [("float32", "auto", 4), ("bfloat16", "native", 2),
-                          ("bfloat16", "float32", 4)])
-def test_the_grids_columns_fit_a_small_tile_and_make_the_smallest_configuration(
-        host, dtype, bf16_matmul, matmul_bytes):
-    """A chunk's slice of a weight is decompressed whole: the grid keeps it within the small
-    tile, so the columns' configuration is the plan's smallest (a quarter of the columns,
-    1216 at seq 256, made 2.1 MB slices in bf16 and was priced above the token chunks), and
-    faster than the token chunks, which decompress each MLP weight once per chunk."""
-    workload = Workload(arch=load_architecture("preset:qwen2.5-0.5b"), seq_len=256,
-                        compute_dtype=dtype)
-    widths = {k.mlp_intermediate_chunk for k in candidate_knobs(workload,
-                                                                bf16_matmul=bf16_matmul)
-              if k.mlp_intermediate_chunk is not None}
-    assert widths
-    assert all(w * workload.arch.hidden_size * matmul_bytes <= SMALL_TILE_BYTES for w in widths)
+@pytest.mark.parametrize(("dtype", "bf16_matmul"),
+                         [("float32", "auto"), ("bfloat16", "native"), ("bfloat16", "float32")])
+def test_the_grids_columns_are_equal_chunks_and_make_the_smallest_configuration(
+        host, dtype, bf16_matmul):
+    """Where a block runs its MLP by columns, the grid chunks them in equal widths, about
+    the tensors of 64 tokens (1216 of 4864 columns at seq 256, four chunks; 256 at seq
+    1024, nineteen), and tries no token chunks: the columns' configuration is the plan's
+    smallest, and faster than token chunks, which decompress each MLP weight once per
+    chunk. (A narrower last chunk cost the kernel 6-14 MB more, and 576 columns to fit the
+    small tile ran 2.1 s a step against 1216's 1.6: BENCHMARKS.)"""
+    arch = load_architecture("preset:qwen2.5-0.5b")
+    for seq_len, width in ((256, 1216), (1024, 256)):
+        workload = Workload(arch=arch, seq_len=seq_len, compute_dtype=dtype)
+        grid = candidate_knobs(workload, bf16_matmul=bf16_matmul)
+        assert {k.mlp_intermediate_chunk for k in grid} == {None, width}
+        assert arch.intermediate_size % width == 0
+        assert not any(k.mlp_chunk_tokens for k in grid)
+    workload = Workload(arch=arch, seq_len=256, compute_dtype=dtype)
     entries = make_plan(workload, host, bf16_matmul=bf16_matmul).entries
     smallest = min(entries, key=lambda e: e.prediction.peak_bytes)
-    by_tokens = min((e for e in entries if e.knobs.mlp_chunk_tokens),
-                    key=lambda e: e.prediction.peak_bytes)
-    assert smallest.knobs.mlp_intermediate_chunk in widths
-    assert smallest.ranking_time_s < 0.85 * by_tokens.ranking_time_s
+    assert smallest.knobs.mlp_intermediate_chunk == 1216
+    by_tokens = predict(workload, smallest.knobs.model_copy(
+        update={"mlp_intermediate_chunk": None, "mlp_chunk_tokens": 64}), host)
+    assert smallest.prediction.step_time_s < 0.85 * by_tokens.step_time_s
+
+
+def test_the_grid_falls_back_to_token_chunks_where_columns_cannot_run(host):
+    """Gemma 3 norms its MLP's output before the sum: its grid chunks tokens."""
+    gemma = Workload(arch=load_architecture("preset:gemma3-1b"), seq_len=256)
+    grid = candidate_knobs(gemma)
+    assert {k.mlp_chunk_tokens for k in grid} == {None, 64}
+    assert not any(k.mlp_intermediate_chunk for k in grid)
+
+
+@pytest.mark.parametrize(("intermediate", "seq_len", "width"), [
+    (4864, 256, 1216),  # 4 equal chunks, a quarter
+    (1536, 1024, 128),  # 64 and 128 as near to 96: the wider, fewer chunks
+    (3008, 256, 768),  # 47 x 64: no equal width near 752, so 3 chunks and a narrower one
+])
+def test_the_grids_column_width_is_an_equal_chunk_near_64_tokens(intermediate, seq_len, width):
+    arch = dataclasses.replace(load_architecture("preset:qwen2.5-0.5b"),
+                               intermediate_size=intermediate)
+    workload = Workload(arch=arch, seq_len=seq_len)
+    assert mlp_chunk_choices(workload) == [{"mlp_intermediate_chunk": width}]

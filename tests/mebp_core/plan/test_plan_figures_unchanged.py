@@ -61,24 +61,27 @@ CASES = {
 # (MeBP's cases that plan a chained graph: not MeZO's, backprop's, whose graph stays plain,
 # or the requested knobs'), then of the one whose grid's MLP columns are no wider than a
 # small tile's slice of a weight (the qwen cases, MeZO's too: the others' columns were that
-# narrow already, or their grids have none)
+# narrow already, or their grids have none), then of the one whose columns are equal chunks
+# of about 64 tokens' tensors and which tries no token chunks where columns run (all but
+# gemma3's, backprop's and the requested knobs')
 RECORDED = {
     'gemma-mebp-nobudget-int8': (426, 'resident-nockpt-h-store-shared-tile8M', 292,
         '1697b9dbe3b3bb7ed35e0645cc548a4b79ebf19fd8e78510c237cf0024a45de8'),
     'llama-backprop-2gb': (1, None, 7989,
         'd6577ad47020762f0300ad3ceafd87b4cad2596cf1d3911f8e59d4ad73f2e64f'),
     'qwen-mebp-bf16-upcast-corrected': (
-        522, 'lazy-ckpt1-ram-h-store-unshared-tile8M-mlpi256', 272,
-        'adcc1fa5a2bd2c7f681e970977291b339f456feac25dc3d1c606656ea9883873'),
-    'qwen-mebp-pixel8': (522, 'resident482384K-ckpt1-mmap-h-store-shared-tile8M', 244,
-        '901cc1995d6a5b7c5adcfbb05b80d613e16ad32db7ca3d7b382dd36e05679a12'),
-    'qwen3-mezo-iphone15': (27, 'mezo-lazy-tile8M', 219,
-        '9e2952cdeb4527ea310f0ff95759b776cf60eb6cf691c956720e5df57a08f00c'),
-    'smollm-mebp-300mb-adamw-accum': (522, 'lazy-ckpt1-mmap-h-store-unshared-tile8M-mlpi192', 273,
-        '024e6d245ed23485c301092adf351b3d4a80694d15b7e161fd415846866c007a'),
+        318, 'lazy-ckpt1-ram-h-store-unshared-tile8M-mlpi256', 273,
+        '04ffbd5eee13715fdc51f177c34c424eecfee9ebed8f704788308fcd446e0bd9'),
+    'qwen-mebp-pixel8': (318, 'resident482384K-ckpt1-mmap-h-store-shared-tile8M', 260,
+        '130784e0e189e09e9ba1bf57da7ba1a2f877ff87beb45a4c4de6a555268810b7'),
+    'qwen3-mezo-iphone15': (18, 'mezo-lazy-tile8M', 220,
+        '3713a868130d0cf62eb80adfcceb54d7dbe46bf99a066c4b071a40822381828e'),
+    'smollm-mebp-300mb-adamw-accum': (
+        318, 'lazy-ckpt1-mmap-h-store-unshared-tile8M-mlpi192', 277,
+        '1e939cade880ebd35db052d0601862ffb08a44b74a9eb18b7381b028f4843c18'),
     'smollm-mebp-native-bf16-corrected-android': (
-        522, 'resident131328K-nockpt-h-store-shared-tile8M', 222,
-        '356a3934fd60be49b7b33c0e74930341df00c1a23656317a2a504b4e31eee73a'),
+        318, 'resident131328K-nockpt-h-store-shared-tile8M', 223,
+        'c0325bfdf5b901065ded77f02ebbb387bb30add15062446f5fe792ef8df2f777'),
     'tiny-mebp-requested-knobs': (1, None, 208,
         'f071ec777873b140c7f1a62f8ee3a7062821e3e71183a174f3ed060cbd3dbc06'),
 }

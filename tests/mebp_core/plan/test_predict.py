@@ -14,7 +14,7 @@ from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.calibration import DECOMPRESS_SIZES
 from mebp_core.plan.devices import paper_knobs
 from mebp_core.plan.planner import make_plan
-from mebp_core.plan.predict import COMPONENTS, NATIVE_BF16_BYTES, predict
+from mebp_core.plan.predict import COMPONENTS, NATIVE_BF16_BYTES, native_bf16_bytes, predict
 from mebp_core.plan.timing import step_work
 from mebp_core.plan.workload import Workload
 from mebp_core.resident import select_resident
@@ -64,6 +64,23 @@ def test_bfloat16_with_float32_matmuls_stores_in_bf16_and_computes_at_float32_ra
     assert auto.memory["weights"] == upcast_tile
     assert auto.time["decompress"] > upcast.time["decompress"]
     assert auto.time["elementwise"] < upcast.time["elementwise"]
+
+
+@pytest.mark.parametrize(("seq_len", "batch_size", "kept_mb"),
+                         [(128, 1, 19), (256, 1, 19), (512, 2, 40), (1024, 1, 40),
+                          (2048, 1, 68)])
+def test_native_bf16_matmuls_keep_more_past_256_tokens(host, seq_len, batch_size, kept_mb):
+    """oneDNN's cached primitives, measured at 17-18 MB up to 512 tokens and 30-58 MB at
+    1024-2048 on an AMX Xeon: counted flat to 256 tokens (a step's, every sequence of the
+    batch), then by a bound per token over them."""
+    arch = load_architecture("preset:qwen2.5-0.5b")
+    workload = Workload(arch=arch, seq_len=seq_len, batch_size=batch_size,
+                        compute_dtype="bfloat16")
+    native = predict(workload, EngineKnobs(bf16_matmul="native"), host)
+    upcast = predict(workload, EngineKnobs(bf16_matmul="float32"), host)
+    kept = native.memory["runtime"] - upcast.memory["runtime"]
+    assert kept == native_bf16_bytes(workload)
+    assert kept / MB == pytest.approx(kept_mb, abs=0.5)
 
 
 def test_each_knob_moves_memory_and_time_the_way_it_should(workload, host):
