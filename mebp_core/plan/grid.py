@@ -76,9 +76,10 @@ def mlp_chunk_choices(workload: Workload) -> list[dict[str, int]]:
     """The MLP's chunks the grid tries: where a block can run its MLP by intermediate
     columns, the columns that keep about the (tokens, intermediate) tensors of each of
     ``MLP_CHUNK_TOKENS`` over every token, in equal chunks where a width near that divides
-    the intermediate size; elsewhere (Gemma 3, which norms its MLP's output: its backward
-    would make that output first, priced but not measured against the kernel) those
-    tokens.
+    the intermediate size; those tokens where no column width does (Gemma 3, which norms
+    its MLP's output: its backward would make that output first, priced but not measured
+    against the kernel), where the columns would be much wider than that, or where the
+    batch has more tokens than the MLP intermediate columns.
 
     Why columns replace tokens where they can: a column chunk decompresses each weight once
     per pass where a token chunk decompresses all of them once per chunk, and the kernel
@@ -102,7 +103,10 @@ def mlp_chunk_choices(workload: Workload) -> list[dict[str, int]]:
             else None
         if width is not None:
             choices.append({"mlp_intermediate_chunk": width})
-        else:
+        # token chunks where columns cannot hold about the same tensors, or where the
+        # float32 (tokens, hidden) sums the columns keep beside a chunk outgrow it (more
+        # tokens than intermediate columns): the smaller peak there
+        if width is None or width > 1.5 * target or workload.tokens > arch.intermediate_size:
             choices.append({"mlp_chunk_tokens": tokens})
     return choices
 

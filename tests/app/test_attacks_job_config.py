@@ -41,16 +41,16 @@ JOB = {"model": "preset:tiny", "memory_budget_mb": 1024, "seed": 7,
 @pytest.fixture
 def two_hosts(tmp_path, host, seed_calibration):
     """A cache whose calibration at 2 threads is the planner's test host and at 1 thread a
-    host whose matmuls run 4x the FLOP/s at 64 tokens as at 128 (cache-bound): there the
-    planner predicts the MLP fastest in chunks of 64 tokens, which sums each LoRA gradient
-    over the tokens in two parts and so changes its last bits. A worker at 1 thread stands
-    for a second host that would plan the job otherwise."""
+    host whose matmuls run 4x the FLOP/s at 384 output columns as at 768 (cache-bound):
+    there the planner predicts the MLP fastest in chunks of 384 of its 768 intermediate
+    columns, which sums each LoRA gradient over the chunks and so changes its last bits.
+    A worker at 1 thread stands for a second host that would plan the job otherwise."""
     cache = tmp_path / "cache"
     seed_calibration(cache, None)
     seed_calibration(cache, 2)
     skewed = replace(host, threads=1, matmul_flops={
-        dtype: {form: {width: {"64": 4 * rates["64"], "128": rates["64"],
-                               "2048": rates["2048"]} for width, rates in widths.items()}
+        dtype: {form: {"384": {tokens: 4 * rate for tokens, rate in widths["256"].items()},
+                       "768": widths["256"], "4096": widths["4096"]}
                 for form, widths in forms.items()}
         for dtype, forms in host.matmul_flops.items()})
     calibration_path(cache, 1).write_text(json.dumps(asdict(skewed)))

@@ -131,3 +131,15 @@ def test_the_grids_column_width_is_an_equal_chunk_near_64_tokens(intermediate, s
                                intermediate_size=intermediate)
     workload = Workload(arch=arch, seq_len=seq_len)
     assert mlp_chunk_choices(workload) == [{"mlp_intermediate_chunk": width}]
+
+
+@pytest.mark.parametrize(("seq_len", "batch_size", "group_size", "width"), [
+    (2048, 4, 64, 64),  # 8192 tokens, more than the 4864 columns: their float32 sums grow
+    (2048, 1, 256, 256),  # columns of whole 256-groups, 1.7x the 152 of 64 tokens
+])
+def test_token_chunks_stay_where_columns_would_hold_more(seq_len, batch_size, group_size,
+                                                         width):
+    workload = Workload(arch=load_architecture("preset:qwen2.5-0.5b"), seq_len=seq_len,
+                        batch_size=batch_size, group_size=group_size)
+    assert mlp_chunk_choices(workload) == [{"mlp_intermediate_chunk": width},
+                                           {"mlp_chunk_tokens": 64}]
