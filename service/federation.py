@@ -168,10 +168,11 @@ def advance(session: Session, fleet_id: str, storage_root: Path, evaluate: Evalu
 
 def _advance(session: Session, fleet_id: str, storage_root: Path, evaluate: Evaluate
              ) -> list[str]:
-    fleet = session.exec(select(Fleet).where(Fleet.id == fleet_id).with_for_update()).first()
-    if fleet is None or not fleet.spec.request.federated:
-        return []
-    while True:
+    while True:  # a pass per round started; each commit ends the row lock, each pass retakes it
+        fleet = session.exec(select(Fleet).where(Fleet.id == fleet_id)
+                             .with_for_update()).first()
+        if fleet is None or not fleet.spec.request.federated:
+            return []
         rounds = rounds_of(session, fleet_id)
         if not rounds:
             return []

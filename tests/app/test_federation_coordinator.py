@@ -10,12 +10,14 @@ import sys
 import threading
 
 import torch
+from sqlalchemy.exc import OperationalError
 from sqlmodel import Session, select
 from waiting import poll_until
 
 from mebp_core.config import TrainConfig
 from mebp_core.lora.peft_io import load_peft_adapter, save_peft_adapter
 from mebp_core.lora.spec import LoraSpec
+from service import federation
 from service.db import database_url, make_engine, upgrade_database
 from service.federation import (
     _finish_round,
@@ -228,3 +230,36 @@ def test_a_worker_claims_every_queued_round_job_before_the_fleets_references(tmp
                    for n in range(len(round_jobs) + len(references))]
     assert set(claimed[:len(round_jobs)]) == set(round_jobs)
     assert set(claimed[len(round_jobs):]) == set(references)
+
+
+def test_every_pass_of_a_coordinator_holds_the_fleets_row_lock(tmp_path, postgres_url,
+                                                                monkeypatch):
+    """Rounds nobody trains in (every device a straggler) end at once and the coordinator
+    starts the next in the same call, one commit each: every pass must hold the fleet's
+    row lock, or a coordinator on another host could finish the same round beside it."""
+    upgrade_database(postgres_url)
+    engine = make_engine(postgres_url)
+    with Session(engine) as session:
+        fleet = federated_fleet(session, rounds=3, deadline_s=0.5)  # nobody makes 2 steps
+        assert start_round(session, fleet, 0, tmp_path) == []
+        session.commit()
+        fleet_id = fleet.id
+    held = []
+
+    def start_round_checking_the_lock(session, fleet, index, storage_root):
+        with engine.connect() as other:  # another host's coordinator, not waiting
+            try:
+                other.exec_driver_sql("SELECT id FROM fleets WHERE id = %s FOR UPDATE NOWAIT",
+                                      (fleet_id,))
+                held.append(False)
+            except OperationalError:
+                held.append(True)
+            other.rollback()
+        return start_round(session, fleet, index, storage_root)
+
+    monkeypatch.setattr(federation, "start_round", start_round_checking_the_lock)
+    with Session(engine) as session:
+        assert advance(session, fleet_id, tmp_path, lambda f, a: None) == []
+        assert [r.status for r in rounds_of(session, fleet_id)] == ["failed"] * 3
+    assert held == [True, True]  # rounds 1 and 2, each started on its own pass
+    engine.dispose()
