@@ -66,7 +66,7 @@ RUNTIME_OVERHEAD_BYTES = 22 * MB
 # configuration of qwen2.5-0.5b on an AMX Xeon (2026-12-05) kept 17.6, 17.4, 33.2, 30.1 and
 # 57.8 MB at 256, 512, 768, 1024 and 2048 tokens (one sequence each: oneDNN caches by
 # shape, and a batch's tokens are taken alike, unmeasured). NATIVE_BF16_BYTES_PER_TOKEN past
-# 256: a bound over those runs (33.6 MB at 768; 8-12 MB over at 512, 1024 and 2048), not a
+# 256: a bound over those runs (33.5 MB at 768; 9-12 MB over at 512, 1024 and 2048), not a
 # fit. Counted flat, the seq-1024 pick at S was OOM-killed under its cap in 2 runs of 2
 # (BENCHMARKS, "MLP column chunks of equal width").
 NATIVE_BF16_BYTES = 19 * MB
