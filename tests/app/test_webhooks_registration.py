@@ -31,9 +31,12 @@ def test_a_job_made_by_the_openai_sdk_posts_to_the_url_in_its_extra_body(hooked,
 def test_a_cancelled_job_posts_cancelled(hooked, receiver, cancel_at_end):
     url = receiver.url()
     dataset = upload(hooked)
-    running = submit(hooked, {**tiny_job(dataset, 100_000), "webhook_url": url})
+    # no checkpoint on the way: a tiny step is quick, so 25 (the default) may pass before the
+    # cancel, and a checkpoint posts an event of its own
+    body = {**tiny_job(dataset, 100_000, checkpoint_every=100_000), "webhook_url": url}
+    running = submit(hooked, body)
     cancel_at_end(hooked, running["id"])
-    queued = submit(hooked, {**tiny_job(dataset, 100_000), "webhook_url": url})  # behind it
+    queued = submit(hooked, body)  # behind it
     cancel_at_end(hooked, queued["id"])
     hooked.wait_for(running["id"], lambda job: job["progress"]["step"] >= 1)
     for job in (queued, running):

@@ -73,6 +73,8 @@ def test_one_blocks_backward_peaks_within_the_planners_count(tmp_path, host, pre
     assert activations_mb > 0.5 * (predicted_mb - kept_mb)
     assert measured["footprint_mb"] <= predicted_mb + MARGIN * (
         predicted_mb + measured["post_import_mb"]), (measured["footprint_mb"], predicted_mb)
-    # an over-count is safe; this bound only keeps the count from growing out of touch
-    assert measured["footprint_mb"] >= 0.6 * predicted_mb, (measured["footprint_mb"],
-                                                            predicted_mb)
+    # an over-count is safe; this bound only keeps the block's count from growing out of
+    # touch (native bf16's kept bytes are a bound over oneDNN's cache, 71 MB at 2048 tokens
+    # where 58 were seen: with them, smollm2's 100 MB fell under 0.6 of 173 on a CI host)
+    assert measured["footprint_mb"] >= 0.6 * (predicted_mb - kept_mb), (
+        measured["footprint_mb"], predicted_mb, kept_mb)
