@@ -90,10 +90,17 @@ GRAPH_RETENTION = 1.75
 # blocks' tensors): with its real vocabulary under hard caps, at these retentions the kernel
 # counted a tail of 5 in float32 9.5% above the prediction, a tail of 8 in bf16 4.5% above,
 # long tails and the whole model 4.5-10% below. CHAIN_ONSET_BLOCKS: that excess, counted as
-# blocks more in every chain.
+# blocks more in every chain. In native bf16 the onset is larger and the slope smaller: with
+# the real vocabulary (qwen2.5-0.5b seq 256; AMX Xeon, 2026-12-05, tails of 1-23) the kernel
+# counted 10.9 MB more a block (10.2-12.1 in the Zen 4s' capped rows: 1.05-1.24x a chained
+# block's saved tensors) above an onset of 2.5-4 blocks; at 1.5x with 1.25 blocks a tail of
+# two counted 307-318 MB against 294.7 predicted (OOM-killed once under its cap), a tail of
+# one up to 336 against 291.9 (10 steps under caps), a tail of 23 527 against 592. A bound
+# on that slope, and the onset a tail of one needs (BENCHMARKS, "Short graph tails").
 CHAIN_RETENTION = 2.25
-NATIVE_BF16_CHAIN_RETENTION = 1.5
+NATIVE_BF16_CHAIN_RETENTION = 1.25
 CHAIN_ONSET_BLOCKS = 1.25
+NATIVE_BF16_CHAIN_ONSET_BLOCKS = 4
 # Float32 matmuls (float32, and bf16 upcast as on AVX2 hosts) over a block recomputed alone
 # whose MLP runs in one pass over every token and column: the kernel counts more than the
 # block's graph and backward temporaries at the retentions above. Zen 4 with avx512_bf16,
@@ -273,8 +280,9 @@ def _chained_graph_bytes(workload: Workload, knobs: EngineKnobs, blocks: int) ->
     if plain:
         retention = NATIVE_BF16_PLAIN_CHAIN_RETENTION if native_bf16 else GRAPH_RETENTION
         return blocks * int(retention * saved_per_block)
-    retention = NATIVE_BF16_CHAIN_RETENTION if native_bf16 else CHAIN_RETENTION
-    onset = CHAIN_ONSET_BLOCKS if blocks else 0
+    retention, onset = (NATIVE_BF16_CHAIN_RETENTION, NATIVE_BF16_CHAIN_ONSET_BLOCKS) \
+        if native_bf16 else (CHAIN_RETENTION, CHAIN_ONSET_BLOCKS)
+    onset = onset if blocks else 0
     return int((blocks + onset) * int(retention * saved_per_block))
 
 

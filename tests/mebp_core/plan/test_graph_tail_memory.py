@@ -1,6 +1,10 @@
 """A graph tail, and a block recomputed alone with float32 matmuls over its whole MLP, hold
-what the planner counts for them, as the kernel counts it, and run under a hard cgroup cap
-at the planner's predicted peak: qwen2.5-0.5b (vocabulary cut to 256) at 256 tokens.
+what the planner counts for them, as the kernel counts it, and run under the hard cgroup cap
+the planner promises they fit (their predicted peak and its 10% margin): qwen2.5-0.5b
+(vocabulary cut to 256) at 256 tokens. At the predicted peak itself, without the margin,
+the bf16 tail was OOM-killed twice beside other tests, in two sessions, and passed alone
+(its free runs counted 200-217 MB against 240 predicted): a step's charge moves by up to
+30 MB from run to run (BENCHMARKS, "Short graph tails").
 
 The tail: its last 8 blocks, whose kept activations are most of the footprint; in float32,
 and in bfloat16 on this host's path (native bf16 matmuls, whose chained graphs the planner
@@ -70,10 +74,11 @@ def packed(tmp_path_factory):
     return pack_model(root / "hf", root / "packed", quant="int4"), hf_config
 
 
-def runs_under_its_predicted_peak(packed, host, dtype: str, knobs: EngineKnobs,
+def runs_under_its_promised_cap(packed, host, dtype: str, knobs: EngineKnobs,
                                   share: float, steps: int = 2) -> None:
     """A free run's footprint within the margin of the count, the activations at least
-    ``share`` of it, and a run under a hard cap at the predicted peak completes."""
+    ``share`` of it, and a run under the hard cap a plan promises (the predicted peak and
+    the margin) completes."""
     packed, hf_config = packed
     workload = Workload(arch=architecture_from_config(hf_config.to_dict()), seq_len=SEQ_LEN,
                         compute_dtype=dtype)
@@ -90,8 +95,9 @@ def runs_under_its_predicted_peak(packed, host, dtype: str, knobs: EngineKnobs,
     assert measured["footprint_mb"] >= 0.6 * predicted_mb, (measured["footprint_mb"],
                                                             predicted_mb)
 
-    # the whole process's predicted peak: this runtime, and the planner's count above it
-    cap_bytes = int((measured["post_import_mb"] + predicted_mb) * MB)
+    # the whole process's predicted peak (this runtime, and the planner's count above it)
+    # and the margin: the least budget the planner says it fits
+    cap_bytes = int((measured["post_import_mb"] + predicted_mb) * (1 + MARGIN) * MB)
     cap, warning = open_memory_cap("auto", f"test-tail-{uuid.uuid4().hex[:8]}", cap_bytes)
     if cap.mode == "rlimit":
         cap.close()
@@ -113,12 +119,12 @@ def runs_under_its_predicted_peak(packed, host, dtype: str, knobs: EngineKnobs,
 
 @pytest.mark.slow
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_a_graph_tail_runs_under_a_cap_at_its_predicted_peak(packed, host, dtype):
-    runs_under_its_predicted_peak(packed, host, dtype, TAIL, 0.6)
+def test_a_graph_tail_runs_under_the_cap_its_plan_promises(packed, host, dtype):
+    runs_under_its_promised_cap(packed, host, dtype, TAIL, 0.6)
 
 
 @pytest.mark.slow
-def test_a_float32_block_recomputed_alone_runs_under_a_cap_at_its_predicted_peak(packed,
-                                                                                 host):
+def test_a_float32_block_recomputed_alone_runs_under_the_cap_its_plan_promises(packed,
+                                                                                  host):
     # the heap's holes build up over the steps: three of them
-    runs_under_its_predicted_peak(packed, host, "float32", WHOLE_MLP, 0.4, steps=3)
+    runs_under_its_promised_cap(packed, host, "float32", WHOLE_MLP, 0.4, steps=3)

@@ -63,15 +63,15 @@ def test_a_graph_tail_trades_a_blocks_activations_for_its_recompute(host):
 def test_a_tails_blocks_are_never_decompressed_whole(host):
     """A tail's backward decompresses in tiles: when resident weights (a budget's first
     blocks) cover every checkpointed block, no block is decompressed whole and the backward
-    holds no block of weights."""
+    holds no block of weights. In float32, where a block's weights (57 MB) make the
+    checkpointed backward the peak phase (in native bf16 the tail's is)."""
     arch = load_architecture("preset:qwen2.5-0.5b")
-    workload = Workload(arch=arch, seq_len=256, compute_dtype="bfloat16")
-    block = 2 * arch.block_params()  # bfloat16 bytes
+    workload = Workload(arch=arch, seq_len=256, compute_dtype="float32")
+    block = 4 * arch.block_params()
 
     def with_resident(blocks: int):
         return predict(workload, EngineKnobs(frozen_weights="resident", graph_tail_blocks=1,
-                                             resident_weight_bytes=blocks * block,
-                                             bf16_matmul="native"), host)
+                                             resident_weight_bytes=blocks * block), host)
 
     covered, short = with_resident(arch.num_layers - 1), with_resident(arch.num_layers - 2)
     assert covered.device_work.whole_params == 0
@@ -86,14 +86,15 @@ def test_graph_tails_fill_the_front_between_300_mb_and_1_gb(host):
     """qwen2.5-0.5b at seq 256 in bfloat16: without tails the picks jumped from the
     checkpointed step (292 MB) to the no-checkpoint one (843 MB) with nothing in between.
     Now every 100 MB of budget from 300 MB up to the no-checkpoint step buys a configuration
-    at least 4.5% faster (the last step to it buys what is left of the tail, a block or two).
+    at least 5% faster (the last step to it buys what is left of the tail, a block or two).
 
-    100 MB of budget holds 100 / 1.1 / 14.1 = 6.4 more blocks' activations (native bf16: a
-    chained block's MLP keeps gate and up alone), and each saves its recompute, which no
-    longer multiplies the down projection (29% of a block's products): 4.7-8.5% of the step
-    here (3.3-4.8% when the MLPs kept four tensors). Past the no-checkpoint step (605 MB
-    here) only resident weights are left to buy, and they buy little per byte (two
-    decompressions of a 30 MB block, ~10 ms, against a block's recompute, ~40 ms): a budget
+    100 MB of budget holds 100 / 1.1 / 11.8 = 7.7 more blocks' activations (native bf16: a
+    chained block's MLP keeps gate and up alone, counted at 1.25x its saved tensors), and each
+    saves its recompute, which no longer multiplies the down projection (29% of a block's
+    products): 5.4-6.6% of the step here past the first tails (4.7% at 1.5x, 3.3-4.8% when
+    the MLPs kept four tensors). Past the no-checkpoint step only resident weights are left
+    to buy, and they buy little per byte (two decompressions of a 30 MB block, ~10 ms,
+    against a block's recompute, ~40 ms): a budget
     there buys fewer store re-reads."""
     arch = load_architecture("preset:qwen2.5-0.5b")
     workload = Workload(arch=arch, seq_len=256, compute_dtype="bfloat16")
@@ -109,7 +110,7 @@ def test_graph_tails_fill_the_front_between_300_mb_and_1_gb(host):
         if "none" in (before.knobs.checkpoint_blocks, now.knobs.checkpoint_blocks):
             continue  # the front's end: less than 100 MB of tail was left to buy
         steps += 1
-        assert now.ranking_time_s <= 0.955 * before.ranking_time_s, (budget_mb, now.id,
+        assert now.ranking_time_s <= 0.95 * before.ranking_time_s, (budget_mb, now.id,
                                                                      before.id)
     assert steps >= 25
     # the front has no gap wider than a block's activations between the two steps

@@ -81,7 +81,7 @@ RECORDED = {
         '1e939cade880ebd35db052d0601862ffb08a44b74a9eb18b7381b028f4843c18'),
     'smollm-mebp-native-bf16-corrected-android': (
         318, 'resident131328K-nockpt-h-store-shared-tile8M', 223,
-        'c0325bfdf5b901065ded77f02ebbb387bb30add15062446f5fe792ef8df2f777'),
+        '611071e259f10ebae08b63c56de65853404974a2dfc89919463c03e9aff021e1'),
     'tiny-mebp-requested-knobs': (1, None, 208,
         'f071ec777873b140c7f1a62f8ee3a7062821e3e71183a174f3ed060cbd3dbc06'),
 }
