@@ -6,6 +6,7 @@ import itertools
 import math
 
 from mebp_core.config import BACKPROP_KNOBS, EngineKnobs
+from mebp_core.plan.weight_memory import resident_within
 from mebp_core.plan.workload import DTYPE_BYTES, Workload
 
 SMALL_TILE_BYTES = 1 << 20
@@ -69,7 +70,25 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
                         **run)
             for (frozen, budget), tail, hidden in itertools.product(
                 weights, graph_tails(arch.num_layers), ("recompute", "store"))]
+    # past the no-checkpoint step only resident weights are left to buy: there, the first
+    # k blocks' (the quarters above leave holes of a quarter of the weights in the front),
+    # but where a quarter keeps the same weights
+    block = arch.block_params() * e
+    kept_by_quarters = {resident_within(arch, budget, e).names for frozen, budget in weights
+                        if frozen == "resident"}
+    out += [EngineKnobs(frozen_weights="resident", resident_weight_bytes=blocks * block,
+                        checkpoint_blocks="none", lora_hidden=hidden,
+                        share_decompression=True, **run)
+            for blocks, hidden in itertools.product(resident_block_counts(arch.num_layers),
+                                                    ("recompute", "store"))
+            if resident_within(arch, blocks * block, e).names not in kept_by_quarters]
     return out
+
+
+def resident_block_counts(layers: int) -> range:
+    """How many of the first blocks the no-checkpoint step's grid keeps resident: each count
+    from 1 to every block (not the head, which goes last), evenly spaced in a deeper model."""
+    return range(1, layers + 1, max(1, math.ceil(layers / GRAPH_TAILS)))
 
 
 def mlp_chunk_choices(workload: Workload) -> list[dict[str, int]]:

@@ -31,11 +31,13 @@ _NOTHING_RESIDENT = Residency(frozenset(), 0)
 def resident_weights(arch: Architecture, knobs: EngineKnobs, e: int) -> Residency:
     if knobs.frozen_weights != "resident":
         return _NOTHING_RESIDENT
-    return _resident_within(arch, knobs.resident_weight_bytes, e)
+    return resident_within(arch, knobs.resident_weight_bytes, e)
 
 
 @lru_cache(maxsize=MEMO_ENTRIES)
-def _resident_within(arch: Architecture, budget_bytes: int | None, e: int) -> Residency:
+def resident_within(arch: Architecture, budget_bytes: int | None, e: int) -> Residency:
+    """What a resident budget of ``budget_bytes`` (None: every weight) keeps, at ``e`` bytes
+    a parameter."""
     sizes = {name: params * e for name, params in arch.frozen_weights()}
     names = select_resident(sizes.items(), budget_bytes)
     return Residency(frozenset(names), sum(sizes[name] for name in names))
