@@ -27,7 +27,8 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
     backward's MLP whole, in chunks of tokens or of intermediate columns; and between
     checkpointing every block and none, graph tails of ``GRAPH_TAILS`` lengths (with every
     block's input checkpointed in RAM before them, shared decompression and default tiles:
-    the fast configurations, which the tail's memory is traded against). MeZO (forwards
+    the fast configurations, which the tail's memory is traded against); and without
+    checkpoints, the first k blocks resident for each k. MeZO (forwards
     only): the weights, the tiles and the MLP's chunks. Plain backprop: its one
     configuration."""
     run = {"bf16_matmul": bf16_matmul, "threads": threads}
