@@ -94,8 +94,8 @@ def test_graph_tails_fill_the_front_between_300_mb_and_1_gb(host):
     products): 5.4-6.6% of the step here past the first tails (4.7% at 1.5x, 3.3-4.8% when
     the MLPs kept four tensors). Past the no-checkpoint step only resident weights are left
     to buy, and they buy little per byte (two decompressions of a 30 MB block, ~10 ms,
-    against a block's recompute, ~40 ms): a budget
-    there buys fewer store re-reads."""
+    against a block's recompute, ~40 ms): 1-2.4% a 100 MB there
+    (``test_resident_blocks_plans.py``)."""
     arch = load_architecture("preset:qwen2.5-0.5b")
     workload = Workload(arch=arch, seq_len=256, compute_dtype="bfloat16")
 

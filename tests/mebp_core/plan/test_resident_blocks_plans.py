@@ -35,8 +35,7 @@ def test_the_front_past_the_no_checkpoint_step_moves_a_block_at_a_time(host, dty
     front = [e for e in plan.pareto if e.knobs.checkpoint_blocks == "none"
              and resident_blocks(e, workload) <= arch.num_layers
              and e.prediction.peak_bytes < plan.pareto[-1].prediction.peak_bytes]
-    assert {resident_blocks(e, workload) for e in front} >= set(range(arch.num_layers + 1)) \
-        if dtype == "bfloat16" else len(front) >= arch.num_layers
+    assert {resident_blocks(e, workload) for e in front} >= set(range(arch.num_layers + 1))
     peaks = [e.prediction.peak_bytes for e in front]
     assert max(b - a for a, b in itertools.pairwise(peaks)) <= 1.1 * block
 
