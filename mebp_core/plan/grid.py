@@ -36,11 +36,7 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
         return [EngineKnobs(**BACKPROP_KNOBS, **run)]
     arch = workload.arch
     e = DTYPE_BYTES[workload.compute_dtype]
-    total = sum(params for _, params in arch.frozen_weights()) * e
-    # budgets rounded to whole KB keep the configuration ids short and exact
-    weights = [("lazy", None),
-               *[("resident", int(total * f) >> 10 << 10) for f in (0.25, 0.5, 0.75)],
-               ("resident", None)]
+    weights = frozen_weight_choices(workload)
     tiles_and_chunks = list(itertools.product((8 << 20, SMALL_TILE_BYTES),
                                               [{}, *mlp_chunk_choices(workload)]))
     if workload.method == "mezo":
@@ -86,10 +82,22 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
     return out
 
 
-def resident_block_counts(layers: int) -> range:
+def frozen_weight_choices(workload: Workload) -> list[tuple[str, int | None]]:
+    """(frozen_weights, resident_weight_bytes) of every configuration but the no-checkpoint
+    step's resident blocks: lazy, resident to a quarter, half or three quarters of the
+    weights' bytes (rounded to whole KB: the configuration ids stay short and exact), all."""
+    total = sum(params for _, params in workload.arch.frozen_weights()) * \
+        DTYPE_BYTES[workload.compute_dtype]
+    return [("lazy", None),
+            *[("resident", int(total * f) >> 10 << 10) for f in (0.25, 0.5, 0.75)],
+            ("resident", None)]
+
+
+def resident_block_counts(layers: int) -> list[int]:
     """How many of the first blocks the no-checkpoint step's grid keeps resident: each count
-    from 1 to every block (not the head, which goes last), evenly spaced in a deeper model."""
-    return range(1, layers + 1, max(1, math.ceil(layers / GRAPH_TAILS)))
+    from 1 to every block (not the head, which goes last), evenly spaced in a deeper model
+    (every block always among them)."""
+    return sorted({*range(1, layers, max(1, math.ceil(layers / GRAPH_TAILS))), layers})
 
 
 def mlp_chunk_choices(workload: Workload) -> list[dict[str, int]]:

@@ -83,17 +83,18 @@ GRAPH_RETENTION = 1.75
 # so its blocks cost more per saved byte than a block recomputed alone. Kernel counts (Zen 4
 # with avx512_bf16, 2026-12-04), per block of saved tensors above the planner's other terms
 # of the tail's phase, qwen2.5-0.5b seq 256 with its vocabulary cut to 256, tails of 4, 8 and
-# 16 and the whole model: float32 2.0-2.2x; native bf16 matmuls 1.22-1.43x. Bounds above
-# them, not fits; upcast bf16 (float32 matmuls) is counted above the kernel at
-# CHAIN_RETENTION (+14..+24% uncapped, +3..+15% under hard caps). A chain's first blocks
-# cost more than its later ones (the holes its first temporaries leave are filled by later
-# blocks' tensors): with its real vocabulary under hard caps, at these retentions the kernel
-# counted a tail of 5 in float32 9.5% above the prediction, a tail of 8 in bf16 4.5% above,
-# long tails and the whole model 4.5-10% below. CHAIN_ONSET_BLOCKS: that excess, counted as
-# blocks more in every chain. In native bf16 the onset is larger and the slope smaller: with
-# the real vocabulary (qwen2.5-0.5b seq 256; AMX Xeon, 2026-12-05, tails of 1-23) the kernel
-# counted 10.9 MB more a block (10.2-12.1 in the Zen 4s' capped rows: 1.05-1.24x a chained
-# block's saved tensors) above an onset of 2.5-4 blocks; at 1.5x with 1.25 blocks a tail of
+# 16 and the whole model: float32 2.0-2.2x (native bf16 matmuls 1.22-1.43x, taken whole:
+# below). Bounds above them, not fits; upcast bf16 (float32 matmuls) is counted above the
+# kernel at CHAIN_RETENTION (+14..+24% uncapped, +3..+15% under hard caps). A chain's first
+# blocks cost more than its later ones (the holes its first temporaries leave are filled by
+# later blocks' tensors): with its real vocabulary under hard caps, at these retentions the
+# kernel counted a tail of 5 in float32 9.5% above the prediction (and, at 1.5x, a tail of 8
+# in bf16 4.5% above), long tails and the whole model 4.5-10% below. CHAIN_ONSET_BLOCKS:
+# that excess, counted as blocks more in every chain. Native bf16 is counted as a slope
+# per block above an onset, the onset larger and the slope smaller: with the real
+# vocabulary (qwen2.5-0.5b seq 256; AMX Xeon, 2026-12-05, tails of 1-23) the kernel counted
+# 10.9 MB more a block (10.2-12.1 in the Zen 4s' capped rows: 1.05-1.24x a chained block's
+# saved tensors) above an onset of 2.5-4 blocks; at 1.5x with 1.25 blocks a tail of
 # two counted 307-318 MB against 294.7 predicted (OOM-killed once under its cap), a tail of
 # one up to 336 against 291.9 (10 steps under caps), a tail of 23 527 against 592. A bound
 # on that slope, and the onset a tail of one needs (BENCHMARKS, "Short graph tails").

@@ -75,7 +75,7 @@ def packed(tmp_path_factory):
 
 
 def runs_under_its_promised_cap(packed, host, dtype: str, knobs: EngineKnobs,
-                                  share: float, steps: int = 2) -> None:
+                                share: float, steps: int = 2) -> None:
     """A free run's footprint within the margin of the count, the activations at least
     ``share`` of it, and a run under the hard cap a plan promises (the predicted peak and
     the margin) completes."""

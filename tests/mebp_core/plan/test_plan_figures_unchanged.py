@@ -22,7 +22,7 @@ from mebp_core.plan.arch import load_architecture
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.correction import correction_from
 from mebp_core.plan.devices import get_device
-from mebp_core.plan.grid import candidate_knobs
+from mebp_core.plan.grid import candidate_knobs, frozen_weight_choices
 from mebp_core.plan.planner import Plan, make_plan
 from mebp_core.plan.workload import Workload
 from mebp_core.units import MB
@@ -63,23 +63,26 @@ CASES = {
 # small tile's slice of a weight (the qwen cases, MeZO's too: the others' columns were that
 # narrow already, or their grids have none), then of the one whose columns are equal chunks
 # of about 64 tokens' tensors and which tries no token chunks where columns run (all but
-# gemma3's, backprop's and the requested knobs')
+# gemma3's, backprop's and the requested knobs'), then of the one counting a native bf16
+# chain at 1.25x its blocks above an onset of 4 (the native bf16 case's alone)
 RECORDED = {
-    'gemma-mebp-nobudget-int8': (452, 'resident-nockpt-h-store-shared-tile8M', 292,
-        '78057377115c504ce3822ecfec8df04196f592841ded816685857b9cc901c6bf'),
+    'gemma-mebp-nobudget-int8': (426, 'resident-nockpt-h-store-shared-tile8M', 292,
+        '1697b9dbe3b3bb7ed35e0645cc548a4b79ebf19fd8e78510c237cf0024a45de8'),
     'llama-backprop-2gb': (1, None, 7989,
         'd6577ad47020762f0300ad3ceafd87b4cad2596cf1d3911f8e59d4ad73f2e64f'),
-    'qwen-mebp-bf16-upcast-corrected': (364, 'lazy-ckpt1-ram-h-store-unshared-tile8M-mlpi256', 273,
-        '3e31d1971c18b2d4043360cb6b75216997648dc6b0314f4081e6571d90dcdfaa'),
-    'qwen-mebp-pixel8': (364, 'resident482384K-ckpt1-mmap-h-store-shared-tile8M', 260,
-        'e998e82b4f9880e8fa0b9d96e618d914bee98187883d55ca27f4fcab5e5db451'),
+    'qwen-mebp-bf16-upcast-corrected': (
+        318, 'lazy-ckpt1-ram-h-store-unshared-tile8M-mlpi256', 273,
+        '04ffbd5eee13715fdc51f177c34c424eecfee9ebed8f704788308fcd446e0bd9'),
+    'qwen-mebp-pixel8': (318, 'resident482384K-ckpt1-mmap-h-store-shared-tile8M', 260,
+        '130784e0e189e09e9ba1bf57da7ba1a2f877ff87beb45a4c4de6a555268810b7'),
     'qwen3-mezo-iphone15': (18, 'mezo-lazy-tile8M', 220,
         '3713a868130d0cf62eb80adfcceb54d7dbe46bf99a066c4b071a40822381828e'),
-    'smollm-mebp-300mb-adamw-accum': (346, 'lazy-ckpt1-mmap-h-store-unshared-tile8M-mlpi192', 277,
-        'c0963a3a56969083a98cf04a3d26ff76a861cb37f4b193008696f4d589520b38'),
+    'smollm-mebp-300mb-adamw-accum': (
+        318, 'lazy-ckpt1-mmap-h-store-unshared-tile8M-mlpi192', 277,
+        '1e939cade880ebd35db052d0601862ffb08a44b74a9eb18b7381b028f4843c18'),
     'smollm-mebp-native-bf16-corrected-android': (
-        346, 'resident158976K-nockpt-h-store-shared-tile8M', 223,
-        'c44951cfaf966a29a328ffa7f883aa5632b542f10b6014b964f8980d914016ee'),
+        318, 'resident131328K-nockpt-h-store-shared-tile8M', 223,
+        '611071e259f10ebae08b63c56de65853404974a2dfc89919463c03e9aff021e1'),
     'tiny-mebp-requested-knobs': (1, None, 208,
         'f071ec777873b140c7f1a62f8ee3a7062821e3e71183a174f3ed060cbd3dbc06'),
 }
@@ -104,14 +107,16 @@ def corrected(host: HostCalibration) -> HostCalibration:
 
 def case_plan(name: str, host: HostCalibration) -> Plan:
     """The case's plan over the configurations the recorded planner had (the grid has
-    grown since: graph tails)."""
+    grown since: graph tails, and the first k blocks resident at the no-checkpoint step)."""
     model, fields, args = CASES[name]
     config = TrainConfig(**fields)
     workload = Workload.from_config(load_architecture(f"preset:{model}"), config)
+    recorded_weights = frozen_weight_choices(workload)
     bf16_matmul = args.get("bf16_matmul", "auto")
-    knobs = args.get("knobs") or [k for k in candidate_knobs(workload, host.threads,
-                                                               bf16_matmul)
-                                  if k.graph_tail_blocks == 0]
+    knobs = args.get("knobs") or [
+        k for k in candidate_knobs(workload, host.threads, bf16_matmul)
+        if k.graph_tail_blocks == 0
+        and (k.frozen_weights, k.resident_weight_bytes) in recorded_weights]
     return make_plan(
         workload, corrected(host) if args.get("corrected") else host,
         budget_bytes=int(args["budget_mb"] * MB) if "budget_mb" in args else None,

@@ -14,16 +14,27 @@ import itertools
 import pytest
 
 from mebp_core.plan.arch import load_architecture
+from mebp_core.plan.grid import candidate_knobs, resident_block_counts
 from mebp_core.plan.planner import make_plan
 from mebp_core.plan.weight_memory import resident_weights
 from mebp_core.plan.workload import DTYPE_BYTES, Workload
 from mebp_core.units import MB
 
 
-def resident_blocks(entry, workload: Workload) -> int:
-    """How many blocks' weights an entry keeps resident, whole."""
+def resident_blocks(knobs, workload: Workload) -> int:
+    """How many blocks' weights a configuration keeps resident, whole."""
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
-    return resident_weights(arch, entry.knobs, e).bytes // (arch.block_params() * e)
+    return resident_weights(arch, knobs, e).bytes // (arch.block_params() * e)
+
+
+def test_a_deeper_models_counts_are_spaced_and_end_at_every_block():
+    assert resident_block_counts(24) == list(range(1, 25))
+    assert resident_block_counts(30) == [*range(1, 30, 2), 30]
+    arch = load_architecture("preset:smollm2-135m")  # 30 blocks; its 3/4 keeps 28
+    workload = Workload(arch=arch, seq_len=256, compute_dtype="bfloat16")
+    kept = {resident_blocks(k, workload) for k in candidate_knobs(workload)
+            if k.checkpoint_blocks == "none"}
+    assert {*range(1, 30, 2), 30} <= kept
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
@@ -33,9 +44,9 @@ def test_the_front_past_the_no_checkpoint_step_moves_a_block_at_a_time(host, dty
     block = arch.block_params() * DTYPE_BYTES[dtype]
     plan = make_plan(workload, host, bf16_matmul="native" if dtype == "bfloat16" else "auto")
     front = [e for e in plan.pareto if e.knobs.checkpoint_blocks == "none"
-             and resident_blocks(e, workload) <= arch.num_layers
+             and resident_blocks(e.knobs, workload) <= arch.num_layers
              and e.prediction.peak_bytes < plan.pareto[-1].prediction.peak_bytes]
-    assert {resident_blocks(e, workload) for e in front} >= set(range(arch.num_layers + 1))
+    assert {resident_blocks(e.knobs, workload) for e in front} >= set(range(arch.num_layers + 1))
     peaks = [e.prediction.peak_bytes for e in front]
     assert max(b - a for a, b in itertools.pairwise(peaks)) <= 1.1 * block
 
@@ -49,7 +60,7 @@ def test_every_100_mb_past_the_no_checkpoint_step_buys_a_faster_step(host):
                          bf16_matmul="native").auto
 
     every_block = next(e for e in make_plan(workload, host, bf16_matmul="native").pareto
-                       if resident_blocks(e, workload) == arch.num_layers)
+                       if resident_blocks(e.knobs, workload) == arch.num_layers)
     first = next(b for b in range(500, 1000, 10)
                  if fastest(b).knobs.checkpoint_blocks == "none")
     last = int(every_block.prediction.peak_bytes * 1.1 / MB) + 1
