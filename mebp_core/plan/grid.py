@@ -94,10 +94,9 @@ def frozen_weight_choices(workload: Workload) -> list[tuple[str, int | None]]:
 
 
 def resident_block_counts(layers: int) -> list[int]:
-    """How many of the first blocks the no-checkpoint step's grid keeps resident: each count
-    from 1 to every block (not the head, which goes last), evenly spaced in a deeper model
-    (every block always among them)."""
-    return sorted({*range(1, layers, max(1, math.ceil(layers / GRAPH_TAILS))), layers})
+    """How many of the first blocks the no-checkpoint step's grid keeps resident: the graph
+    tails' lengths and every block (not the head, which goes last)."""
+    return sorted({*graph_tails(layers), layers})
 
 
 def mlp_chunk_choices(workload: Workload) -> list[dict[str, int]]:
