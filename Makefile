@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test browser llama-cpp run lint bench clean
+.PHONY: setup test browser jemalloc llama-cpp run lint bench clean
 
 setup: $(STAMP)
 
@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 # few long files first, the many short ones filling in at the end (xdist's default order,
 # most tests first, left the long files for last).
 TEST_WORKERS ?= 2
-test: setup browser llama-cpp
+test: setup browser jemalloc llama-cpp
 	HF_HUB_OFFLINE=1 MEBP_TESTS_REQUIRE_ALL=1 $(PY) -m pytest -q -p no:cacheprovider --durations=25 \
 		-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
@@ -31,6 +31,12 @@ lint: setup
 
 browser:
 	@command -v chromium >/dev/null || { apt-get update -q && apt-get install -y -q chromium; }
+
+# Every engine process runs under jemalloc where the host has it (mebp_core/allocator.py);
+# installed here where missing.
+jemalloc: setup
+	@$(PY) -c "from mebp_core.allocator import jemalloc_library as j; exit(j() is None)" || \
+	  { apt-get update -q && apt-get install -y -q libjemalloc2; }
 
 # llama.cpp itself, for the GGUF deployment tests: llama-cpp-python built from its PyPI sdist
 # (which vendors llama.cpp) once per machine and kept as a wheel, portable (no -march=native)
@@ -51,10 +57,10 @@ llama-cpp: setup
 	      --no-binary llama-cpp-python -w $(WHEELS) "$(LLAMA_CPP)"; }; \
 	  $(PY) -m pip install --quiet --find-links $(WHEELS) "$(LLAMA_CPP)"; }
 
-run: setup
+run: setup jemalloc
 	$(VENV)/bin/mebp serve
 
-bench: setup
+bench: setup jemalloc
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/engine_memory.py
 
 clean:

@@ -14,6 +14,7 @@ from types import MappingProxyType
 
 from pydantic import ValidationError
 
+from mebp_core.allocator import AllocatorError, loaded_allocator, reexec_under_engine_allocator
 from mebp_core.errors import MebpError
 
 # what eval shares with train: the model's storage and the batches' shape
@@ -115,10 +116,12 @@ def main(argv: list[str] | None = None,
     args = build_parser(extra).parse_args(argv)
     run = extra[args.command].run if args.command in extra else _COMMANDS[args.command]
     try:
+        if argv is None and args.command in _ENGINE_COMMANDS:
+            reexec_under_engine_allocator()
         return run(args)
     except ValidationError as exc:
         return _fail(_describe_validation(exc.errors()))
-    except (MebpError, OSError) as exc:
+    except (MebpError, AllocatorError, OSError) as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
         return _fail("interrupted", code=130)
@@ -176,7 +179,8 @@ def _run_train(args: argparse.Namespace) -> int:
                       "adapter": str(result.adapter_dir), "peak_mb": result.peak_mb,
                       "peak_anon_mb": result.peak_anon_mb,
                       "footprint_mb": result.footprint_mb,
-                      "memory_method": result.memory_method, "interrupted": result.interrupted,
+                      "memory_method": result.memory_method, "allocator": loaded_allocator(),
+                      "interrupted": result.interrupted,
                       "skipped_rows": result.skipped_rows}))
     if result.interrupted:
         print(f"mebp: interrupted after step {result.steps}; checkpoint in "
@@ -309,6 +313,8 @@ def _run_bench(args: argparse.Namespace) -> int:
 _COMMANDS = {"pack": _run_pack, "train": _run_train, "eval": _run_eval,
              "export": _run_export, "export-base": _run_export_base, "bench": _run_bench,
              "plan": _run_plan}
+# the commands that run the engine in this process, and so start again under its allocator
+_ENGINE_COMMANDS = ("train", "eval")
 
 if __name__ == "__main__":
     sys.exit(main())

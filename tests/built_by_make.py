@@ -1,6 +1,6 @@
-"""Modules `make test` builds or installs on a fresh machine (llama-cpp-python from its sdist):
-under plain `pytest` a test module needing one that is missing is skipped with the reason;
-under `make test` (MEBP_TESTS_REQUIRE_ALL=1) the missing module is a failure, never a skip."""
+"""What `make test` builds or installs on a fresh machine (llama-cpp-python from its sdist,
+Debian's jemalloc): under plain `pytest` a test module needing what is missing is skipped with
+the reason; under `make test` (MEBP_TESTS_REQUIRE_ALL=1) it is a failure, never a skip."""
 
 from __future__ import annotations
 
@@ -18,7 +18,11 @@ def import_built(name: str, make_target: str) -> ModuleType:
     try:
         return importlib.import_module(name)
     except ImportError as exc:
-        why = f"{name} is not installed ({exc}); `make {make_target}` builds it"
-        if os.environ.get(REQUIRE_ALL) == "1":
-            pytest.fail(why, pytrace=False)
-        pytest.skip(why, allow_module_level=True)
+        missing(f"{name} is not installed ({exc}); `make {make_target}` builds it")
+
+
+def missing(why: str) -> None:
+    """This test module skipped (failed under ``make test``) for ``why``."""
+    if os.environ.get(REQUIRE_ALL) == "1":
+        pytest.fail(why, pytrace=False)
+    pytest.skip(why, allow_module_level=True)

@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from mebp_core.allocator import engine_environ
+
 MADV_POPULATE_WRITE = 23  # Linux 5.14: fault pages in as if written (a shared one is copied)
 PAGEMAP_PRESENT, PAGEMAP_SWAPPED = 1 << 63, 1 << 62
 PAGEMAP_FILE_OR_SHARED, PAGEMAP_EXCLUSIVE = 1 << 61, 1 << 56
@@ -76,7 +78,8 @@ class Zygote:
                 # the engine finds the kernel its worker built in the same cache; a group of
                 # its own, so a stop signalled to the service's group does not end it (and,
                 # with it, the engine of the job that is stopping)
-                env={**os.environ, "MEBP_CACHE_DIR": str(cache_dir)}, process_group=0)
+                env=engine_environ({**os.environ, "MEBP_CACHE_DIR": str(cache_dir)}),
+                process_group=0)
         except BaseException:
             ours.close()
             raise

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from contextlib import suppress
 from pathlib import Path
 
+from mebp_core.allocator import engine_environ
 from worker.child import PARENT_ENV, WAIT_FLAG
 from worker.engine_zygote import Zygote, ZygoteError
 from worker.memory_cap import WAITING_PREFIX, MemoryCap, MemoryCapError, open_memory_cap
@@ -57,9 +58,10 @@ class EngineProcess:
         """An engine in a fresh cgroup without a limit, importing what training needs, its
         life tied to this process's."""
         def launch(cap: MemoryCap, read_fd: int) -> dict:
-            env = {**os.environ, **cap.child_env(), PARENT_ENV: str(os.getpid()),
-                   # the engine finds the kernel this worker built in the same cache
-                   "MEBP_CACHE_DIR": str(cache_dir)}
+            env = engine_environ({**os.environ, **cap.child_env(), PARENT_ENV: str(os.getpid()),
+                                  # the engine finds the kernel this worker built in the same
+                                  # cache
+                                  "MEBP_CACHE_DIR": str(cache_dir)})
             # a group of its own, as the horses' engines had: a stop signalled to the
             # service's group reaches it once, from its horse (a second signal would end
             # it without its checkpoint)

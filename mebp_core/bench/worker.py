@@ -22,6 +22,7 @@ import sys
 import time
 from collections.abc import Callable
 
+from mebp_core.allocator import reexec_under_engine_allocator
 from mebp_core.plan.correction import steady_step_time
 from mebp_core.units import MB
 
@@ -223,6 +224,7 @@ def run_cosine(args: argparse.Namespace) -> dict:
             "dtype": args.dtype}
 
 
+ENGINE_KINDS = ("mebp", "mezo", "backprop", "cosine")
 RUNNERS = {"mebp": run_engine, "mezo": run_engine, "backprop": run_engine, "peft": run_peft,
            "cosine": run_cosine, "torch": run_torch}
 
@@ -250,6 +252,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if argv is None and args.kind in ENGINE_KINDS:
+        reexec_under_engine_allocator()  # the baselines run as their users run them
     result = {"kind": args.kind, "seq_len": args.seq_len, **RUNNERS[args.kind](args)}
     print(json.dumps(result), flush=True)
     return 0

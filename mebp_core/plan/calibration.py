@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from mebp_core.allocator import engine_allocator, engine_environ
 from mebp_core.atomic import exclusive_lock, write_json_atomically
 from mebp_core.code_version import PACKAGE_DIR, source_digest
 from mebp_core.cpu import cpu_model
@@ -160,14 +161,14 @@ def _interpolate_tokens(rates: dict[str, float], tokens: int) -> float:
 
 def host_key(threads: int | None) -> str:
     """Names what the figures depend on: CPU, cores, threads, Python, torch's version, the
-    dequantization kernel and the code that measures."""
+    dequantization kernel, the engine's allocator and the code that measures."""
     try:
         torch_version = importlib.metadata.version("torch")  # read without importing torch
     except importlib.metadata.PackageNotFoundError:
         torch_version = None
     text = json.dumps([CALIBRATION_VERSION, cpu_model(), os.cpu_count(), threads,
                        platform.python_version(), torch_version, kernel_digest(),
-                       _measuring_code_digest()])
+                       engine_allocator(), _measuring_code_digest()])
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -266,13 +267,14 @@ def measure_steady_host(threads: int | None = None) -> HostCalibration:
 
 def measure_host(threads: int | None = None) -> HostCalibration:
     """Run ``mebp_core.measure_host`` in a subprocess (about 15 s), which dies with this
-    process."""
+    process, under the engine's allocator (a fresh tensor's page faults are part of the
+    elementwise rate)."""
     command = [sys.executable, "-m", "mebp_core.measure_host", "--parent-pid", str(os.getpid())]
     if threads:
         command += ["--threads", str(threads)]
     try:
         done = subprocess.run(command, capture_output=True, text=True, check=False,
-                              timeout=MEASURE_TIMEOUT_S)
+                              timeout=MEASURE_TIMEOUT_S, env=engine_environ())
     except subprocess.TimeoutExpired:
         raise CalibrationError(f"host measurement hung: no figures after {MEASURE_TIMEOUT_S} "
                                "s") from None

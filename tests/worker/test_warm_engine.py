@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from waiting import HANG_GUARD_S, poll_until
 
+from mebp_core.allocator import engine_allocator, engine_environ, jemalloc_library, loaded_allocator
 from mebp_core.config import TrainConfig
 from mebp_core.store.resolve import resolve_model
 from mebp_core.units import MB
@@ -102,7 +103,8 @@ def test_an_engine_started_ahead_runs_its_job_under_the_limit_it_is_given(
     cold_dir = job_dir(tmp_path, warm_cache, steps=3)
     cap, _ = open_memory_cap("auto", f"{cap_name}-cold", 900 * MB)
     try:
-        env = {**os.environ, **cap.child_env(), "MEBP_CACHE_DIR": str(warm_cache)}
+        env = engine_environ({**os.environ, **cap.child_env(),
+                              "MEBP_CACHE_DIR": str(warm_cache)})
         done = subprocess.run([sys.executable, "-m", "worker.child", str(cold_dir)], env=env,
                               capture_output=True, text=True, timeout=HANG_GUARD_S)
         assert done.returncode == 0, done.stderr
@@ -110,6 +112,16 @@ def test_an_engine_started_ahead_runs_its_job_under_the_limit_it_is_given(
         cap.close()
     cold = read_result(cold_dir)
     assert warm.peak_mb == pytest.approx(cold.peak_mb, rel=0.1), (warm, cold)
+
+
+def test_an_engine_runs_under_the_engines_allocator(new_engine):
+    engine = new_engine()
+    try:
+        maps = Path(f"/proc/{engine.pid}/maps")
+        assert loaded_allocator(maps) == engine_allocator() == (
+            "jemalloc" if jemalloc_library() is not None else "glibc")
+    finally:
+        engine.discard()
 
 
 def test_a_limit_below_what_the_engine_needs_ends_it_before_its_job_runs(
