@@ -1,11 +1,13 @@
 """The memory allocator every engine process runs under: jemalloc where the host has it,
 preloaded before the interpreter starts, else glibc's malloc.
 
-glibc's heap keeps what a step frees in arenas it rarely gives back: at a short pick's peak it
-held 70-84 MB free (mallinfo2), and its peaks wandered from step to step. jemalloc reuses a
-freed tensor's extent for the next one of its size class, so the kernel's count at the same
-configuration was 8-10% lower and flat across steps, and whole runs took 0.85x the wall time
-(BENCHMARKS.md, "Resident weights a block at a time").
+glibc's heap keeps what a step frees in holes it rarely gives back: at a short pick's peak it
+held 70-84 MB free (mallinfo2), its peaks wandered from step to step, and a chain of blocks'
+graphs cost 2.25x their saved tensors. jemalloc reuses a freed tensor's extent for the next
+of its size class: the kernel's count was 2-10% lower at the smallest budgets, 35% lower
+without checkpoints, flat across steps; wall time 0.85-0.97x (BENCHMARKS.md, "jemalloc in
+every engine"). The planner counts the heap for the allocator a calibration ran under
+(``HostCalibration.allocator``).
 
 A library's malloc cannot be swapped in a running process, so each engine process is started
 with ``LD_PRELOAD`` (``engine_environ``), and the ``mebp`` command starts itself again under

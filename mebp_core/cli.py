@@ -113,15 +113,18 @@ def build_parser(extra: Mapping[str, Command] = MappingProxyType({})) -> argpars
 
 def main(argv: list[str] | None = None,
          extra: Mapping[str, Command] = MappingProxyType({})) -> int:
+    if argv is None and sys.argv[1:2] and sys.argv[1] in _ENGINE_COMMANDS:
+        try:  # before the parser's imports (half a second), which the new process repeats
+            reexec_under_engine_allocator()
+        except AllocatorError as exc:
+            return _fail(str(exc))
     args = build_parser(extra).parse_args(argv)
     run = extra[args.command].run if args.command in extra else _COMMANDS[args.command]
     try:
-        if argv is None and args.command in _ENGINE_COMMANDS:
-            reexec_under_engine_allocator()
         return run(args)
     except ValidationError as exc:
         return _fail(_describe_validation(exc.errors()))
-    except (MebpError, AllocatorError, OSError) as exc:
+    except (MebpError, OSError) as exc:
         return _fail(str(exc))
     except KeyboardInterrupt:
         return _fail("interrupted", code=130)

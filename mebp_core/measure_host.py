@@ -18,6 +18,7 @@ import tempfile
 import time
 from datetime import UTC, datetime
 
+from mebp_core.allocator import loaded_allocator
 from mebp_core.cache import default_cache_dir
 from mebp_core.kernel_memory import read_memory
 from mebp_core.plan.calibration import DECOMPRESS_PROJECTION_PARAMS, DECOMPRESS_SIZES
@@ -81,6 +82,7 @@ def measure(threads: int | None) -> dict:
     spreads = _Spreads()
     result: dict = {"threads": torch.get_num_threads(), "runtime_bytes": runtime,
                     "torch": torch.__version__, "kernel": kernel,
+                    "allocator": loaded_allocator(),
                     "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
                     "load_before": os.getloadavg()[0]}
     gen = torch.Generator().manual_seed(0)

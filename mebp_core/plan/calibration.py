@@ -62,6 +62,9 @@ class HostCalibration:
     disk_read_bytes_per_s: float
     torch: str = ""
     host: str = ""
+    # the malloc the measuring process ran under, as every engine here does
+    # (``mebp_core.allocator``): the heap's retention depends on it
+    allocator: str = "glibc"
     # provenance: the dequantization kernel timed, when, under what 1-minute load average,
     # and each kind of figure's spread (upper quartile of its repeats over the lower)
     kernel: str = ""

@@ -112,6 +112,44 @@ NATIVE_BF16_CHAIN_ONSET_BLOCKS = 4
 # the planner said held, killed 2 of 3 float32 runs. A bound over those rows (upcast at seq
 # 512 is over-counted by 12-18% with it), not a fit.
 FLOAT32_MATMUL_BLOCK_RETENTION = 1.5
+# The heap holes above are glibc's: under jemalloc (``mebp_core.allocator``, every engine
+# where the host has it) a freed tensor's extent serves the next of its size. Kernel counts,
+# uncapped, 3 steps each (AVX2 EPYC, 2026-12-05; float32 matmuls, the only path that host
+# has): a chained block cost 0.65-0.85x its saved tensors above the planner's other terms
+# (qwen2.5-0.5b seq 256: float32 tails of 16 and the whole model, upcast bf16 the whole
+# model; the whole model 607.8 MB where 1186.9 was counted; smollm2-135m's 441.5 MB, glibc's
+# 677.8 on the same host), with no onset (a tail of 8 within 3%), and a float32 block
+# recomputed alone over its whole MLP no more than the graph's retention (323.4 MB where
+# 393.7 was counted; at 256-token vocabularies, where the block is most of the footprint,
+# 95.7 above the imports where 200.0 was). Counted at 1.0x, no onset, no float32 block
+# term, and a block recomputed alone at 1.25x its saved tensors: 15 rows (those, tails of
+# 1-8, the checkpointed steps and the smallest budgets' picks) then +0.8%..+12% above the
+# kernel. At 2048 tokens (``test_block_memory.py``'s one block of four, bf16 upcast) the
+# kernel counted 0.50-0.58 of even that: jemalloc's per-token terms are left over-counted,
+# a bound. Native bf16 matmuls were not measured under jemalloc (no such CPU that day):
+# their retentions stay glibc's, as do plain backprop's (bounds: jemalloc counted below
+# glibc in every row measured).
+JEMALLOC_GRAPH_RETENTION = 1.25
+JEMALLOC_CHAIN_RETENTION = 1.0
+
+
+@dataclass(frozen=True)
+class HeapRetention:
+    """How much of a graph's freed temporaries an allocator keeps, per byte of its saved
+    tensors: a block recomputed alone's; with float32 matmuls, a chained block's, the blocks
+    a chain's start costs, and the factor on a block recomputed alone over its whole MLP."""
+
+    graph: float
+    chain: float
+    chain_onset_blocks: float
+    float32_matmul_block: float
+
+
+HEAP_RETENTION = MappingProxyType({
+    "glibc": HeapRetention(GRAPH_RETENTION, CHAIN_RETENTION, CHAIN_ONSET_BLOCKS,
+                           FLOAT32_MATMUL_BLOCK_RETENTION),
+    "jemalloc": HeapRetention(JEMALLOC_GRAPH_RETENTION, JEMALLOC_CHAIN_RETENTION, 0.0, 1.0),
+})
 # Plain backprop's chain keeps all four MLP tensors: in native bf16 1.11-1.38x a block's
 # saved tensors (same host and model, 2026-12-04), float32 at GRAPH_RETENTION.
 NATIVE_BF16_PLAIN_CHAIN_RETENTION = 1.45
@@ -167,7 +205,8 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     if workload.method == "mezo":
         memory, checkpoint_file = _mezo_memory(workload, knobs, resident), 0
     else:
-        memory, checkpoint_file = _gradient_memory(workload, knobs, resident)
+        memory, checkpoint_file = _gradient_memory(workload, knobs, resident,
+                                                   HEAP_RETENTION[host.allocator])
     native_bf16 = native_bf16_bytes(workload) \
         if matmul_dtype_of(workload, knobs) == "bfloat16" else 0
     memory = {"runtime": host.runtime_bytes + RUNTIME_OVERHEAD_BYTES + native_bf16, **memory}
@@ -190,10 +229,10 @@ def native_bf16_bytes(workload: Workload) -> int:
     return NATIVE_BF16_BYTES + NATIVE_BF16_BYTES_PER_TOKEN * extra_tokens
 
 
-def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
-                     ) -> tuple[dict[str, int], int]:
+def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency,
+                     heap: HeapRetention) -> tuple[dict[str, int], int]:
     """MeBP's (and plain backprop's) components above the runtime, and the bytes of
-    checkpoints kept in a mapped file."""
+    checkpoints kept in a mapped file, under an allocator that keeps ``heap``."""
     arch, e = workload.arch, DTYPE_BYTES[workload.compute_dtype]
     em = matmul_bytes(workload, knobs)
     upcast = em != e  # held weights are upcast a tile at a time, inputs per matmul
@@ -211,7 +250,7 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     chunk, width = mlp_chunk_tokens(workload, knobs), mlp_intermediate_width(workload, knobs)
     saved_per_token = saved_bytes_per_token_by_part(workload, knobs, width)
     saved_tensors = n_tokens * saved_per_token["attention"] + chunk * saved_per_token["mlp"]
-    block_saved = int(GRAPH_RETENTION * saved_tensors)  # one block recomputed alone
+    block_saved = int(heap.graph * saved_tensors)  # one block recomputed alone
     block_grads = _backward_transient_bytes(workload, em, n_tokens, chunk, width)
     # a tiled input gradient's running sum, (N, in); when upcasting, in the matmul dtype
     # beside its cast back (the LoRA branch upcasts a bounded chunk of rows at a time)
@@ -236,7 +275,7 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
 
     if every == "none":
         saved = 0
-        activations_fwd = _chained_graph_bytes(workload, knobs, arch.num_layers)
+        activations_fwd = _chained_graph_bytes(workload, knobs, arch.num_layers, heap)
         activations_bwd = activations_fwd + block_grads
         weights_bwd = weights["tile"]
     else:
@@ -244,12 +283,12 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
         slots = math.ceil(checkpointed / every)
         saved = slots * hidden_bytes if knobs.checkpoint_storage == "ram" else hidden_bytes
         # a tail's graph lives through the loss (its running sum: the tail's backward is tiled)
-        activations_fwd = _chained_graph_bytes(workload, knobs, tail)
+        activations_fwd = _chained_graph_bytes(workload, knobs, tail, heap)
         # one block recomputed under autograd, its gradients, the segment's re-run inputs
         segment = min(every, checkpointed)
         block = block_saved + block_grads
         if em == 4 and chunk == n_tokens and width == arch.intermediate_size:
-            block = int(FLOAT32_MATMUL_BLOCK_RETENTION * block)
+            block = int(heap.float32_matmul_block * block)
         activations_bwd = block + (segment - 1) * hidden_bytes
         tiles_in_backward = upcast or not shared
         weights_bwd = weights["block"] + (weights["tile"] if tiles_in_backward else 0)
@@ -271,7 +310,8 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     return memory, checkpoint_file
 
 
-def _chained_graph_bytes(workload: Workload, knobs: EngineKnobs, blocks: int) -> int:
+def _chained_graph_bytes(workload: Workload, knobs: EngineKnobs, blocks: int,
+                         heap: HeapRetention) -> int:
     """Anonymous memory of ``blocks`` whole blocks' graphs alive at once: each MLP's gate and
     up alone, but plain backprop's, which keeps what a plain trainer's graph keeps."""
     plain = workload.method == "backprop"
@@ -282,7 +322,7 @@ def _chained_graph_bytes(workload: Workload, knobs: EngineKnobs, blocks: int) ->
         retention = NATIVE_BF16_PLAIN_CHAIN_RETENTION if native_bf16 else GRAPH_RETENTION
         return blocks * int(retention * saved_per_block)
     retention, onset = (NATIVE_BF16_CHAIN_RETENTION, NATIVE_BF16_CHAIN_ONSET_BLOCKS) \
-        if native_bf16 else (CHAIN_RETENTION, CHAIN_ONSET_BLOCKS)
+        if native_bf16 else (heap.chain, heap.chain_onset_blocks)
     onset = onset if blocks else 0
     return int((blocks + onset) * int(retention * saved_per_block))
 

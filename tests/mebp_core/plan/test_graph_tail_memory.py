@@ -4,7 +4,8 @@ the planner promises they fit (their predicted peak and its 10% margin): qwen2.5
 (vocabulary cut to 256) at 256 tokens. At the predicted peak itself, without the margin,
 the bf16 tail was OOM-killed twice beside other tests, in two sessions, and passed alone
 (its free runs counted 200-217 MB against 240 predicted): a step's charge moves by up to
-30 MB from run to run (BENCHMARKS, "Short graph tails").
+30 MB from run to run under glibc's malloc (BENCHMARKS, "Short graph tails"). The worker
+runs under the engine's allocator (jemalloc where installed), and is predicted for it.
 
 The tail: its last 8 blocks, whose kept activations are most of the footprint; in float32,
 and in bfloat16 on this host's path (native bf16 matmuls, whose chained graphs the planner
@@ -18,6 +19,7 @@ killed the real vocabulary's step in 2 runs of 3."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -27,6 +29,7 @@ import uuid
 import pytest
 import transformers
 
+from mebp_core.allocator import engine_allocator
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import architecture_from_config
 from mebp_core.plan.predict import predict
@@ -82,7 +85,9 @@ def runs_under_its_promised_cap(packed, host, dtype: str, knobs: EngineKnobs,
     packed, hf_config = packed
     workload = Workload(arch=architecture_from_config(hf_config.to_dict()), seq_len=SEQ_LEN,
                         compute_dtype=dtype)
-    prediction = predict(workload, knobs, host)  # bf16_matmul auto: this host's path
+    # bf16_matmul auto: this host's path; the allocator the worker runs under
+    host = dataclasses.replace(host, allocator=engine_allocator())
+    prediction = predict(workload, knobs, host)
     # above the imports, where the seeded host's runtime is not this process's
     predicted_mb = (prediction.peak_bytes - host.runtime_bytes) / MB
     assert prediction.memory["activations"] / MB > share * predicted_mb  # what is checked
