@@ -24,6 +24,8 @@ import os
 import sys
 from pathlib import Path
 
+from mebp_core.errors import MebpError
+
 ALLOCATOR_ENV = "MEBP_ALLOCATOR"
 ALLOCATORS = ("jemalloc", "glibc")
 JEMALLOC_SONAME = "libjemalloc.so.2"
@@ -33,7 +35,7 @@ _LIBRARY_DIRS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/us
 _REEXEC_MARK = "MEBP_ALLOCATOR_REEXEC"
 
 
-class AllocatorError(ValueError):
+class AllocatorError(MebpError):
     """``MEBP_ALLOCATOR`` names no allocator this host can run an engine under."""
 
 
@@ -73,7 +75,9 @@ def engine_environ(environ: dict[str, str] | None = None) -> dict[str, str]:
     preloaded = environ.get("LD_PRELOAD", "").split()
     if library not in preloaded:
         environ["LD_PRELOAD"] = " ".join([library, *preloaded])
-    environ.setdefault("MALLOC_CONF", JEMALLOC_CONF)
+    conf = environ.get("MALLOC_CONF", "")
+    if "retain" not in conf:  # a caller's own settings are kept
+        environ["MALLOC_CONF"] = ",".join(filter(None, [conf, JEMALLOC_CONF]))
     return environ
 
 

@@ -14,7 +14,7 @@ from types import MappingProxyType
 
 from pydantic import ValidationError
 
-from mebp_core.allocator import AllocatorError, loaded_allocator, reexec_under_engine_allocator
+from mebp_core.allocator import loaded_allocator, reexec_under_engine_allocator
 from mebp_core.errors import MebpError
 
 # what eval shares with train: the model's storage and the batches' shape
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None,
     if argv is None and sys.argv[1:2] and sys.argv[1] in _ENGINE_COMMANDS:
         try:  # before the parser's imports (half a second), which the new process repeats
             reexec_under_engine_allocator()
-        except AllocatorError as exc:
+        except MebpError as exc:
             return _fail(str(exc))
     args = build_parser(extra).parse_args(argv)
     run = extra[args.command].run if args.command in extra else _COMMANDS[args.command]

@@ -250,7 +250,9 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     chunk, width = mlp_chunk_tokens(workload, knobs), mlp_intermediate_width(workload, knobs)
     saved_per_token = saved_bytes_per_token_by_part(workload, knobs, width)
     saved_tensors = n_tokens * saved_per_token["attention"] + chunk * saved_per_token["mlp"]
-    block_saved = int(heap.graph * saved_tensors)  # one block recomputed alone
+    # one block recomputed alone (native bf16's: glibc's retention, unmeasured under jemalloc)
+    graph = GRAPH_RETENTION if matmul_dtype_of(workload, knobs) == "bfloat16" else heap.graph
+    block_saved = int(graph * saved_tensors)
     block_grads = _backward_transient_bytes(workload, em, n_tokens, chunk, width)
     # a tiled input gradient's running sum, (N, in); when upcasting, in the matmul dtype
     # beside its cast back (the LoRA branch upcasts a bounded chunk of rows at a time)

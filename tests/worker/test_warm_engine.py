@@ -18,7 +18,13 @@ from pathlib import Path
 import pytest
 from waiting import HANG_GUARD_S, poll_until
 
-from mebp_core.allocator import engine_allocator, engine_environ, jemalloc_library, loaded_allocator
+from mebp_core.allocator import (
+    ALLOCATOR_ENV,
+    engine_allocator,
+    engine_environ,
+    jemalloc_library,
+    loaded_allocator,
+)
 from mebp_core.config import TrainConfig
 from mebp_core.store.resolve import resolve_model
 from mebp_core.units import MB
@@ -115,11 +121,17 @@ def test_an_engine_started_ahead_runs_its_job_under_the_limit_it_is_given(
 
 
 def test_an_engine_runs_under_the_engines_allocator(new_engine):
+    expected = engine_allocator()
+    assert expected == ("jemalloc" if jemalloc_library() is not None and
+                        os.environ.get(ALLOCATOR_ENV) != "glibc" else "glibc")
     engine = new_engine()
     try:
         maps = Path(f"/proc/{engine.pid}/maps")
-        assert loaded_allocator(maps) == engine_allocator() == (
-            "jemalloc" if jemalloc_library() is not None else "glibc")
+        # a started engine may still be in the loader as Popen returns: the loader maps a
+        # preload before the C library (which the preload itself needs)
+        poll_until(maps.read_text, lambda text: "libc.so" in text, HANG_GUARD_S,
+                   lambda _: f"engine {engine.pid} never mapped the C library")
+        assert loaded_allocator(maps) == expected
     finally:
         engine.discard()
 

@@ -40,13 +40,16 @@ def test_a_chain_under_jemalloc_is_counted_without_glibcs_holes(qwen, host, knob
     assert jemalloc < 0.5 * glibc
 
 
-def test_a_block_recomputed_alone_in_chunks_is_counted_alike(qwen, host):
-    assert activations_mb(qwen, host, SMALLEST, "jemalloc") == pytest.approx(
-        activations_mb(qwen, host, SMALLEST, "glibc"))
+def test_a_block_recomputed_alone_is_counted_at_its_allocators_retention(qwen, host):
+    glibc = activations_mb(qwen, host, SMALLEST, "glibc")
+    jemalloc = activations_mb(qwen, host, SMALLEST, "jemalloc")
+    # 1.25x its saved tensors against 1.75x: the gradients and sums beside them are alike
+    assert 0.7 * glibc < jemalloc < 0.95 * glibc
 
 
-def test_native_bf16_chains_keep_their_own_retention(qwen, host):
-    native = WHOLE_GRAPH.model_copy(update={"bf16_matmul": "native"})
+@pytest.mark.parametrize("knobs", [WHOLE_GRAPH, SMALLEST], ids=["whole graph", "checkpointed"])
+def test_native_bf16_keeps_glibcs_retentions_unmeasured_under_jemalloc(qwen, host, knobs):
+    native = knobs.model_copy(update={"bf16_matmul": "native"})
     assert activations_mb(qwen, host, native, "jemalloc", "bfloat16") == pytest.approx(
         activations_mb(qwen, host, native, "glibc", "bfloat16"))
 
