@@ -11,6 +11,9 @@ ROWS = b"".join(json.dumps({"text": f"row {i}: a fleet of phones fine-tunes toge
 # 498 MB at batch 14 and 544 at 16, so about 580 at 17: a 512 MB cap is exceeded with room and
 # a 1 GB budget fits
 HEAVY = {"steps": 1, "seq_len": 1024, "batch_size": 17}
+# past android-4gb's 512 MB as the kernel counts it under the engines' jemalloc too (a tiny
+# step of 8 sequences at 1024 tokens fitted 300 MB there)
+HEAVIER = {**HEAVY, "batch_size": 40}
 
 
 def dataset(service) -> str:
@@ -58,7 +61,7 @@ def test_a_fleet_runs_the_devices_that_fit_and_says_what_the_others_need(service
 def test_devices_that_do_not_fit_run_under_their_cap_when_allowed(service):
     status, fleet = service.request("POST", "/v1/fleets", {
         "model": "preset:tiny", "training_file": dataset(service), "devices": ["android-4gb"],
-        "hyperparameters": HEAVY, "allow_infeasible": True})
+        "hyperparameters": HEAVIER, "allow_infeasible": True})
     assert status == 201, fleet
     fleet = wait_for_fleet(service, fleet["id"])
     assert fleet["summary"]["failures_by_code"] == {"memory_budget_exceeded": 1}
