@@ -150,6 +150,10 @@ HEAP_RETENTION = MappingProxyType({
                            FLOAT32_MATMUL_BLOCK_RETENTION),
     "jemalloc": HeapRetention(JEMALLOC_GRAPH_RETENTION, JEMALLOC_CHAIN_RETENTION, 0.0, 1.0),
 })
+# native bf16 matmuls' graphs, under either allocator (unmeasured under jemalloc); the
+# float32 whole-MLP factor does not apply to them
+NATIVE_BF16_HEAP_RETENTION = HeapRetention(GRAPH_RETENTION, NATIVE_BF16_CHAIN_RETENTION,
+                                           NATIVE_BF16_CHAIN_ONSET_BLOCKS, 1.0)
 # Plain backprop's chain keeps all four MLP tensors: in native bf16 1.11-1.38x a block's
 # saved tensors (same host and model, 2026-12-04), float32 at GRAPH_RETENTION.
 NATIVE_BF16_PLAIN_CHAIN_RETENTION = 1.45
@@ -205,8 +209,9 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     if workload.method == "mezo":
         memory, checkpoint_file = _mezo_memory(workload, knobs, resident), 0
     else:
-        memory, checkpoint_file = _gradient_memory(workload, knobs, resident,
-                                                   HEAP_RETENTION[host.allocator])
+        heap = NATIVE_BF16_HEAP_RETENTION \
+            if matmul_dtype_of(workload, knobs) == "bfloat16" else HEAP_RETENTION[host.allocator]
+        memory, checkpoint_file = _gradient_memory(workload, knobs, resident, heap)
     native_bf16 = native_bf16_bytes(workload) \
         if matmul_dtype_of(workload, knobs) == "bfloat16" else 0
     memory = {"runtime": host.runtime_bytes + RUNTIME_OVERHEAD_BYTES + native_bf16, **memory}
@@ -250,9 +255,7 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     chunk, width = mlp_chunk_tokens(workload, knobs), mlp_intermediate_width(workload, knobs)
     saved_per_token = saved_bytes_per_token_by_part(workload, knobs, width)
     saved_tensors = n_tokens * saved_per_token["attention"] + chunk * saved_per_token["mlp"]
-    # one block recomputed alone (native bf16's: glibc's retention, unmeasured under jemalloc)
-    graph = GRAPH_RETENTION if matmul_dtype_of(workload, knobs) == "bfloat16" else heap.graph
-    block_saved = int(graph * saved_tensors)
+    block_saved = int(heap.graph * saved_tensors)  # one block recomputed alone
     block_grads = _backward_transient_bytes(workload, em, n_tokens, chunk, width)
     # a tiled input gradient's running sum, (N, in); when upcasting, in the matmul dtype
     # beside its cast back (the LoRA branch upcasts a bounded chunk of rows at a time)
@@ -323,10 +326,8 @@ def _chained_graph_bytes(workload: Workload, knobs: EngineKnobs, blocks: int,
     if plain:
         retention = NATIVE_BF16_PLAIN_CHAIN_RETENTION if native_bf16 else GRAPH_RETENTION
         return blocks * int(retention * saved_per_block)
-    retention, onset = (NATIVE_BF16_CHAIN_RETENTION, NATIVE_BF16_CHAIN_ONSET_BLOCKS) \
-        if native_bf16 else (heap.chain, heap.chain_onset_blocks)
-    onset = onset if blocks else 0
-    return int((blocks + onset) * int(retention * saved_per_block))
+    onset = heap.chain_onset_blocks if blocks else 0
+    return int((blocks + onset) * int(heap.chain * saved_per_block))
 
 
 def _mezo_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
