@@ -7,9 +7,10 @@ matmul, and released as soon as that backward has run. Weights made resident (``
 decompressed once and used in place from then on.
 
 Where the matmuls run in float32 on bfloat16 storage (``mebp_core.cpu.matmul_dtype``), lazy
-tiles are decompressed straight to float32, while resident and shared weights stay bfloat16
-and are upcast one bounded tile at a time; inputs are upcast per call and outputs cast back,
-so everything that outlives a matmul stays bfloat16.
+tiles are decompressed straight to float32 holding bfloat16's values (the model's weights
+are its storage dtype's, whichever way a weight is made), while resident and shared weights
+stay bfloat16 and are upcast one bounded tile at a time; inputs are upcast per call and
+outputs cast back, so everything that outlives a matmul stays bfloat16.
 """
 
 from __future__ import annotations
@@ -91,6 +92,10 @@ anonymous memory, counted like every tensor.
 class WeightWorkingSet:
     """Counts decompressed frozen weight bytes alive at any time, and the time spent making them."""
 
+    # the dtype the model's weights are held in (the engine's storage dtype): a tile made in
+    # a wider matmul dtype holds its values, so that whether a weight is resident, shared or
+    # a lazy tile never changes a product
+    weight_values: torch.dtype | None = None
     live_bytes: int = 0
     peak_bytes: int = 0
     decompress_s: float = 0.0
@@ -151,7 +156,8 @@ class WeightWorkingSet:
         buffer = arena.take(n_rows * n_cols, dtype).view(n_rows, n_cols)
         part = {} if cols is None else {"cols": cols}
         start = time.perf_counter()
-        weight = store.dequantize(name, dtype, rows=rows, out=buffer, **part)
+        weight = store.dequantize(name, dtype, rows=rows, out=buffer, values=self.weight_values,
+                                  **part)
         self.decompress_s += time.perf_counter() - start
         self.decompressed_params += weight.numel()
         self.acquire(block, weight.numel() * weight.element_size())

@@ -145,7 +145,7 @@ def load_engine_model(model_dir: str | Path, *, compute_dtype: str = "float32",
     store = open_store(model_dir)
     with torch.device("meta"), _skipped_init():
         arch = build_model(store.config)
-    working_set = WeightWorkingSet()
+    working_set = WeightWorkingSet(weight_values=dtype)
     _bind_frozen_modules(arch, store, dtype, working_set, knobs, matmul)
     _load_small_tensors(arch, store, dtype)
     for p in arch.parameters():

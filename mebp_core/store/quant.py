@@ -110,17 +110,21 @@ def dequantize(
     out: torch.Tensor | None = None,
     rows: slice | torch.Tensor | None = None,
     cols: slice | None = None,
+    values: torch.dtype | None = None,
 ) -> torch.Tensor:
     """Dequantize the selected rows (all, a slice, or a LongTensor of indices) and columns
-    (all, or a step-1 slice) into ``dtype``.
+    (all, or a step-1 slice) into ``dtype`` (``out``'s when given).
 
+    ``values``: the dtype whose values the output holds, when narrower than ``dtype``
+    (bfloat16's values in float32, for float32 matmuls on a model held in bfloat16).
     Works on row-sliced views of the packed arrays too; writes into ``out`` when given.
     """
     data = _select_rows(data, rows)
     scales = _select_rows(scales, rows)
     biases = _select_rows(biases, rows)
     if cols is not None:
-        return _dequantize_columns(data, scales, biases, bits, group_size, dtype, out, cols)
+        return _dequantize_columns(data, scales, biases, bits, group_size, dtype, out, cols,
+                                   values)
     n_rows = data.shape[0]
     k = data.shape[1] * 2 if bits == 4 else data.shape[1]
     if out is None:
@@ -131,7 +135,9 @@ def dequantize(
     # (2560, 10240) matrix, one-shot dequantization ran 5x slower than chunked (page faults
     # on fresh 50-100 MB temporaries). Lower-precision outputs are computed in float32 and
     # cast once: as fast as computing in bfloat16 (measured) and exact to half an output ulp.
-    if n_rows and dequantize_native(data, scales, biases, bits, group_size, out):
+    values = values or out.dtype
+    if n_rows and dequantize_native(data, scales, biases, bits, group_size, out,
+                                    values=values):
         return out
     step = max(1, CHUNK_ELEMENTS // k)
     direct = out.dtype == torch.float32
@@ -140,13 +146,16 @@ def dequantize(
         chunk = slice(start, min(n_rows, start + step))
         dst = out[chunk] if direct else scratch[: chunk.stop - start]
         _dequantize_into(dst, data[chunk], scales[chunk], biases[chunk], bits, group_size)
+        if values != dst.dtype:
+            dst.copy_(dst.to(values))
         if not direct:
             out[chunk].copy_(dst)
     return out
 
 
 def _dequantize_columns(data, scales, biases, bits: int, group_size: int, dtype: torch.dtype,
-                        out: torch.Tensor | None, cols: slice) -> torch.Tensor:
+                        out: torch.Tensor | None, cols: slice,
+                        values: torch.dtype | None) -> torch.Tensor:
     """Columns [start, stop): the groups covering them, copied contiguous from the packed
     views (what the native kernel reads), dequantized, and narrowed when unaligned."""
     k = data.shape[1] * 8 // bits
@@ -162,7 +171,8 @@ def _dequantize_columns(data, scales, biases, bits: int, group_size: int, dtype:
     if out is not None and out.shape != (data.shape[0], width):
         raise ValueError(f"out must be a ({data.shape[0]}, {width}) tensor, got {out.shape}")
     whole = dequantize(data[:, byte].contiguous(), scales[:, covering].contiguous(),
-                       biases[:, covering].contiguous(), bits, group_size, dtype, out=target)
+                       biases[:, covering].contiguous(), bits, group_size, dtype, out=target,
+                       values=values)
     if aligned:
         return whole
     part = whole[:, start - first * group_size : stop - first * group_size]

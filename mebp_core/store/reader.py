@@ -112,18 +112,22 @@ class PackedStore:
         rows: slice | None = None,
         out: torch.Tensor | None = None,
         cols: slice | None = None,
+        values: torch.dtype | None = None,
     ) -> torch.Tensor:
-        """A new tensor holding the requested rows and columns (all when None; columns a
-        step-1 slice) in ``dtype``."""
+        """A new tensor (or ``out``) holding the requested rows and columns (all when None;
+        columns a step-1 slice) in ``dtype``, with the values of ``values`` when narrower
+        (see ``quant.dequantize``)."""
         raw = self.raw(name)
         if raw.bits is None:
             src = raw.data if rows is None else raw.data[rows]
             src = src if cols is None else src[:, cols]
+            if values is not None and values != src.dtype:
+                src = src.to(values)
             if out is None:
                 return src.to(dtype, copy=True)
             return out.copy_(src)
         return dequantize(raw.data, raw.scales, raw.biases, raw.bits, self.group_size, dtype,
-                          out=out, rows=rows, cols=cols)
+                          out=out, rows=rows, cols=cols, values=values)
 
     def gather_rows(
         self, name: str, index: torch.Tensor, dtype: torch.dtype = torch.float32

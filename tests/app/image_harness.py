@@ -1,6 +1,9 @@
 """The image the Dockerfile builds, made without a Docker engine: its COPY lines copied from
 the build context (less what .dockerignore excludes) into an empty directory standing for
 its WORKDIR, and its `pip install` lines run there in a fresh virtualenv of the same Python.
+Its `apt-get install`s cannot be reproduced without a root filesystem of its own: the Debian
+packages they name must be installed on this machine (the image test fails naming any that
+is not), and the image's processes use them from here.
 
 Everything is read from the Dockerfile, so a directory it forgets to copy is missing here too.
 The one substitution: `--index-url` (the PyTorch CPU index, out of reach on this machine) is
@@ -24,6 +27,8 @@ from pathlib import Path, PurePosixPath
 ROOT = Path(__file__).resolve().parents[2]  # the build context
 IMAGE_CACHE = Path.home() / ".cache" / "mebp"
 SUBSTITUTED_OPTIONS = {"--index-url"}  # each with its value
+# the commands around an `apt-get install` that only fetch or drop the package lists
+APT_HOUSEKEEPING = (["apt-get", "update"], ["rm", "-rf", "/var/lib/apt/lists/*"])
 INSTALL_GUARD_S = 1800  # a hang guard on the first build (torch and the service's libraries)
 
 
@@ -39,6 +44,7 @@ class Dockerfile:
     workdir: PurePosixPath = PurePosixPath("/")
     copies: list[Copy] = field(default_factory=list)
     installs: list[list[str]] = field(default_factory=list)  # each RUN's `pip install` args
+    debian_packages: list[str] = field(default_factory=list)  # what its `apt-get install`s name
     env: dict[str, str] = field(default_factory=dict)
 
 
@@ -67,10 +73,15 @@ def read_dockerfile(path: Path) -> Dockerfile:
         elif keyword == "WORKDIR":
             image.workdir = image.workdir / words[0]
         elif keyword == "RUN":
-            if words[:2] != ["pip", "install"]:
-                raise ValueError(f"{path.name}: RUN {arguments!r} is not a `pip install`, "
-                                 "which is all tests/app/image_harness.py reproduces")
-            image.installs.append(words[2:])
+            for command in shell_commands(words):
+                if command[:2] == ["pip", "install"]:
+                    image.installs.append(command[2:])
+                elif command[:2] == ["apt-get", "install"]:
+                    image.debian_packages += [w for w in command[2:] if not w.startswith("-")]
+                elif command not in APT_HOUSEKEEPING:
+                    raise ValueError(f"{path.name}: RUN {arguments!r}: {shlex.join(command)!r} "
+                                     "is not a `pip install` or an `apt-get install`, which "
+                                     "is all tests/app/image_harness.py reproduces")
         elif keyword == "COPY":
             if any(word.startswith("--") for word in words) or \
                     any(set(word) & set("*?[") for word in words):
@@ -83,6 +94,26 @@ def read_dockerfile(path: Path) -> Dockerfile:
             raise ValueError(f"{path.name}: {keyword} is not reproduced by "
                              "tests/app/image_harness.py")
     return image
+
+
+def shell_commands(words: list[str]) -> list[list[str]]:
+    """A RUN's commands, split at its `&&`s."""
+    commands = [[]]
+    for word in words:
+        if word == "&&":
+            commands.append([])
+        else:
+            commands[-1].append(word)
+    return commands
+
+
+def missing_debian_packages(packages: list[str]) -> list[str]:
+    """Those of ``packages`` dpkg does not have installed on this machine."""
+    def installed(package: str) -> bool:
+        status = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package],
+                                capture_output=True, text=True)
+        return status.returncode == 0 and status.stdout.endswith(" installed")
+    return [package for package in packages if not installed(package)]
 
 
 def ignore_patterns(path: Path) -> list[re.Pattern]:
@@ -168,6 +199,9 @@ def built_image(context: Path = ROOT, cache: Path = IMAGE_CACHE) -> Iterator[Ima
     base = f"python:{sys.version_info.major}.{sys.version_info.minor}"
     assert dockerfile.base.startswith(base), \
         f"the Dockerfile's {dockerfile.base} is not this machine's {base}"
+    missing = missing_debian_packages(dockerfile.debian_packages)
+    assert not missing, f"the Dockerfile installs Debian's {missing}, which this machine " \
+        "lacks: `make test` installs what the engines need"
     home = cache / f"image-{image_digest(context)}"
     home.mkdir(parents=True, exist_ok=True)
     with open(home.with_suffix(".lock"), "w") as lock:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from image_harness import ROOT, Image, built_image
+from image_harness import ROOT, Image, built_image, missing_debian_packages, read_dockerfile
 from service_harness import (
     API_KEY,
     REDIS_TEST_URL,
@@ -67,6 +67,22 @@ def run_in_image(image: Image, command: list[str], env: dict[str, str], log: Pat
     stack.callback(process.wait, timeout=60)
     stack.callback(process.terminate)
     return process
+
+
+def test_the_harness_reads_apt_and_pip_installs_and_refuses_any_other_command(tmp_path):
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text("FROM python:3.11-slim\n"
+                          "RUN apt-get update && apt-get install -y --no-install-recommends \\\n"
+                          "    libjemalloc2 tini && rm -rf /var/lib/apt/lists/*\n"
+                          "RUN pip install --no-cache-dir -e .\n")
+    image = read_dockerfile(dockerfile)
+    assert image.debian_packages == ["libjemalloc2", "tini"]
+    assert image.installs == [["--no-cache-dir", "-e", "."]]
+    assert missing_debian_packages(["dpkg", "no-such-package-mebp"]) == ["no-such-package-mebp"]
+
+    dockerfile.write_text("FROM python:3.11-slim\nRUN pip install torch && curl -O x\n")
+    with pytest.raises(ValueError, match="'curl -O x' is not a `pip install`"):
+        read_dockerfile(dockerfile)
 
 
 @pytest.mark.slow  # its first run on a machine installs the image's libraries

@@ -18,11 +18,14 @@ import torch
 
 from mebp_core.store.kernel_build import ensure_library, library_path
 
+# (bits, the output's dtype, the dtype whose values it holds)
 _FUNCTIONS = {
-    (4, torch.float32): "dequant_int4_f32",
-    (4, torch.bfloat16): "dequant_int4_bf16",
-    (8, torch.float32): "dequant_int8_f32",
-    (8, torch.bfloat16): "dequant_int8_bf16",
+    (4, torch.float32, torch.float32): "dequant_int4_f32",
+    (4, torch.bfloat16, torch.bfloat16): "dequant_int4_bf16",
+    (4, torch.float32, torch.bfloat16): "dequant_int4_bf16_f32",
+    (8, torch.float32, torch.float32): "dequant_int8_f32",
+    (8, torch.bfloat16, torch.bfloat16): "dequant_int8_bf16",
+    (8, torch.float32, torch.bfloat16): "dequant_int8_bf16_f32",
 }
 _enabled = True
 
@@ -86,10 +89,12 @@ def kernel_name() -> str:
 
 def dequantize_native(data: torch.Tensor, scales: torch.Tensor, biases: torch.Tensor,
                       bits: int, group_size: int, out: torch.Tensor,
-                      library: ctypes.CDLL | None = None) -> bool:
-    """Fill ``out`` (N, K) from contiguous packed rows; False when the kernel cannot.
-    ``library``: another build of it (``open_library``) than this host's."""
-    function = _FUNCTIONS.get((bits, out.dtype))
+                      library: ctypes.CDLL | None = None,
+                      values: torch.dtype | None = None) -> bool:
+    """Fill ``out`` (N, K) from contiguous packed rows, with the values of ``values`` (by
+    default ``out``'s dtype); False when the kernel cannot. ``library``: another build of it
+    (``open_library``) than this host's."""
+    function = _FUNCTIONS.get((bits, out.dtype, values or out.dtype))
     if not _enabled or function is None or not (data.is_contiguous() and out.is_contiguous()):
         return False
     library = library or load_library()

@@ -1,7 +1,8 @@
 /* Group-wise affine dequantization, w = q * scale + bias, one pass from packed bytes to the
  * output dtype. Arithmetic matches the torch path bit for bit: a float32 multiply, then a
  * float32 add (compiled with -ffp-contract=off, so never a fused multiply-add), then
- * round-to-nearest-even to bfloat16.
+ * round-to-nearest-even to bfloat16. The *_bf16_f32 functions write bfloat16's values as
+ * float32 (for float32 matmuls on a model held in bfloat16: the same values, wider).
  *
  * int4 groups run on explicit vectors where the CPU has them: 16 packed bytes at a time on
  * AVX-512 (groups of a multiple of 32), 8 on AVX2 (of 16), low nibble first; other groups
@@ -38,6 +39,13 @@ static inline uint16_t to_bf16(float f) {
   return (uint16_t)(u >> 16);
 }
 
+static inline float bf16_value(float f) { /* f rounded to bfloat16, as a float */
+  uint32_t u = (uint32_t)to_bf16(f) << 16;
+  float rounded;
+  memcpy(&rounded, &u, sizeof rounded);
+  return rounded;
+}
+
 #if VECTOR_BYTES == 16
 typedef __m512 vfloat;
 /* the 32 values of 16 packed bytes, in order, as two vectors */
@@ -59,17 +67,21 @@ static inline void store_f32(float *o, vfloat x, vfloat y) {
   _mm512_storeu_ps(o, x);
   _mm512_storeu_ps(o + 16, y);
 }
-#if defined(__AVX512BF16__)
-static inline void store_bf16(uint16_t *o, vfloat x, vfloat y) {
-  _mm512_storeu_si512((void *)o, (__m512i)_mm512_cvtne2ps_pbh(y, x));
-}
-#else
 static inline __m512i bf16_bits(vfloat f) { /* to_bf16, 16 lanes, in the low halves */
   __m512i u = _mm512_castps_si512(f);
   __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
   u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
   return _mm512_srli_epi32(u, 16);
 }
+static inline void store_bf16_f32(float *o, vfloat x, vfloat y) {
+  store_f32(o, _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(x), 16)),
+            _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(y), 16)));
+}
+#if defined(__AVX512BF16__)
+static inline void store_bf16(uint16_t *o, vfloat x, vfloat y) {
+  _mm512_storeu_si512((void *)o, (__m512i)_mm512_cvtne2ps_pbh(y, x));
+}
+#else
 static inline void store_bf16(uint16_t *o, vfloat x, vfloat y) {
   __m512i packed = _mm512_packus_epi32(bf16_bits(x), bf16_bits(y)); /* per 128-bit lane */
   _mm512_storeu_si512((void *)o, _mm512_permutexvar_epi64(
@@ -103,6 +115,10 @@ static inline __m256i bf16_bits(vfloat f) {
 static inline void store_bf16(uint16_t *o, vfloat x, vfloat y) {
   __m256i packed = _mm256_packus_epi32(bf16_bits(x), bf16_bits(y)); /* per 128-bit lane */
   _mm256_storeu_si256((__m256i *)o, _mm256_permute4x64_epi64(packed, 0xD8));
+}
+static inline void store_bf16_f32(float *o, vfloat x, vfloat y) {
+  store_f32(o, _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(x), 16)),
+            _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(y), 16)));
 }
 #define SET1 _mm256_set1_ps
 #endif
@@ -163,6 +179,8 @@ DEFINE_INT4(dequant_int4_f32, float, AS_FLOAT, store_f32)
 DEFINE_INT4(dequant_int4_bf16, uint16_t, to_bf16, store_bf16)
 DEFINE_INT8(dequant_int8_f32, float, AS_FLOAT)
 DEFINE_INT8(dequant_int8_bf16, uint16_t, to_bf16)
+DEFINE_INT4(dequant_int4_bf16_f32, float, bf16_value, store_bf16_f32)
+DEFINE_INT8(dequant_int8_bf16_f32, float, bf16_value)
 
 /* Which path this build takes (for the tests): the packed bytes of a vector step, 0 for the
  * scalar loop, and whether bfloat16 is rounded by the CPU's own instruction. */

@@ -28,14 +28,25 @@ def expected_path(build: str, flags: frozenset[str]) -> tuple[int, int]:
     return vector, int(build == "this cpu" and vector == 16 and "avx512_bf16" in flags)
 
 
-def dequantize_both(q, bits, group_size, dtype, rows=None):
-    fast = dequantize(q.data, q.scales, q.biases, bits, group_size, dtype, rows=rows)
+# (output dtype, the dtype whose values it holds): float32 matmuls on a bf16 model take the
+# last, bfloat16's values in float32
+OUTPUTS = [(torch.float32, None), (torch.bfloat16, None), (torch.float32, torch.bfloat16)]
+
+
+def dequantize_both(q, bits, group_size, dtype, rows=None, values=None):
+    fast = dequantize(q.data, q.scales, q.biases, bits, group_size, dtype, rows=rows,
+                      values=values)
     native.set_native_enabled(False)
     try:
-        slow = dequantize(q.data, q.scales, q.biases, bits, group_size, dtype, rows=rows)
+        slow = dequantize(q.data, q.scales, q.biases, bits, group_size, dtype, rows=rows,
+                          values=values)
     finally:
         native.set_native_enabled(True)
     return fast, slow
+
+
+def as_bits(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.view(torch.int16 if tensor.dtype == torch.bfloat16 else torch.int32)
 
 
 def test_the_kernel_builds_here():
@@ -44,22 +55,34 @@ def test_the_kernel_builds_here():
 
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("group_size", [16, 32, 64, 128])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("dtype", "values"), OUTPUTS)
 # one thread; rows split over torch's pool at 2 and 3 threads (unevenly) and at one
 @pytest.mark.parametrize("n_rows,threads", [(96, 2), (1030, 2), (1030, 3), (1030, 1)])
-def test_native_equals_torch_bit_for_bit(bits, group_size, dtype, n_rows, threads):
+def test_native_equals_torch_bit_for_bit(bits, group_size, dtype, values, n_rows, threads):
     gen = torch.Generator().manual_seed(bits * group_size)
     q = quantize(torch.randn(n_rows, 256, generator=gen) * 0.05, bits, group_size)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
         for rows in (None, slice(7, 61), torch.tensor([3, 90, 3, 0])):
-            fast, slow = dequantize_both(q, bits, group_size, dtype, rows)
+            fast, slow = dequantize_both(q, bits, group_size, dtype, rows, values)
             assert fast.dtype == dtype
-            as_int = torch.int16 if dtype == torch.bfloat16 else torch.int32
-            assert torch.equal(fast.view(as_int), slow.view(as_int))
+            assert torch.equal(as_bits(fast), as_bits(slow))
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_bfloat16s_values_in_float32_are_the_bfloat16_weights_upcast(bits):
+    """What a lazy float32 tile of a bf16 model holds: its resident (bf16) weight's values,
+    not the unrounded float32 dequantization."""
+    gen = torch.Generator().manual_seed(bits)
+    q = quantize(torch.randn(64, 256, generator=gen) * 0.05, bits, 64)
+    held = dequantize(q.data, q.scales, q.biases, bits, 64, torch.bfloat16)
+    unrounded = dequantize(q.data, q.scales, q.biases, bits, 64, torch.float32)
+    for tile in dequantize_both(q, bits, 64, torch.float32, values=torch.bfloat16):
+        assert torch.equal(as_bits(tile), as_bits(held.float()))
+    assert not torch.equal(unrounded, held.float())  # the rounding is not a no-op here
 
 
 @pytest.fixture(scope="module")
@@ -85,8 +108,8 @@ def test_each_build_takes_the_path_its_instructions_allow(builds, build):
 @pytest.mark.skipif(not X86, reason="the builds switch x86 instruction sets off")
 @pytest.mark.parametrize("build", BUILDS)
 @pytest.mark.parametrize("bits", [4, 8])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_every_cpus_path_equals_torch_bit_for_bit(builds, build, bits, dtype):
+@pytest.mark.parametrize(("dtype", "values"), OUTPUTS)
+def test_every_cpus_path_equals_torch_bit_for_bit(builds, build, bits, dtype, values):
     """Groups a whole number of vectors (64, 32), half a wide one (16) and neither (6),
     over weights from 1e-7 (float16 subnormal factors: a CPU's bfloat16 rounding, which
     flushes float32 denormals, must still agree) to 1e4."""
@@ -96,14 +119,14 @@ def test_every_cpus_path_equals_torch_bit_for_bit(builds, build, bits, dtype):
             q = quantize(torch.randn(70, 192, generator=gen) * magnitude, bits, group_size)
             out = torch.empty(70, 192, dtype=dtype)
             assert native.dequantize_native(q.data, q.scales, q.biases, bits, group_size, out,
-                                            library=builds[build])
+                                            library=builds[build], values=values)
             native.set_native_enabled(False)
             try:
-                slow = dequantize(q.data, q.scales, q.biases, bits, group_size, dtype)
+                slow = dequantize(q.data, q.scales, q.biases, bits, group_size, dtype,
+                                  values=values)
             finally:
                 native.set_native_enabled(True)
-            as_int = torch.int16 if dtype == torch.bfloat16 else torch.int32
-            assert torch.equal(out.view(as_int), slow.view(as_int)), (group_size, magnitude)
+            assert torch.equal(as_bits(out), as_bits(slow)), (group_size, magnitude)
 
 
 def test_the_kernel_runs_on_torchs_openmp_pool():
