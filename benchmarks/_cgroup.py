@@ -5,6 +5,8 @@ definition of memory (``mebp_core.kernel_memory``)."""
 from __future__ import annotations
 
 import shlex
+import subprocess
+import time
 
 from mebp_core.kernel_memory import MemoryCgroup
 from mebp_core.units import MB
@@ -58,3 +60,22 @@ def create_cgroup(cap_bytes: int, name: str) -> BenchCgroup:
         return BenchCgroup(cap)
     cap.close()
     raise CgroupUnavailable(warning or "no memory cgroup could be made")
+
+
+SAMPLE_INTERVAL_S = 0.01
+
+
+def run_in_cgroup(argv: list[str], cap_bytes: int, name: str, env: dict[str, str]
+                  ) -> tuple[int, str, dict]:
+    """Run ``argv`` in a fresh cgroup capped at ``cap_bytes``, sampling its charge every
+    10 ms: its exit code, its stderr and the cgroup's ``stats``."""
+    group = create_cgroup(cap_bytes, name)
+    try:
+        child = subprocess.Popen(group.wrap(argv), stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True, env=env)
+        while child.poll() is None:
+            group.sample()
+            time.sleep(SAMPLE_INTERVAL_S)
+        return child.returncode, child.stderr.read(), group.stats()
+    finally:
+        group.remove()

@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._cgroup import create_cgroup  # noqa: E402
+from benchmarks._cgroup import run_in_cgroup  # noqa: E402
 from benchmarks._train import timed_step_s, train_argv  # noqa: E402
 from mebp_core.bench.corpus import collect_docstrings, write_jsonl  # noqa: E402
 from mebp_core.cache import default_cache_dir  # noqa: E402
@@ -42,7 +41,6 @@ from mebp_core.units import MB  # noqa: E402
 
 CASES = (("smollm2-135m", 256), ("qwen2.5-0.5b", 256), ("gemma3-1b", 256),
          ("qwen2.5-1.5b", 256), ("qwen2.5-0.5b", 1024))
-CGROUP_POLL_S = 0.01
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -91,24 +89,15 @@ def run_capped(row: dict, data: Path, steps: int, work: Path, capped: bool = Tru
                                                  "--plan-budget-mb", str(row["budget_mb"]),
                                                  "--bf16-matmul", row["bf16_matmul"]))
     cap = row["budget_mb"] * MB if capped else 1 << 50
-    group = create_cgroup(cap, f"mebp-plan-caps-{os.getpid()}-{time.time_ns()}")
-    try:
-        child = subprocess.Popen(group.wrap(argv), stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True,
-                                 env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        while child.poll() is None:
-            group.sample()
-            time.sleep(CGROUP_POLL_S)
-        stderr = child.stderr.read()
-        cgroup = group.stats()
-    finally:
-        group.remove()
+    code, stderr, cgroup = run_in_cgroup(argv, cap,
+                                         f"mebp-plan-caps-{os.getpid()}-{time.time_ns()}",
+                                         {**os.environ, "HF_HUB_OFFLINE": "1"})
     steps_done = read_steps(metrics)
     process_peak = max((s["peak_mb"] for s in steps_done), default=0.0)
     kernel = max(process_peak, cgroup["sampled_peak_charged_mb"])
     step_s = timed_step_s(steps_done)
-    completed = child.returncode == 0 and len(steps_done) == steps
-    return {"exit_code": child.returncode, "steps_completed": len(steps_done),
+    completed = code == 0 and len(steps_done) == steps
+    return {"exit_code": code, "steps_completed": len(steps_done),
             "completed": completed, "process_peak_mb": round(process_peak, 1),
             "cgroup_charged_peak_mb": round(cgroup["sampled_peak_charged_mb"], 1),
             "cgroup_file_peak_mb": round(cgroup["sampled_peak_file_mb"], 1),

@@ -29,6 +29,12 @@ from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import Architecture
 from mebp_core.plan.calibration import HostCalibration
 from mebp_core.plan.correction import TimeCorrection
+from mebp_core.plan.heap_retention import (
+    GRAPH_RETENTION,
+    NATIVE_BF16_PLAIN_CHAIN_RETENTION,
+    HeapRetention,
+    heap_retention,
+)
 from mebp_core.plan.timing import MEMO_ENTRIES, StepWork, step_time, step_work
 from mebp_core.plan.weight_memory import Residency, resident_weights, transient_weights
 from mebp_core.plan.workload import (
@@ -72,91 +78,6 @@ RUNTIME_OVERHEAD_BYTES = 22 * MB
 NATIVE_BF16_BYTES = 19 * MB
 NATIVE_BF16_BYTES_PER_TOKEN = 29 << 10
 NATIVE_BF16_FLAT_TOKENS = 256
-# Anonymous memory an autograd graph costs per byte of the tensors it saves: the temporaries
-# freed between saved tensors leave heap holes the allocator cannot return (fitted: 1.7-1.8x
-# on smollm2-135m and qwen2.5-0.5b, seq 128-512, float32, without checkpoints).
-GRAPH_RETENTION = 1.75
-# A chained graph (every block's graph alive at once: a graph tail, the no-checkpoint step)
-# keeps its MLPs' gate and up alone, recomputing the activation and the product in backward
-# (``engine.gated_mlp``; the elementwise recompute, ~3 passes over a (tokens, intermediate)
-# tensor a block, is left out of the time model); the two freed per block leave heap holes,
-# so its blocks cost more per saved byte than a block recomputed alone. Kernel counts (Zen 4
-# with avx512_bf16, 2026-12-04), per block of saved tensors above the planner's other terms
-# of the tail's phase, qwen2.5-0.5b seq 256 with its vocabulary cut to 256, tails of 4, 8 and
-# 16 and the whole model: float32 2.0-2.2x (native bf16 matmuls 1.22-1.43x, taken whole:
-# below). Bounds above them, not fits; upcast bf16 (float32 matmuls) is counted above the
-# kernel at CHAIN_RETENTION (+14..+24% uncapped, +3..+15% under hard caps). A chain's first
-# blocks cost more than its later ones (the holes its first temporaries leave are filled by
-# later blocks' tensors): with its real vocabulary under hard caps, at these retentions the
-# kernel counted a tail of 5 in float32 9.5% above the prediction (and, at 1.5x, a tail of 8
-# in bf16 4.5% above), long tails and the whole model 4.5-10% below. CHAIN_ONSET_BLOCKS:
-# that excess, counted as blocks more in every chain. Native bf16 is counted as a slope
-# per block above an onset, the onset larger and the slope smaller: with the real
-# vocabulary (qwen2.5-0.5b seq 256; AMX Xeon, 2026-12-05, tails of 1-23) the kernel counted
-# 10.9 MB more a block (10.2-12.1 in the Zen 4s' capped rows: 1.05-1.24x a chained block's
-# saved tensors) above an onset of 2.5-4 blocks; at 1.5x with 1.25 blocks a tail of
-# two counted 307-318 MB against 294.7 predicted (OOM-killed once under its cap), a tail of
-# one up to 336 against 291.9 (10 steps under caps), a tail of 23 527 against 592. A bound
-# on that slope, and the onset a tail of one needs (BENCHMARKS, "Short graph tails").
-CHAIN_RETENTION = 2.25
-NATIVE_BF16_CHAIN_RETENTION = 1.25
-CHAIN_ONSET_BLOCKS = 1.25
-NATIVE_BF16_CHAIN_ONSET_BLOCKS = 4
-# Float32 matmuls (float32, and bf16 upcast as on AVX2 hosts) over a block recomputed alone
-# whose MLP runs in one pass over every token and column: the kernel counts more than the
-# block's graph and backward temporaries at the retentions above. Zen 4 with avx512_bf16,
-# 2026-12-05, qwen2.5-0.5b, checkpoints every block, lazy unshared tiles, 3 runs each:
-# float32 seq 256 322-347 MB against 306 counted (alike with tiles of 2, 4 and 16 MB: not
-# the tiles), seq 512 448-480 against 415; upcast seq 256 273-300 against 263. The MLP in
-# 256-column chunks (the smallest budgets) within 3% without it. A hard cap of 340 MB, which
-# the planner said held, killed 2 of 3 float32 runs. A bound over those rows (upcast at seq
-# 512 is over-counted by 12-18% with it), not a fit.
-FLOAT32_MATMUL_BLOCK_RETENTION = 1.5
-# The heap holes above are glibc's: under jemalloc (``mebp_core.allocator``, every engine
-# where the host has it) a freed tensor's extent serves the next of its size. Kernel counts,
-# uncapped, 3 steps each (AVX2 EPYC, 2026-12-05; float32 matmuls, the only path that host
-# has): a chained block cost 0.65-0.85x its saved tensors above the planner's other terms
-# (qwen2.5-0.5b seq 256: float32 tails of 16 and the whole model, upcast bf16 the whole
-# model; the whole model 607.8 MB where 1186.9 was counted; smollm2-135m's 441.5 MB, glibc's
-# 677.8 on the same host), with no onset (a tail of 8 within 3%), and a float32 block
-# recomputed alone over its whole MLP no more than the graph's retention (323.4 MB where
-# 393.7 was counted; at 256-token vocabularies, where the block is most of the footprint,
-# 95.7 above the imports where 200.0 was). Counted at 1.0x, no onset, no float32 block
-# term, and a block recomputed alone at 1.25x its saved tensors: 15 rows (those, tails of
-# 1-8, the checkpointed steps and the smallest budgets' picks) then +0.8%..+12% above the
-# kernel. At 2048 tokens (``test_block_memory.py``'s one block of four, bf16 upcast) the
-# kernel counted 0.50-0.58 of even that: jemalloc's per-token terms are left over-counted,
-# a bound. Native bf16 matmuls were not measured under jemalloc (no such CPU that day):
-# their retentions stay glibc's, as do plain backprop's (bounds: jemalloc counted below
-# glibc in every row measured).
-JEMALLOC_GRAPH_RETENTION = 1.25
-JEMALLOC_CHAIN_RETENTION = 1.0
-
-
-@dataclass(frozen=True)
-class HeapRetention:
-    """How much of a graph's freed temporaries an allocator keeps, per byte of its saved
-    tensors: a block recomputed alone's; with float32 matmuls, a chained block's, the blocks
-    a chain's start costs, and the factor on a block recomputed alone over its whole MLP."""
-
-    graph: float
-    chain: float
-    chain_onset_blocks: float
-    float32_matmul_block: float
-
-
-HEAP_RETENTION = MappingProxyType({
-    "glibc": HeapRetention(GRAPH_RETENTION, CHAIN_RETENTION, CHAIN_ONSET_BLOCKS,
-                           FLOAT32_MATMUL_BLOCK_RETENTION),
-    "jemalloc": HeapRetention(JEMALLOC_GRAPH_RETENTION, JEMALLOC_CHAIN_RETENTION, 0.0, 1.0),
-})
-# native bf16 matmuls' graphs, under either allocator (unmeasured under jemalloc); the
-# float32 whole-MLP factor does not apply to them
-NATIVE_BF16_HEAP_RETENTION = HeapRetention(GRAPH_RETENTION, NATIVE_BF16_CHAIN_RETENTION,
-                                           NATIVE_BF16_CHAIN_ONSET_BLOCKS, 1.0)
-# Plain backprop's chain keeps all four MLP tensors: in native bf16 1.11-1.38x a block's
-# saved tensors (same host and model, 2026-12-04), float32 at GRAPH_RETENTION.
-NATIVE_BF16_PLAIN_CHAIN_RETENTION = 1.45
 # No-grad forward temporaries of a block's MLP, in (tokens, intermediate) tensors: gate, up,
 # their product and the LoRA branch's output. FORWARD_RETENTION: allocator holes between them.
 FORWARD_MLP_COPIES = 4
@@ -209,8 +130,7 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     if workload.method == "mezo":
         memory, checkpoint_file = _mezo_memory(workload, knobs, resident), 0
     else:
-        heap = NATIVE_BF16_HEAP_RETENTION \
-            if matmul_dtype_of(workload, knobs) == "bfloat16" else HEAP_RETENTION[host.allocator]
+        heap = heap_retention(host.allocator, matmul_dtype_of(workload, knobs) == "bfloat16")
         memory, checkpoint_file = _gradient_memory(workload, knobs, resident, heap)
     native_bf16 = native_bf16_bytes(workload) \
         if matmul_dtype_of(workload, knobs) == "bfloat16" else 0

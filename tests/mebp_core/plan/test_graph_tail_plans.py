@@ -5,6 +5,7 @@ falls between them. (That a tail holds what is predicted: test_graph_tail_memory
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -87,14 +88,16 @@ def test_a_tails_blocks_are_never_decompressed_whole(host, dtype, bf16_matmul):
     assert covered.memory["weights"] - (arch.num_layers - 1) * block <= 8 * MB < block
 
 
-def test_graph_tails_fill_the_front_between_300_mb_and_1_gb(host):
+@pytest.mark.parametrize("allocator", ["glibc", "jemalloc"])
+def test_graph_tails_fill_the_front_between_300_mb_and_1_gb(host, allocator):
     """qwen2.5-0.5b at seq 256 in bfloat16: without tails the picks jumped from the
     checkpointed step (292 MB) to the no-checkpoint one (843 MB) with nothing in between.
     Now every 100 MB of budget from 300 MB up to the no-checkpoint step buys a configuration
     at least 5% faster (the last step to it buys what is left of the tail, a block or two).
 
     100 MB of budget holds 100 / 1.1 / 11.8 = 7.7 more blocks' activations (native bf16: a
-    chained block's MLP keeps gate and up alone, counted at 1.25x its saved tensors), and each
+    chained block's MLP keeps gate and up alone, counted at 1.25x its saved tensors; under
+    jemalloc at 0.85x, 11 blocks, and the no-checkpoint step comes at 530 MB, not 640), and each
     saves its recompute, which no longer multiplies the down projection (29% of a block's
     products): 5.4-6.6% of the step here past the first tails (4.7% at 1.5x, 3.3-4.8% when
     the MLPs kept four tensors). Past the no-checkpoint step only resident weights are left
@@ -103,13 +106,16 @@ def test_graph_tails_fill_the_front_between_300_mb_and_1_gb(host):
     (``test_resident_blocks_plans.py``)."""
     arch = load_architecture("preset:qwen2.5-0.5b")
     workload = Workload(arch=arch, seq_len=256, compute_dtype="bfloat16")
+    host = dataclasses.replace(host, allocator=allocator)
 
     def fastest(budget_mb: int):
         return make_plan(workload, host, budget_bytes=budget_mb * MB, bf16_matmul="native").auto
 
-    steps = 0
+    steps, whole_step_mb = 0, None
     for budget_mb in range(300, 1001, 10):
         before, now = fastest(budget_mb - 100), fastest(budget_mb)
+        if now.knobs.checkpoint_blocks == "none":
+            whole_step_mb = whole_step_mb or budget_mb
         if before is None:
             continue  # nothing fits 100 MB less
         if "none" in (before.knobs.checkpoint_blocks, now.knobs.checkpoint_blocks):
@@ -117,10 +123,13 @@ def test_graph_tails_fill_the_front_between_300_mb_and_1_gb(host):
         steps += 1
         assert now.ranking_time_s <= 0.95 * before.ranking_time_s, (budget_mb, now.id,
                                                                      before.id)
-    assert steps >= 25
+    # checked at every budget from 400 MB (where 100 MB less always fits) to the step
+    assert whole_step_mb is not None and steps >= (whole_step_mb - 400) // 10
     # the front has no gap wider than a block's activations between the two steps
-    front = [e for e in make_plan(workload, host, bf16_matmul="native").pareto
-             if 290 * MB < e.prediction.peak_bytes < 600 * MB]
+    pareto = make_plan(workload, host, bf16_matmul="native").pareto
+    whole_step = min(e.prediction.peak_bytes for e in pareto
+                     if e.knobs.checkpoint_blocks == "none")
+    front = [e for e in pareto if 290 * MB < e.prediction.peak_bytes <= whole_step]
     peaks = [e.prediction.peak_bytes for e in front]
     assert max(b - a for a, b in itertools.pairwise(peaks)) < 15 * MB
     assert {e.knobs.graph_tail_blocks for e in front} >= set(range(1, arch.num_layers))

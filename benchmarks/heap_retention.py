@@ -1,0 +1,154 @@
+"""The heap retentions the planner counts, checked per allocator: for each knob setting (graph
+tails of K blocks, the no-checkpoint step, checkpoints every block) run ``mebp train`` uncapped
+in a fresh memory cgroup under each allocator (``MEBP_ALLOCATOR``), take the kernel's count
+(the larger of the cgroup's sampled anonymous + shared memory and the engine's own per-step
+peak) and set it beside the planner's prediction for the same knobs with that allocator's
+retentions (``predict.HEAP_RETENTION``, native bf16's own).
+
+    .venv/bin/python benchmarks/heap_retention.py --preset qwen2.5-0.5b --dtype bfloat16 \\
+        --settings tail1 tail4 tail16 nockpt ckpt1 --json /tmp/heap.json
+
+A setting is ``tailK``, ``nockpt`` or ``ckpt1`` (checkpoints every block, whole MLP: the
+default knobs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks._cgroup import run_in_cgroup  # noqa: E402
+from benchmarks._train import train_argv  # noqa: E402
+from mebp_core.bench.corpus import collect_docstrings, write_jsonl  # noqa: E402
+from mebp_core.cache import default_cache_dir  # noqa: E402
+from mebp_core.config import EngineKnobs, TrainConfig  # noqa: E402
+from mebp_core.cpu import cpu_flags, cpu_model  # noqa: E402
+from mebp_core.engine.metrics_file import read_steps  # noqa: E402
+from mebp_core.plan.arch import load_architecture  # noqa: E402
+from mebp_core.plan.calibration import load_calibration  # noqa: E402
+from mebp_core.plan.predict import predict  # noqa: E402
+from mebp_core.plan.workload import Workload, matmul_dtype_of  # noqa: E402
+from mebp_core.store.resolve import resolve_model  # noqa: E402
+from mebp_core.units import MB  # noqa: E402
+
+ALLOCATORS = ("jemalloc", "glibc")
+
+
+def setting_knobs(setting: str, bf16_matmul: str) -> dict:
+    """The knob fields a setting names (each also a `mebp train` flag)."""
+    if setting == "nockpt":
+        knobs = {"checkpoint_blocks": "none"}
+    elif setting == "ckpt1":
+        knobs = {}
+    elif setting.startswith("tail") and setting[4:].isdigit():
+        knobs = {"graph_tail_blocks": int(setting[4:])}
+    else:
+        raise SystemExit(f"--settings: {setting!r} is not tailK, nockpt or ckpt1")
+    return {**knobs, "bf16_matmul": bf16_matmul}
+
+
+def knob_flags(knobs: dict) -> list[str]:
+    return [word for field, value in knobs.items()
+            for word in (f"--{field.replace('_', '-')}", str(value))]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="qwen2.5-0.5b")
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    p.add_argument("--bf16-matmul", choices=["auto", "native", "float32"], default="auto")
+    p.add_argument("--settings", nargs="+", default=["tail1", "tail4", "tail16", "nockpt",
+                                                     "ckpt1"])
+    p.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(ALLOCATORS))
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--json", type=Path, help="write every row here")
+    return p.parse_args(argv)
+
+
+def predicted_mb(args: argparse.Namespace, knobs: dict, allocator: str) -> tuple[float, str]:
+    """The planner's peak for these knobs under ``allocator``'s retentions, and the matmul
+    dtype they run in."""
+    config = TrainConfig(seq_len=args.seq_len, compute_dtype=args.dtype,
+                         knobs=EngineKnobs(**knobs))
+    workload = Workload.from_config(load_architecture(f"preset:{args.preset}"), config)
+    host = load_calibration(default_cache_dir(), config.knobs.threads)
+    prediction = predict(workload, config.knobs, dataclasses.replace(host, allocator=allocator))
+    return round(prediction.peak_bytes / MB, 1), matmul_dtype_of(workload, config.knobs)
+
+
+def measure(args: argparse.Namespace, data: Path, work: Path, knobs: dict,
+            allocator: str) -> dict:
+    metrics = work / "metrics.jsonl"
+    argv = train_argv(args.preset, data, work / "adapter", metrics, steps=args.steps,
+                      seq_len=args.seq_len, dtype=args.dtype, extra=tuple(knob_flags(knobs)))
+    code, stderr, cgroup = run_in_cgroup(
+        argv, 1 << 50, f"mebp-heap-retention-{os.getpid()}-{time.time_ns()}",
+        {**os.environ, "HF_HUB_OFFLINE": "1", "MEBP_ALLOCATOR": allocator})
+    steps = read_steps(metrics)
+    if code != 0 or len(steps) != args.steps:
+        raise SystemExit(f"mebp train {' '.join(knob_flags(knobs))} under {allocator} exited "
+                         f"with {code} after {len(steps)} steps: {stderr.strip()[-400:]}")
+    step_peaks = [round(s["peak_mb"], 1) for s in steps]
+    return {"step_peaks_mb": step_peaks,
+            "kernel_peak_mb": round(max(max(step_peaks), cgroup["sampled_peak_charged_mb"]), 1)}
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| setting | allocator | kernel MB (steps) | predicted MB | error |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        steps = ", ".join(str(p) for p in r["step_peaks_mb"])
+        lines.append(f"| {r['setting']} | {r['allocator']} | {r['kernel_peak_mb']} ({steps}) "
+                     f"| {r['predicted_mb']} | {r['prediction_error']:+.1%} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # measured and packed outside the cgroups, once (either would count in the first row)
+    load_calibration(default_cache_dir())
+    resolve_model(f"preset:{args.preset}")
+    root = Path(tempfile.mkdtemp(prefix="mebp-heap-retention-"))
+    rows = []
+    try:
+        data = write_jsonl(collect_docstrings(max_files=200), root / "train.jsonl")
+        for setting in args.settings:
+            knobs = setting_knobs(setting, args.bf16_matmul)
+            for allocator in args.allocators:  # alternating, setting by setting
+                predicted, matmul = predicted_mb(args, knobs, allocator)
+                work = Path(tempfile.mkdtemp(dir=root))
+                row = {"setting": setting, "allocator": allocator, "matmul_dtype": matmul,
+                       "predicted_mb": predicted, **measure(args, data, work, knobs, allocator)}
+                row["prediction_error"] = round(predicted / row["kernel_peak_mb"] - 1, 3)
+                shutil.rmtree(work, ignore_errors=True)
+                print(json.dumps(row), file=sys.stderr, flush=True)
+                rows.append(row)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    report = {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
+                          "flags": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16",
+                                                         "amx_bf16", "bf16"}),
+                          "python": platform.python_version()},
+              "date": time.strftime("%Y-%m-%d %H:%M"), "preset": args.preset,
+              "seq_len": args.seq_len, "dtype": args.dtype, "steps": args.steps, "rows": rows}
+    if args.json:
+        args.json.write_text(json.dumps(report, indent=1))
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
