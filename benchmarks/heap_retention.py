@@ -8,8 +8,9 @@ retentions (``predict.HEAP_RETENTION``, native bf16's own).
     .venv/bin/python benchmarks/heap_retention.py --preset qwen2.5-0.5b --dtype bfloat16 \\
         --settings tail1 tail4 tail16 nockpt ckpt1 --json /tmp/heap.json
 
-A setting is ``tailK``, ``nockpt`` or ``ckpt1`` (checkpoints every block, whole MLP: the
-default knobs).
+A setting is ``tailK``, ``nockpt``, ``ckpt1`` (checkpoints every block, whole MLP: the
+default knobs) or ``smallest`` (the plan's pick at its smallest budget, as
+``benchmarks/plan_caps.py`` runs it under its cap).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from mebp_core.cpu import cpu_flags, cpu_model  # noqa: E402
 from mebp_core.engine.metrics_file import read_steps  # noqa: E402
 from mebp_core.plan.arch import load_architecture  # noqa: E402
 from mebp_core.plan.calibration import load_calibration  # noqa: E402
+from mebp_core.plan.on_host import chosen_entry, plan_on_host  # noqa: E402
 from mebp_core.plan.predict import predict  # noqa: E402
 from mebp_core.plan.workload import Workload, matmul_dtype_of  # noqa: E402
 from mebp_core.store.resolve import resolve_model  # noqa: E402
@@ -46,22 +48,38 @@ from mebp_core.units import MB  # noqa: E402
 ALLOCATORS = ("jemalloc", "glibc")
 
 
-def setting_knobs(setting: str, bf16_matmul: str) -> dict:
-    """The knob fields a setting names (each also a `mebp train` flag)."""
+def setting_knobs(args: argparse.Namespace, setting: str) -> EngineKnobs:
+    """The knobs a setting names, at ``args``' matmul path."""
+    base = EngineKnobs(bf16_matmul=args.bf16_matmul)
     if setting == "nockpt":
-        knobs = {"checkpoint_blocks": "none"}
-    elif setting == "ckpt1":
-        knobs = {}
-    elif setting.startswith("tail") and setting[4:].isdigit():
-        knobs = {"graph_tail_blocks": int(setting[4:])}
-    else:
-        raise SystemExit(f"--settings: {setting!r} is not tailK, nockpt or ckpt1")
-    return {**knobs, "bf16_matmul": bf16_matmul}
+        return base.model_copy(update={"checkpoint_blocks": "none"})
+    if setting == "ckpt1":
+        return base
+    if setting.startswith("tail") and setting[4:].isdigit():
+        return base.model_copy(update={"graph_tail_blocks": int(setting[4:])})
+    if setting == "smallest":  # the plan's pick at its own smallest budget S
+        arch, config = load_architecture(f"preset:{args.preset}"), train_config(args, base)
+        smallest_mb = plan_on_host(arch, config).smallest_budget_mb()
+        return chosen_entry(plan_on_host(arch, config, budget_bytes=smallest_mb * MB)).knobs
+    raise SystemExit(f"--settings: {setting!r} is not tailK, nockpt, ckpt1 or smallest")
 
 
-def knob_flags(knobs: dict) -> list[str]:
-    return [word for field, value in knobs.items()
-            for word in (f"--{field.replace('_', '-')}", str(value))]
+def knob_flags(knobs: EngineKnobs) -> list[str]:
+    """`mebp train`'s flags for the knobs that differ from the defaults."""
+    flags = []
+    for field, value in knobs.model_dump().items():
+        if value == EngineKnobs.model_fields[field].default:
+            continue
+        flag = f"--{field.replace('_', '-')}"
+        if isinstance(value, bool):
+            flags.append(flag if value else f"--no-{flag[2:]}")
+        else:
+            flags += [flag, str(value)]
+    return flags
+
+
+def train_config(args: argparse.Namespace, knobs: EngineKnobs) -> TrainConfig:
+    return TrainConfig(seq_len=args.seq_len, compute_dtype=args.dtype, knobs=knobs)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -78,18 +96,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def predicted_mb(args: argparse.Namespace, knobs: dict, allocator: str) -> tuple[float, str]:
+def predicted_mb(args: argparse.Namespace, knobs: EngineKnobs, allocator: str
+                 ) -> tuple[float, str]:
     """The planner's peak for these knobs under ``allocator``'s retentions, and the matmul
     dtype they run in."""
-    config = TrainConfig(seq_len=args.seq_len, compute_dtype=args.dtype,
-                         knobs=EngineKnobs(**knobs))
+    config = train_config(args, knobs)
     workload = Workload.from_config(load_architecture(f"preset:{args.preset}"), config)
     host = load_calibration(default_cache_dir(), config.knobs.threads)
-    prediction = predict(workload, config.knobs, dataclasses.replace(host, allocator=allocator))
-    return round(prediction.peak_bytes / MB, 1), matmul_dtype_of(workload, config.knobs)
+    prediction = predict(workload, knobs, dataclasses.replace(host, allocator=allocator))
+    return round(prediction.peak_bytes / MB, 1), matmul_dtype_of(workload, knobs)
 
 
-def measure(args: argparse.Namespace, data: Path, work: Path, knobs: dict,
+def measure(args: argparse.Namespace, data: Path, work: Path, knobs: EngineKnobs,
             allocator: str) -> dict:
     metrics = work / "metrics.jsonl"
     argv = train_argv(args.preset, data, work / "adapter", metrics, steps=args.steps,
@@ -126,11 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = write_jsonl(collect_docstrings(max_files=200), root / "train.jsonl")
         for setting in args.settings:
-            knobs = setting_knobs(setting, args.bf16_matmul)
+            knobs = setting_knobs(args, setting)
             for allocator in args.allocators:  # alternating, setting by setting
                 predicted, matmul = predicted_mb(args, knobs, allocator)
                 work = Path(tempfile.mkdtemp(dir=root))
-                row = {"setting": setting, "allocator": allocator, "matmul_dtype": matmul,
+                row = {"setting": setting, "knobs": " ".join(knob_flags(knobs)),
+                       "allocator": allocator, "matmul_dtype": matmul,
                        "predicted_mb": predicted, **measure(args, data, work, knobs, allocator)}
                 row["prediction_error"] = round(predicted / row["kernel_peak_mb"] - 1, 3)
                 shutil.rmtree(work, ignore_errors=True)

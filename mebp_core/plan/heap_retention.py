@@ -46,8 +46,12 @@ NATIVE_BF16_CHAIN_ONSET_BLOCKS = 4
 # the tiles), seq 512 448-480 against 415; upcast seq 256 273-300 against 263. The MLP in
 # 256-column chunks (the smallest budgets) within 3% without it. A hard cap of 340 MB, which
 # the planner said held, killed 2 of 3 float32 runs. A bound over those rows (upcast at seq
-# 512 is over-counted by 12-18% with it), not a fit.
-FLOAT32_MATMUL_BLOCK_RETENTION = 1.5
+# 512 is over-counted by 12-18% with it), not a fit. Native bf16 matmuls under glibc too
+# (AMX Xeon, 2026-12-05, ``benchmarks/heap_retention.py``, checkpoints every block, uncapped):
+# qwen2.5-0.5b at 256, 512, 1024 and 2048 tokens 307.1, 387.3, 478.1 and 887.6 MB against
+# 294.0, 356.3, 480.9 and 730.2 counted, smollm2-135m at 256 250.8 against 237.3; with the
+# factor +3.0%, +3.5%, +19%, +2.3% and -1.5%.
+WHOLE_MLP_BLOCK_RETENTION = 1.5
 # The heap holes above are glibc's: under jemalloc (``mebp_core.allocator``, every engine
 # where the host has it) a freed tensor's extent serves the next of its size. Kernel counts,
 # uncapped, 3 steps each (AVX2 EPYC, 2026-12-05; float32 matmuls, the only path that host
@@ -57,7 +61,7 @@ FLOAT32_MATMUL_BLOCK_RETENTION = 1.5
 # 677.8 on the same host), with no onset (a tail of 8 within 3%), and a float32 block
 # recomputed alone over its whole MLP no more than the graph's retention (323.4 MB where
 # 393.7 was counted; at 256-token vocabularies, where the block is most of the footprint,
-# 95.7 above the imports where 200.0 was). Counted at 1.0x, no onset, no float32 block
+# 95.7 above the imports where 200.0 was). Counted at 1.0x, no onset, no whole-MLP block
 # term, and a block recomputed alone at 1.25x its saved tensors: 15 rows (those, tails of
 # 1-8, the checkpointed steps and the smallest budgets' picks) then +0.8%..+12% above the
 # kernel. At 2048 tokens (``test_block_memory.py``'s one block of four, bf16 upcast) the
@@ -72,20 +76,20 @@ JEMALLOC_CHAIN_RETENTION = 1.0
 class HeapRetention:
     """How much of a graph's freed temporaries an allocator keeps, per byte of its saved
     tensors: a block recomputed alone's, a chained block's, the blocks a chain's start
-    costs, and the factor on a block recomputed alone over its whole MLP (float32 matmuls)."""
+    costs, and the factor on a block recomputed alone over its whole MLP."""
 
     graph: float
     chain: float
     chain_onset_blocks: float
-    float32_matmul_block: float
+    whole_mlp_block: float
 
 
 HEAP_RETENTION = MappingProxyType({
     "glibc": HeapRetention(GRAPH_RETENTION, CHAIN_RETENTION, CHAIN_ONSET_BLOCKS,
-                           FLOAT32_MATMUL_BLOCK_RETENTION),
+                           WHOLE_MLP_BLOCK_RETENTION),
     "jemalloc": HeapRetention(JEMALLOC_GRAPH_RETENTION, JEMALLOC_CHAIN_RETENTION, 0.0, 1.0),
 })
-# Native bf16 matmuls' graphs (the float32 whole-MLP factor does not apply to them). Under
+# Native bf16 matmuls' graphs. Under
 # jemalloc (AMX Xeon, 2026-12-05; ``benchmarks/heap_retention.py``, uncapped, 3 steps; BENCHMARKS,
 # "Native bf16 under jemalloc") a chained block cost about 0.45-0.95x its saved tensors above
 # an onset of about 3 blocks: qwen2.5-0.5b seq 256 tails of 1-16 and the whole model 284.9-
@@ -95,7 +99,7 @@ HEAP_RETENTION = MappingProxyType({
 NATIVE_BF16_JEMALLOC_CHAIN_RETENTION = 0.85
 NATIVE_BF16_HEAP_RETENTION = MappingProxyType({
     "glibc": HeapRetention(GRAPH_RETENTION, NATIVE_BF16_CHAIN_RETENTION,
-                           NATIVE_BF16_CHAIN_ONSET_BLOCKS, 1.0),
+                           NATIVE_BF16_CHAIN_ONSET_BLOCKS, WHOLE_MLP_BLOCK_RETENTION),
     "jemalloc": HeapRetention(GRAPH_RETENTION, NATIVE_BF16_JEMALLOC_CHAIN_RETENTION,
                               NATIVE_BF16_CHAIN_ONSET_BLOCKS, 1.0),
 })

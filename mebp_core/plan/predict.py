@@ -212,8 +212,8 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
         # one block recomputed under autograd, its gradients, the segment's re-run inputs
         segment = min(every, checkpointed)
         block = block_saved + block_grads
-        if em == 4 and chunk == n_tokens and width == arch.intermediate_size:
-            block = int(heap.float32_matmul_block * block)
+        if chunk == n_tokens and width == arch.intermediate_size:
+            block = int(heap.whole_mlp_block * block)
         activations_bwd = block + (segment - 1) * hidden_bytes
         tiles_in_backward = upcast or not shared
         weights_bwd = weights["block"] + (weights["tile"] if tiles_in_backward else 0)

@@ -13,7 +13,7 @@ counts at a lower heap retention, where the CPU has them; upcast elsewhere). At 
 retention a native bf16 graph was over-counted: 36% for the whole model on an AMX Xeon,
 16-21% for a tail of 4 in 6 blocks, 1.16x its saved tensors per tail block on a Zen 4.
 
-The checkpointed step: before ``FLOAT32_MATMUL_BLOCK_RETENTION`` its footprint reached 190
+The checkpointed step: before ``WHOLE_MLP_BLOCK_RETENTION`` its footprint reached 190
 MB against 156 counted (one run in three, on a Zen 4), and a hard cap the planner said held
 killed the real vocabulary's step in 2 runs of 3."""
 

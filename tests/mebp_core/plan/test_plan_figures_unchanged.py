@@ -82,7 +82,7 @@ RECORDED = {
         '1e939cade880ebd35db052d0601862ffb08a44b74a9eb18b7381b028f4843c18'),
     'smollm-mebp-native-bf16-corrected-android': (
         318, 'resident131328K-nockpt-h-store-shared-tile8M', 223,
-        '611071e259f10ebae08b63c56de65853404974a2dfc89919463c03e9aff021e1'),
+        'dd69676f7e76f6f6b0781f93e094b30324948903045fa35e0942ddc2b8218273'),
     'tiny-mebp-requested-knobs': (1, None, 208,
         'f071ec777873b140c7f1a62f8ee3a7062821e3e71183a174f3ed060cbd3dbc06'),
 }
