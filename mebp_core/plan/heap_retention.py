@@ -70,24 +70,37 @@ WHOLE_MLP_BLOCK_RETENTION = 1.5
 # glibc's (bounds: jemalloc counted below glibc in every row measured).
 JEMALLOC_GRAPH_RETENTION = 1.25
 JEMALLOC_CHAIN_RETENTION = 1.0
+# A block's backward temporaries (``predict._backward_transient_bytes``, fitted on glibc)
+# under jemalloc, per byte counted: past 256 tokens glibc's count grew twice as fast as the
+# kernel's. AMX Xeon, 2026-12-05, ``benchmarks/heap_retention.py`` uncapped, checkpoints
+# every block and the smallest budget's pick, qwen2.5-0.5b and smollm2-135m at 256-2048
+# tokens, native bf16, float32 and upcast bf16: counted at 1.0 the rows read up to +48%
+# above the kernel (the seq-1024 picks at S +17% and +20%); at 0.6, with native bf16's
+# per-token bytes left out (``predict.NATIVE_BF16_BYTES_PER_TOKEN``), those 24 rows and the
+# 14 of the tails -3.6%..+25% (smollm2-135m's native bf16 step over its whole MLP the least,
+# qwen2.5-0.5b's at 2048 tokens the most).
+JEMALLOC_TRANSIENT_RETENTION = 0.6
 
 
 @dataclass(frozen=True)
 class HeapRetention:
     """How much of a graph's freed temporaries an allocator keeps, per byte of its saved
     tensors: a block recomputed alone's, a chained block's, the blocks a chain's start
-    costs, and the factor on a block recomputed alone over its whole MLP."""
+    costs, the factor on a block recomputed alone over its whole MLP, and on a block's
+    backward temporaries."""
 
     graph: float
     chain: float
     chain_onset_blocks: float
     whole_mlp_block: float
+    transient: float = 1.0
 
 
 HEAP_RETENTION = MappingProxyType({
     "glibc": HeapRetention(GRAPH_RETENTION, CHAIN_RETENTION, CHAIN_ONSET_BLOCKS,
                            WHOLE_MLP_BLOCK_RETENTION),
-    "jemalloc": HeapRetention(JEMALLOC_GRAPH_RETENTION, JEMALLOC_CHAIN_RETENTION, 0.0, 1.0),
+    "jemalloc": HeapRetention(JEMALLOC_GRAPH_RETENTION, JEMALLOC_CHAIN_RETENTION, 0.0, 1.0,
+                              JEMALLOC_TRANSIENT_RETENTION),
 })
 # Native bf16 matmuls' graphs. Under
 # jemalloc (AMX Xeon, 2026-12-05; ``benchmarks/heap_retention.py``, uncapped, 3 steps; BENCHMARKS,
@@ -101,7 +114,7 @@ NATIVE_BF16_HEAP_RETENTION = MappingProxyType({
     "glibc": HeapRetention(GRAPH_RETENTION, NATIVE_BF16_CHAIN_RETENTION,
                            NATIVE_BF16_CHAIN_ONSET_BLOCKS, WHOLE_MLP_BLOCK_RETENTION),
     "jemalloc": HeapRetention(GRAPH_RETENTION, NATIVE_BF16_JEMALLOC_CHAIN_RETENTION,
-                              NATIVE_BF16_CHAIN_ONSET_BLOCKS, 1.0),
+                              NATIVE_BF16_CHAIN_ONSET_BLOCKS, 1.0, JEMALLOC_TRANSIENT_RETENTION),
 })
 # Plain backprop's chain keeps all four MLP tensors: in native bf16 1.11-1.38x a block's
 # saved tensors (same host and model, 2026-12-04), float32 at GRAPH_RETENTION.

@@ -74,9 +74,11 @@ RUNTIME_OVERHEAD_BYTES = 22 * MB
 # shape, and a batch's tokens are taken alike, unmeasured). NATIVE_BF16_BYTES_PER_TOKEN past
 # 256: a bound over those runs (33.5 MB at 768; 9-12 MB over at 512, 1024 and 2048), not a
 # fit. Counted flat, the seq-1024 pick at S was OOM-killed under its cap in 2 runs of 2
-# (BENCHMARKS, "MLP column chunks of equal width").
+# (BENCHMARKS, "MLP column chunks of equal width"). That growth was glibc's heap: under
+# jemalloc (same host, 2026-12-05) the native rows at 512-2048 tokens are within the
+# planner's other terms without it (``heap_retention.JEMALLOC_TRANSIENT_RETENTION``).
 NATIVE_BF16_BYTES = 19 * MB
-NATIVE_BF16_BYTES_PER_TOKEN = 29 << 10
+NATIVE_BF16_BYTES_PER_TOKEN = MappingProxyType({"glibc": 29 << 10, "jemalloc": 0})
 NATIVE_BF16_FLAT_TOKENS = 256
 # No-grad forward temporaries of a block's MLP, in (tokens, intermediate) tensors: gate, up,
 # their product and the LoRA branch's output. FORWARD_RETENTION: allocator holes between them.
@@ -132,7 +134,7 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     else:
         heap = heap_retention(host.allocator, matmul_dtype_of(workload, knobs) == "bfloat16")
         memory, checkpoint_file = _gradient_memory(workload, knobs, resident, heap)
-    native_bf16 = native_bf16_bytes(workload) \
+    native_bf16 = native_bf16_bytes(workload, host.allocator) \
         if matmul_dtype_of(workload, knobs) == "bfloat16" else 0
     memory = {"runtime": host.runtime_bytes + RUNTIME_OVERHEAD_BYTES + native_bf16, **memory}
     store_bytes = _lazy_store_bytes(workload, resident.names)
@@ -148,10 +150,11 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
                       modelled_time=modelled, correction=correction)
 
 
-def native_bf16_bytes(workload: Workload) -> int:
-    """What native bf16 matmuls keep of their own at this workload's tokens."""
+def native_bf16_bytes(workload: Workload, allocator: str) -> int:
+    """What native bf16 matmuls keep of their own at this workload's tokens, under
+    ``allocator``."""
     extra_tokens = max(0, workload.tokens - NATIVE_BF16_FLAT_TOKENS)
-    return NATIVE_BF16_BYTES + NATIVE_BF16_BYTES_PER_TOKEN * extra_tokens
+    return NATIVE_BF16_BYTES + NATIVE_BF16_BYTES_PER_TOKEN[allocator] * extra_tokens
 
 
 def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency,
@@ -176,7 +179,8 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     saved_per_token = saved_bytes_per_token_by_part(workload, knobs, width)
     saved_tensors = n_tokens * saved_per_token["attention"] + chunk * saved_per_token["mlp"]
     block_saved = int(heap.graph * saved_tensors)  # one block recomputed alone
-    block_grads = _backward_transient_bytes(workload, em, n_tokens, chunk, width)
+    block_grads = heap.transient * _backward_transient_bytes(workload, em, n_tokens, chunk,
+                                                             width)
     # a tiled input gradient's running sum, (N, in); when upcasting, in the matmul dtype
     # beside its cast back (the LoRA branch upcasts a bounded chunk of rows at a time)
     widest = _widest_inputs(arch)
@@ -222,7 +226,8 @@ def _gradient_memory(workload: Workload, knobs: EngineKnobs, resident: Residency
     backward_phase = {"weights": weights_bwd, "activations": activations_bwd, "loss_chunk": 0}
     phases = [forward_phase, backward_phase]
     if tail:
-        tail_grads = _backward_transient_bytes(workload, em, n_tokens, n_tokens) + running_sum
+        tail_grads = heap.transient * _backward_transient_bytes(workload, em, n_tokens,
+                                                                n_tokens) + running_sum
         phases.append({"weights": weights["tile"],
                        "activations": activations_fwd + tail_grads, "loss_chunk": 0})
     phase = max(phases, key=lambda p: sum(p.values()))

@@ -79,7 +79,7 @@ def test_native_bf16_matmuls_keep_more_past_256_tokens(host, seq_len, batch_size
     native = predict(workload, EngineKnobs(bf16_matmul="native"), host)
     upcast = predict(workload, EngineKnobs(bf16_matmul="float32"), host)
     kept = native.memory["runtime"] - upcast.memory["runtime"]
-    assert kept == native_bf16_bytes(workload)
+    assert kept == native_bf16_bytes(workload, host.allocator)
     assert kept / MB == pytest.approx(kept_mb, abs=0.5)
 
 
