@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+import tempfile
 import time
 
 from mebp_core.kernel_memory import MemoryCgroup
@@ -71,11 +72,14 @@ def run_in_cgroup(argv: list[str], cap_bytes: int, name: str, env: dict[str, str
     10 ms: its exit code, its stderr and the cgroup's ``stats``."""
     group = create_cgroup(cap_bytes, name)
     try:
-        child = subprocess.Popen(group.wrap(argv), stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.PIPE, text=True, env=env)
-        while child.poll() is None:
-            group.sample()
-            time.sleep(SAMPLE_INTERVAL_S)
-        return child.returncode, child.stderr.read(), group.stats()
+        # stderr to a file, not a pipe: nothing reads a pipe while the child runs
+        with tempfile.TemporaryFile("w+") as stderr:
+            child = subprocess.Popen(group.wrap(argv), stdout=subprocess.DEVNULL,
+                                     stderr=stderr, env=env)
+            while child.poll() is None:
+                group.sample()
+                time.sleep(SAMPLE_INTERVAL_S)
+            stderr.seek(0)
+            return child.returncode, stderr.read(), group.stats()
     finally:
         group.remove()

@@ -10,7 +10,9 @@ and timed alternately in one process on a packed model's int4 block weights:
     .venv/bin/python benchmarks/dequant_kernels.py --against 2de7a05 --repeats 5
 
 Prints ns per parameter for each version and this one's time over the other's, repeat by
-repeat (median and spread), after checking both give the same bits.
+repeat (median and spread), after checking both give the same bits. Outputs: bfloat16,
+float32, and float32 holding bfloat16's values (the upcast path's lazy tile; a version older
+than it is timed writing its plain float32 there).
 """
 
 from __future__ import annotations
@@ -54,33 +56,43 @@ def source_at(revision: str, directory: Path) -> Path:
     return path
 
 
-def fill(store: PackedStore, name: str, rows: slice, out: torch.Tensor, library) -> None:
+# (output dtype, the dtype whose values it holds): the last is the upcast path's lazy tile
+OUTPUTS = {"bfloat16": (torch.bfloat16, None), "float32": (torch.float32, None),
+           "float32 holding bf16": (torch.float32, torch.bfloat16)}
+
+
+def fill(store: PackedStore, name: str, rows: slice, out: torch.Tensor, library,
+         values: torch.dtype | None = None) -> None:
+    """Dequantize into ``out``; a version without the function for ``values`` (older than
+    it) writes its plain float32 instead: what its upcast path's tile cost."""
     raw = store.raw(name)
     group = store.group_size
-    if not native.dequantize_native(raw.data[rows], raw.scales[rows], raw.biases[rows],
-                                    raw.bits, group, out, library=library):
-        raise SystemExit(f"the kernel declined {name} ({out.dtype})")
+    for asked in dict.fromkeys((values, None)):
+        if native.dequantize_native(raw.data[rows], raw.scales[rows], raw.biases[rows],
+                                    raw.bits, group, out, library=library, values=asked):
+            return
+    raise SystemExit(f"the kernel declined {name} ({out.dtype})")
 
 
 def rows_per_tile(shape: tuple[int, int], tile_bytes: int, dtype: torch.dtype) -> int:
     return max(1, min(shape[0], tile_bytes // (shape[1] * dtype.itemsize)))
 
 
-def time_calls(store, name, rows, dtype, library, calls: int) -> float:
+def time_calls(store, name, rows, dtype, values, library, calls: int) -> float:
     """ns per parameter of ``calls`` calls, each right after a small matmul."""
     out = torch.empty(rows.stop - rows.start, store.info(name).shape[1], dtype=dtype)
     x = torch.randn(256, 256, dtype=dtype)
-    fill(store, name, rows, out, library)  # warm the buffer
+    fill(store, name, rows, out, library, values)  # warm the buffer
     spent = 0.0
     for _ in range(calls):
         x @ x
         start = time.perf_counter()
-        fill(store, name, rows, out, library)
+        fill(store, name, rows, out, library, values)
         spent += time.perf_counter() - start
     return spent / calls / out.numel() * 1e9
 
 
-def time_stream(store, names, dtype, library) -> float:
+def time_stream(store, names, dtype, values, library) -> float:
     """ns per parameter decompressing every weight in ``names`` in 8 MB tiles."""
     arena = torch.empty((8 << 20) // dtype.itemsize, dtype=dtype)
     x = torch.randn(256, 256, dtype=dtype)
@@ -93,7 +105,7 @@ def time_stream(store, names, dtype, library) -> float:
             out = arena[: (rows.stop - rows.start) * shape[1]].view(-1, shape[1])
             x @ x
             start = time.perf_counter()
-            fill(store, name, rows, out, library)
+            fill(store, name, rows, out, library, values)
             spent += time.perf_counter() - start
             params += out.numel()
     return spent / params * 1e9
@@ -132,8 +144,8 @@ def main(argv: list[str] | None = None) -> int:
         builds = {"this": build(SOURCE, directory, "this"),
                   args.against: build(source_at(args.against, directory), directory, "other")}
         results: dict[tuple[str, str, str], list[float]] = {}
-        for dtype in (torch.bfloat16, torch.float32):
-            if not same_bits(store, projection, dtype, builds.values()):
+        for kind, (dtype, values) in OUTPUTS.items():
+            if values is None and not same_bits(store, projection, dtype, builds.values()):
                 raise SystemExit(f"the two versions differ in {dtype}")
             shape = store.info(projection).shape
             cases = {label: slice(0, rows_per_tile(shape, size, dtype))
@@ -142,11 +154,11 @@ def main(argv: list[str] | None = None) -> int:
             for _ in range(args.repeats):
                 for version, library in builds.items():
                     for label, rows in cases.items():
-                        results.setdefault((str(dtype)[6:], label, version), []).append(
-                            time_calls(store, projection, rows, dtype, library, args.calls))
-                    results.setdefault((str(dtype)[6:], "stream of every weight", version),
-                                       []).append(time_stream(store, names, dtype, library))
-    print(f"| dtype | case | this, ns/param | {args.against}, ns/param | "
+                        results.setdefault((kind, label, version), []).append(time_calls(
+                            store, projection, rows, dtype, values, library, args.calls))
+                    results.setdefault((kind, "stream of every weight", version), []).append(
+                        time_stream(store, names, dtype, values, library))
+    print(f"| output | case | this, ns/param | {args.against}, ns/param | "
           f"this / {args.against}, median (spread) |")
     print("|---|---|---|---|---|")
     for (dtype, case, version), this in results.items():

@@ -3,7 +3,7 @@ tails of K blocks, the no-checkpoint step, checkpoints every block) run ``mebp t
 in a fresh memory cgroup under each allocator (``MEBP_ALLOCATOR``), take the kernel's count
 (the larger of the cgroup's sampled anonymous + shared memory and the engine's own per-step
 peak) and set it beside the planner's prediction for the same knobs with that allocator's
-retentions (``predict.HEAP_RETENTION``, native bf16's own).
+retentions (``mebp_core/plan/heap_retention.py``).
 
     .venv/bin/python benchmarks/heap_retention.py --preset qwen2.5-0.5b --dtype bfloat16 \\
         --settings tail1 tail4 tail16 nockpt ckpt1 --json /tmp/heap.json

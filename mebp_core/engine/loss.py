@@ -136,7 +136,9 @@ def compute_head_loss(hidden: torch.Tensor, targets: torch.Tensor, *, store, hea
     grad = None
     if with_grad:
         grad = torch.zeros(n_tokens, dim)
-        grad[valid] = state.gradient(store.gather_rows(head_name, tgt, dtype).float())
+        # the target rows as the model holds them (the tiles' values, when they are wider)
+        rows = store.gather_rows(head_name, tgt, working_set.weight_values or dtype)
+        grad[valid] = state.gradient(rows.float())
     correct = int((state.best_index == tgt).sum())
     return HeadLoss(state.losses().sum(), n_valid, correct, grad)
 

@@ -66,8 +66,8 @@ WHOLE_MLP_BLOCK_RETENTION = 1.5
 # 1-8, the checkpointed steps and the smallest budgets' picks) then +0.8%..+12% above the
 # kernel. At 2048 tokens (``test_block_memory.py``'s one block of four, bf16 upcast) the
 # kernel counted 0.50-0.58 of even that: jemalloc's per-token terms are left over-counted,
-# a bound. Native bf16 matmuls have retentions of their own (below); plain backprop keeps
-# glibc's (bounds: jemalloc counted below glibc in every row measured).
+# a bound. Native bf16 matmuls have retentions of their own (below); plain backprop's chain
+# keeps glibc's (bounds: jemalloc counted below glibc in every row measured).
 JEMALLOC_GRAPH_RETENTION = 1.25
 JEMALLOC_CHAIN_RETENTION = 1.0
 # A block's backward temporaries (``predict._backward_transient_bytes``, fitted on glibc)

@@ -146,7 +146,7 @@ def dequantize(
         chunk = slice(start, min(n_rows, start + step))
         dst = out[chunk] if direct else scratch[: chunk.stop - start]
         _dequantize_into(dst, data[chunk], scales[chunk], biases[chunk], bits, group_size)
-        if values != dst.dtype:
+        if direct and values != torch.float32:  # a float32 output holding narrower values
             dst.copy_(dst.to(values))
         if not direct:
             out[chunk].copy_(dst)

@@ -46,9 +46,12 @@ def load_library() -> ctypes.CDLL | None:
 
 
 def open_library(path: Path) -> ctypes.CDLL:
+    """A build of the kernel; an older revision's (a benchmark's) may lack later functions,
+    which it then declines."""
     library = ctypes.CDLL(str(path))
     for name in _FUNCTIONS.values():
-        getattr(library, name).restype = None
+        if hasattr(library, name):
+            getattr(library, name).restype = None
     return library
 
 
@@ -98,12 +101,13 @@ def dequantize_native(data: torch.Tensor, scales: torch.Tensor, biases: torch.Te
     if not _enabled or function is None or not (data.is_contiguous() and out.is_contiguous()):
         return False
     library = library or load_library()
-    if library is None:
+    kernel = None if library is None else getattr(library, function, None)
+    if kernel is None:
         return False
     scales32 = scales.to(torch.float32).contiguous()  # (N, G): 1/32 of the output's bytes
     biases32 = biases.to(torch.float32).contiguous()
     rows, k = out.shape
-    getattr(library, function)(
+    kernel(
         ctypes.c_void_p(data.data_ptr()), ctypes.c_void_p(scales32.data_ptr()),
         ctypes.c_void_p(biases32.data_ptr()), ctypes.c_int64(rows), ctypes.c_int64(k),
         ctypes.c_int64(group_size), ctypes.c_void_p(out.data_ptr()),

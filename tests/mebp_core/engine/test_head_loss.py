@@ -49,6 +49,28 @@ def test_loss_and_gradient_equal_autograd_on_full_logits(packed_models, softcap,
     torch.testing.assert_close(ours.grad_hidden, reference_hidden.grad, rtol=1e-4, atol=1e-6)
 
 
+def test_float32_matmuls_on_a_bf16_head_give_the_gradient_of_its_bf16_values(packed_models):
+    """The AVX2 hosts' path: every product, and the target rows the gradient subtracts, use
+    the bf16 model's weights (rounded as the kernel writes float32 tiles), never the
+    unrounded dequantization."""
+    store = open_store(packed_models["qwen2", "int4"])
+    head = "model.embed_tokens.weight"
+    weight = store.dequantize(head, torch.bfloat16).float()  # (V, D), the model's values
+    gen = torch.Generator().manual_seed(1)
+    hidden = torch.randn(24, weight.shape[1], generator=gen)
+    targets = torch.randint(0, weight.shape[0], (24,), generator=gen)
+
+    ours = compute_head_loss(hidden, targets, store=store, head_name=head,
+                             dtype=torch.float32, tile_bytes=1 << 16,
+                             working_set=WeightWorkingSet(weight_values=torch.bfloat16))
+
+    reference_hidden = hidden.clone().requires_grad_(True)
+    loss = F.cross_entropy(reference_hidden @ weight.T, targets, reduction="sum")
+    loss.backward()
+    assert float(ours.loss_sum) == pytest.approx(float(loss), rel=1e-6)
+    torch.testing.assert_close(ours.grad_hidden, reference_hidden.grad, rtol=1e-5, atol=1e-7)
+
+
 def reset_peak_rss() -> None:
     with open("/proc/self/clear_refs", "w") as refs:
         refs.write("5")

@@ -63,7 +63,7 @@ def test_one_blocks_backward_peaks_within_the_planners_count(tmp_path, host, pre
          "--knobs", json.dumps(dumped)], capture_output=True, text=True, check=True,
         # glibc's malloc, whose heap holes the block's terms were fitted to; under jemalloc
         # the kernel counts 0.50-0.58 of them at these 2048 tokens (an over-count, a bound:
-        # predict.py, JEMALLOC_GRAPH_RETENTION)
+        # plan/heap_retention.py, JEMALLOC_GRAPH_RETENTION)
         env={**os.environ, ALLOCATOR_ENV: "glibc"})
     measured = json.loads(proc.stdout)
 

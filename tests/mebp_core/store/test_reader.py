@@ -147,3 +147,23 @@ def test_views_outlive_the_store_and_a_closed_store_refuses(packed_tiny):
     assert done.returncode == 0, f"exit {done.returncode}: {done.stderr[-1000:]}"
     assert "refused:" in done.stdout and "store is closed" in done.stdout
     assert done.stdout.strip().endswith("True")
+
+
+@pytest.mark.parametrize("quant", ["int4", "none"])
+def test_float32_tiles_hold_bfloat16s_values_when_asked(tmp_path, hf_models, quant):
+    """A lazy float32 tile of a bf16 model (rows, columns, into a buffer, or whole) holds
+    what the bf16 weight holds, packed or unquantized (whose float32 weights round)."""
+    src, _ = hf_models("qwen2")
+    store = open_store(pack_model(src, tmp_path / quant, quant=quant))
+    name = "model.layers.0.mlp.down_proj.weight"
+    held = store.dequantize(name, torch.bfloat16).float()
+    assert not torch.equal(store.dequantize(name, torch.float32), held)  # it rounds here
+    assert torch.equal(store.dequantize(name, torch.float32, values=torch.bfloat16), held)
+    assert torch.equal(store.dequantize(name, torch.float32, rows=slice(3, 9),
+                                        values=torch.bfloat16), held[3:9])
+    cols = slice(32, 64)  # a whole quantization group: the packed columns' path
+    assert torch.equal(store.dequantize(name, torch.float32, cols=cols, values=torch.bfloat16),
+                       held[:, cols])
+    out = torch.empty(held.shape)
+    store.dequantize(name, torch.float32, out=out, values=torch.bfloat16)
+    assert torch.equal(out, held)
