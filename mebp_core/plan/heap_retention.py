@@ -102,13 +102,13 @@ HEAP_RETENTION = MappingProxyType({
     "jemalloc": HeapRetention(JEMALLOC_GRAPH_RETENTION, JEMALLOC_CHAIN_RETENTION, 0.0, 1.0,
                               JEMALLOC_TRANSIENT_RETENTION),
 })
-# Native bf16 matmuls' graphs. Under
-# jemalloc (AMX Xeon, 2026-12-05; ``benchmarks/heap_retention.py``, uncapped, 3 steps; BENCHMARKS,
-# "Native bf16 under jemalloc") a chained block cost about 0.45-0.95x its saved tensors above
-# an onset of about 3 blocks: qwen2.5-0.5b seq 256 tails of 1-16 and the whole model 284.9-
-# 434.3 MB (glibc's retentions counted +8%..+34%), smollm2-135m's 242.7-342.2 (+7%..+24%).
-# At 0.85x above 4 blocks those rows read +1.7%..+9.8% above the kernel. A block recomputed
-# alone keeps glibc's retention there (+3.9% and -2.2% uncapped; lower went further below).
+# Native bf16 matmuls' graphs. Under jemalloc (AMX Xeon, 2026-12-05;
+# ``benchmarks/heap_retention.py``, uncapped, 3 steps; BENCHMARKS, "Native bf16 under
+# jemalloc") a chained block cost about 0.45-0.95x its saved tensors above an onset of about
+# 3 blocks: qwen2.5-0.5b seq 256 tails of 1-16 and the whole model 284.9-434.3 MB (glibc's
+# retentions counted +8%..+34%), smollm2-135m's 242.7-342.2 (+7%..+24%). At 0.85x above 4
+# blocks, with the transient term above, those rows read -3.6%..+7.9% above the kernel. A
+# block recomputed alone keeps glibc's graph retention there (lower went further below).
 NATIVE_BF16_JEMALLOC_CHAIN_RETENTION = 0.85
 NATIVE_BF16_HEAP_RETENTION = MappingProxyType({
     "glibc": HeapRetention(GRAPH_RETENTION, NATIVE_BF16_CHAIN_RETENTION,
