@@ -89,7 +89,8 @@ class HostCalibration:
     def provenance(self) -> dict:
         """What a plan says about the calibration it used."""
         return {"host": self.host, "threads": self.threads, "torch": self.torch,
-                "kernel": self.kernel, "measured_at": self.measured_at or None,
+                "kernel": self.kernel, "allocator": self.allocator,
+                "measured_at": self.measured_at or None,
                 "load_average": [self.load_before, self.load_after],
                 "spread": self.spread, "max_spread": self.max_spread,
                 "steady": self.steady, "spread_bound": MAX_SPREAD,

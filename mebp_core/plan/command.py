@@ -113,6 +113,9 @@ def format_plan(plan: Plan, show_all: bool = False) -> str:
         lines.append(f"{plan.device.name}: about {plan.auto.device_step_time_s:.2f} s/step "
                      "(the device model's estimate)")
     calibration = plan.calibration or {}
+    if calibration.get("allocator"):
+        lines.append(f"peak MB counts {calibration['allocator']}'s heap, the allocator the "
+                     "engines run under here (MEBP_ALLOCATOR)")
     if calibration.get("steady") is False:
         lines.append(f"provisional: this host's calibration is unsteady (its repeats spread "
                      f"{calibration['max_spread']:.1f}x, over the {calibration['spread_bound']:g}x"

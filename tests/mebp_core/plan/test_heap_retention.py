@@ -83,3 +83,10 @@ def test_under_jemalloc_the_no_checkpoint_step_fits_a_smaller_budget(qwen, host)
 
     assert least_budget_without_checkpoints("jemalloc") < \
         0.7 * least_budget_without_checkpoints("glibc")
+
+
+@pytest.mark.parametrize("allocator", ["glibc", "jemalloc"])
+def test_a_plan_says_which_allocators_heap_it_counted(qwen, host, allocator):
+    workload = Workload(arch=qwen, seq_len=256, compute_dtype="float32")
+    plan = make_plan(workload, dataclasses.replace(host, allocator=allocator))
+    assert plan.to_json()["calibration"]["allocator"] == allocator

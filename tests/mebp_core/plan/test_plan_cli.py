@@ -46,6 +46,7 @@ def test_plan_table_names_auto_and_the_device_estimate(cached_host, capsys):
     out = capsys.readouterr().out
     assert "auto (*):" in out and "budget: 768 MB" in out
     assert "iPhone 15: about" in out and "estimate" in out
+    assert "peak MB counts glibc's heap" in out  # the seeded calibration's allocator
     assert main(["plan", "--model", "preset:qwen2.5-0.5b", "--device", "custom",
                  "--budget-mb", "900"]) == 0  # no compute figure: no estimate line
     out = capsys.readouterr().out

@@ -128,6 +128,7 @@ def case_plan(name: str, host: HostCalibration) -> Plan:
 # configuration must stay under (budget and margin, both recorded) and the recommendation
 # (chosen from the recorded figures)
 ADDED_SINCE = ("largest_fitting_peak_mb", "time_tolerance", "recommendation")
+CALIBRATION_ADDED_SINCE = ("allocator",)  # what the plan says of its calibration
 # knobs added since, each at its default in every recorded configuration
 KNOBS_ADDED_SINCE = ("graph_tail_blocks", "mlp_intermediate_chunk")
 
@@ -140,6 +141,8 @@ def figures(plan: Plan) -> list:
     """Everything the plan says, at full precision (JSON writes a float's shortest exact
     repr)."""
     said = {key: value for key, value in plan.to_json().items() if key not in ADDED_SINCE}
+    said["calibration"] = {key: value for key, value in said["calibration"].items()
+                           if key not in CALIBRATION_ADDED_SINCE}
     said["configurations"] = [{**c, "knobs": recorded_knobs(c["knobs"])}
                               for c in said["configurations"]]
     return [said, [
