@@ -51,6 +51,9 @@ class CalibrationPublic(BaseModel):
     threads: int
     torch: str
     kernel: str = Field(description="the dequantization kernel timed: native library or torch")
+    allocator: str = Field(default="glibc", description=(
+        "the malloc this host's engines run under (jemalloc where installed, MEBP_ALLOCATOR), "
+        "whose heap the memory figures count"))
     measured_at: str | None = Field(description="UTC, ISO 8601")
     load_average: list[float | None] = Field(
         description="the 1-minute load average before and after the measurement")

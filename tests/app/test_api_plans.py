@@ -30,6 +30,7 @@ def test_a_plan_on_a_device_has_the_front_auto_and_estimates(api, check_front):
         "model": "preset:qwen2.5-0.5b", "seq_len": 256, "device": "iphone-15-pro-max"})
     assert status == 200, plan
     assert plan["budget_mb"] == 1024 and plan["feasible"] is True
+    assert plan["calibration"]["allocator"] in ("glibc", "jemalloc")  # whose heap is counted
     by_id = {c["id"]: c for c in plan["configurations"]}
     auto = by_id[plan["auto"]]
     assert auto["feasible"] and auto["device_step_time_s_estimate"] > 0
