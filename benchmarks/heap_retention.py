@@ -19,7 +19,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -31,11 +30,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._cgroup import run_in_cgroup  # noqa: E402
+from benchmarks._machine import machine_report  # noqa: E402
 from benchmarks._train import train_argv  # noqa: E402
 from mebp_core.bench.corpus import collect_docstrings, write_jsonl  # noqa: E402
 from mebp_core.cache import default_cache_dir  # noqa: E402
 from mebp_core.config import EngineKnobs, TrainConfig  # noqa: E402
-from mebp_core.cpu import cpu_flags, cpu_model  # noqa: E402
 from mebp_core.engine.metrics_file import read_steps  # noqa: E402
 from mebp_core.plan.arch import load_architecture  # noqa: E402
 from mebp_core.plan.calibration import load_calibration  # noqa: E402
@@ -157,10 +156,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(row)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    report = {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
-                          "flags": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16",
-                                                         "amx_bf16", "bf16"}),
-                          "python": platform.python_version()},
+    report = {"machine": machine_report(),
               "date": time.strftime("%Y-%m-%d %H:%M"), "preset": args.preset,
               "seq_len": args.seq_len, "dtype": args.dtype, "steps": args.steps, "rows": rows}
     if args.json:

@@ -15,7 +15,6 @@ import argparse
 import itertools
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -27,11 +26,11 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._cgroup import run_in_cgroup  # noqa: E402
+from benchmarks._machine import machine_report  # noqa: E402
 from benchmarks._train import timed_step_s, train_argv  # noqa: E402
 from mebp_core.bench.corpus import collect_docstrings, write_jsonl  # noqa: E402
 from mebp_core.cache import default_cache_dir  # noqa: E402
 from mebp_core.config import EngineKnobs, TrainConfig  # noqa: E402
-from mebp_core.cpu import cpu_flags, cpu_model  # noqa: E402
 from mebp_core.engine.metrics_file import read_steps  # noqa: E402
 from mebp_core.plan.arch import load_architecture  # noqa: E402
 from mebp_core.plan.calibration import load_calibration  # noqa: E402
@@ -165,10 +164,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row)
     finally:
         shutil.rmtree(corpus, ignore_errors=True)
-    report = {"machine": {"cpu": cpu_model(), "cores": os.cpu_count(),
-                          "flags": sorted(cpu_flags() & {"avx2", "avx512f", "avx512_bf16",
-                                                         "amx_bf16", "bf16"}),
-                          "python": platform.python_version()},
+    report = {"machine": machine_report(),
               "date": time.strftime("%Y-%m-%d"), "steps": args.steps,
               "tolerance": args.tolerance, "rows": rows}
     if args.json:
