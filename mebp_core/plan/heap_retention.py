@@ -65,8 +65,8 @@ WHOLE_MLP_BLOCK_RETENTION = 1.5
 # term, and a block recomputed alone at 1.25x its saved tensors: 15 rows (those, tails of
 # 1-8, the checkpointed steps and the smallest budgets' picks) then +0.8%..+12% above the
 # kernel. At 2048 tokens (``test_block_memory.py``'s one block of four, bf16 upcast) the
-# kernel counted 0.50-0.58 of even that: jemalloc's per-token terms are left over-counted,
-# a bound. Native bf16 matmuls have retentions of their own (below); plain backprop's chain
+# kernel counted 0.50-0.58 of even that (the backward temporaries' term below takes some
+# of it). Native bf16 matmuls have retentions of their own (below); plain backprop's chain
 # keeps glibc's (bounds: jemalloc counted below glibc in every row measured).
 JEMALLOC_GRAPH_RETENTION = 1.25
 JEMALLOC_CHAIN_RETENTION = 1.0
