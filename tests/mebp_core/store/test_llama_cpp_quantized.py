@@ -95,10 +95,14 @@ def test_the_shipped_pretrained_model_exports_to_q4_1_exactly(tmp_path):
     with open_store(packed) as store:
         assert overall_error("all", gguf_base_errors(out, store)).max_abs_error == 0.0
     text = b"def add(a, b):\n    return a + b\n"
-    model = llama_cpp.Llama(model_path=str(out), n_ctx=64, verbose=False, n_threads=1)
+    # every token's logits (llama.cpp's default keeps the last one's alone: the rows before
+    # it are uninitialized memory, which once held NaN)
+    model = llama_cpp.Llama(model_path=str(out), n_ctx=64, logits_all=True, verbose=False,
+                            n_threads=1)
     try:
-        model.eval(model.tokenize(text, add_bos=False, special=False))
-        assert np.isfinite(np.array(model.scores[: len(text)])).all()
+        tokens = model.tokenize(text, add_bos=False, special=False)
+        model.eval(tokens)
+        assert np.isfinite(np.array(model.scores[: len(tokens)])).all()
     finally:
         model.close()
 
