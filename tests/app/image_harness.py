@@ -77,7 +77,7 @@ def read_dockerfile(path: Path) -> Dockerfile:
                 if command[:2] == ["pip", "install"]:
                     image.installs.append(command[2:])
                 elif command[:2] == ["apt-get", "install"]:
-                    image.debian_packages += [w for w in command[2:] if not w.startswith("-")]
+                    image.debian_packages += apt_packages(command[2:], path)
                 elif command not in APT_HOUSEKEEPING:
                     raise ValueError(f"{path.name}: RUN {arguments!r}: {shlex.join(command)!r} "
                                      "is not a `pip install` or an `apt-get install`, which "
@@ -96,10 +96,16 @@ def read_dockerfile(path: Path) -> Dockerfile:
     return image
 
 
+SHELL_OPERATORS = {"||", ";", "|", "&", ">", ">>", "<"}
+
+
 def shell_commands(words: list[str]) -> list[list[str]]:
-    """A RUN's commands, split at its `&&`s."""
+    """A RUN's commands, split at its `&&`s (any other shell operator is not reproduced)."""
     commands = [[]]
     for word in words:
+        if word in SHELL_OPERATORS:
+            raise ValueError(f"RUN {shlex.join(words)!r}: {word!r} is not reproduced by "
+                             "tests/app/image_harness.py (only commands joined by &&)")
         if word == "&&":
             commands.append([])
         else:
@@ -107,11 +113,31 @@ def shell_commands(words: list[str]) -> list[list[str]]:
     return commands
 
 
+def apt_packages(arguments: list[str], path: Path) -> list[str]:
+    """The packages an `apt-get install` names; a version pin is not reproduced."""
+    packages, skip = [], False
+    for word in arguments:
+        if skip:
+            skip = False
+        elif word in ("-o", "--option", "-t", "--target-release"):
+            skip = True  # their value
+        elif not word.startswith("-"):
+            if "=" in word:
+                raise ValueError(f"{path.name}: apt-get install {word!r}: version pins are "
+                                 "not reproduced by tests/app/image_harness.py")
+            packages.append(word)
+    return packages
+
+
 def missing_debian_packages(packages: list[str]) -> list[str]:
-    """Those of ``packages`` dpkg does not have installed on this machine."""
+    """Those of ``packages`` dpkg does not have installed on this machine (all of them where
+    there is no dpkg)."""
     def installed(package: str) -> bool:
-        status = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package],
-                                capture_output=True, text=True)
+        try:
+            status = subprocess.run(["dpkg-query", "-W", "-f=${Status}", package],
+                                    capture_output=True, text=True)
+        except FileNotFoundError:
+            return False
         return status.returncode == 0 and status.stdout.endswith(" installed")
     return [package for package in packages if not installed(package)]
 

@@ -73,7 +73,8 @@ def test_the_harness_reads_apt_and_pip_installs_and_refuses_any_other_command(tm
     dockerfile = tmp_path / "Dockerfile"
     dockerfile.write_text("FROM python:3.11-slim\n"
                           "RUN apt-get update && apt-get install -y --no-install-recommends \\\n"
-                          "    libjemalloc2 tini && rm -rf /var/lib/apt/lists/*\n"
+                          "    -o Dpkg::Use-Pty=0 libjemalloc2 tini \\\n"
+                          "    && rm -rf /var/lib/apt/lists/*\n"
                           "RUN pip install --no-cache-dir -e .\n")
     image = read_dockerfile(dockerfile)
     assert image.debian_packages == ["libjemalloc2", "tini"]
@@ -82,6 +83,12 @@ def test_the_harness_reads_apt_and_pip_installs_and_refuses_any_other_command(tm
 
     dockerfile.write_text("FROM python:3.11-slim\nRUN pip install torch && curl -O x\n")
     with pytest.raises(ValueError, match="'curl -O x' is not a `pip install`"):
+        read_dockerfile(dockerfile)
+    dockerfile.write_text("FROM python:3.11-slim\nRUN apt-get install -y tini || true\n")
+    with pytest.raises(ValueError, match="'||' is not reproduced"):
+        read_dockerfile(dockerfile)
+    dockerfile.write_text("FROM python:3.11-slim\nRUN apt-get install -y tini=0.19.0-1\n")
+    with pytest.raises(ValueError, match="version pins"):
         read_dockerfile(dockerfile)
 
 
