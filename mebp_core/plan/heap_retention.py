@@ -73,11 +73,12 @@ JEMALLOC_CHAIN_RETENTION = 1.0
 # A block's backward temporaries (``predict._backward_transient_bytes``, fitted on glibc)
 # under jemalloc, per byte counted: past 256 tokens glibc's count grew twice as fast as the
 # kernel's. AMX Xeon, 2026-12-05, ``benchmarks/heap_retention.py`` uncapped, checkpoints
-# every block and the smallest budget's pick, qwen2.5-0.5b and smollm2-135m at 256-2048
-# tokens, native bf16, float32 and upcast bf16: counted at 1.0 the rows read up to +48%
-# above the kernel (the seq-1024 picks at S +17% and +20%); at 0.6, with native bf16's
-# per-token bytes left out (``predict.NATIVE_BF16_BYTES_PER_TOKEN``), those 24 rows and the
-# 14 of the tails -3.6%..+25% (smollm2-135m's native bf16 step over its whole MLP the least,
+# every block and the smallest budget's pick (native bf16: qwen2.5-0.5b at 512-2048 tokens,
+# smollm2-135m at 1024-2048; float32: qwen2.5-0.5b at 256-2048; upcast bf16: both at 256 and
+# 1024): counted at 1.0 the rows read up to +48% above the kernel (the seq-1024 picks at S
+# +17% and +20%); at 0.6, with native bf16's per-token bytes left out
+# (``predict.NATIVE_BF16_BYTES_PER_TOKEN``), those 26 rows and the 12 of the seq-256 tails
+# and steps above -3.6%..+25% (smollm2-135m's native bf16 step over its whole MLP the least,
 # qwen2.5-0.5b's at 2048 tokens the most).
 JEMALLOC_TRANSIENT_RETENTION = 0.6
 

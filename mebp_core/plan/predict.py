@@ -129,13 +129,13 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     """Peak memory by component and step time of ``workload.method`` with these knobs."""
     e = DTYPE_BYTES[workload.compute_dtype]
     resident = resident_weights(workload.arch, knobs, e)
+    matmul = matmul_dtype_of(workload, knobs)
     if workload.method == "mezo":
         memory, checkpoint_file = _mezo_memory(workload, knobs, resident), 0
     else:
-        heap = heap_retention(host.allocator, matmul_dtype_of(workload, knobs) == "bfloat16")
+        heap = heap_retention(host.allocator, matmul == "bfloat16")
         memory, checkpoint_file = _gradient_memory(workload, knobs, resident, heap)
-    native_bf16 = native_bf16_bytes(workload, host.allocator) \
-        if matmul_dtype_of(workload, knobs) == "bfloat16" else 0
+    native_bf16 = native_bf16_bytes(workload, host.allocator) if matmul == "bfloat16" else 0
     memory = {"runtime": host.runtime_bytes + RUNTIME_OVERHEAD_BYTES + native_bf16, **memory}
     store_bytes = _lazy_store_bytes(workload, resident.names)
     modelled, work = step_time(workload, knobs, host, resident.names)
@@ -143,7 +143,7 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
         # a phone runs its 16-bit matmuls natively: it never pays this host's upcasts
         work = step_work(workload, knobs.model_copy(update={"bf16_matmul": "native"}),
                          resident.names)
-    correction = host.time_corrections.get(matmul_dtype_of(workload, knobs))
+    correction = host.time_corrections.get(matmul)
     time = modelled if correction is None else correction.apply(modelled)
     return Prediction(memory=memory, time=time, store_bytes=store_bytes,
                       checkpoint_file_bytes=checkpoint_file, device_work=work,
