@@ -13,11 +13,14 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from mebp_core.errors import MebpError
+
+LOCK_POLL_S = 0.05  # how often a bounded wait tries the lock again
 
 
 class OutputExistsError(MebpError, ValueError):
@@ -35,16 +38,22 @@ def exclusive_lock(path: Path) -> Iterator[None]:
 
 
 @contextmanager
-def try_lock(path: Path) -> Iterator[bool]:
-    """Take the exclusive lock on ``path`` if no one holds it, without waiting: whether it
-    was taken (held for the block)."""
+def try_lock(path: Path, wait_s: float = 0.0) -> Iterator[bool]:
+    """Take the exclusive lock on ``path`` if no one holds it, waiting at most ``wait_s``
+    for its holder: whether it was taken (held for the block). A bounded wait is for work
+    the lock only keeps from being done twice: a holder that hangs keeps its lock for good."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + wait_s
     with open(path, "w") as lock:
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
+        while True:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    yield False
+                    return
+                time.sleep(LOCK_POLL_S)
         yield True
 
 

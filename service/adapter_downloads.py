@@ -6,7 +6,10 @@ exactly its bytes, the same bytes download after download.
 
 A job's worker makes the PEFT zip as it records the adapter (its digest is the adapter's);
 any other format, or an adapter kept before, is made by its first download, one maker at a
-time across processes (the others wait for it and serve its file). An adapter folder gone (a
+time across processes (the others wait for it and serve its file). A maker that holds the
+turn past ``MAKER_WAIT_S`` hangs (a lost attempt's stopped worker keeps its lock for good):
+the file is then made anyway, which is safe because every write is atomic and an adapter's
+folder always gives the same bytes in each format. An adapter folder gone (a
 checkpoint pruned while it was asked for) is an ``AdapterGoneError``, its downloads folder
 left removed; a file opened (``open_adapter_file``) is served whole even if pruned after.
 """
@@ -20,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Literal
 
-from mebp_core.atomic import exclusive_lock
+from mebp_core.atomic import try_lock
 from mebp_core.lora.export import export_adapter
 from mebp_core.lora.peft_io import AdapterError
 from service.storage import adapter_downloads_dir, kept_digest, write_with_digest, zip_directory
@@ -31,6 +34,7 @@ AdapterFormat = Literal["peft", "mlx", "gguf"]
 FORMATS: dict[str, tuple[str, str]] = {"peft": ("-peft.zip", "application/zip"),
                                        "mlx": ("-mlx.zip", "application/zip"),
                                        "gguf": (".gguf", "application/octet-stream")}
+MAKER_WAIT_S = 30.0  # zipping a LoRA adapter takes a second or two
 
 
 class AdapterGoneError(FileNotFoundError):
@@ -62,7 +66,7 @@ def adapter_file(source: Path, fmt: AdapterFormat, base_config: dict | None, *,
         return kept
     if not source.is_dir():  # before the lock, whose file would make its folder again
         raise AdapterGoneError(f"no adapter at {source}")
-    with exclusive_lock(path.with_name(f".{path.name}.lock")):
+    with try_lock(path.with_name(f".{path.name}.lock"), wait_s=MAKER_WAIT_S):
         try:
             if not source.is_dir():  # renamed away (pruned) while this one waited
                 raise AdapterGoneError(f"no adapter at {source}")

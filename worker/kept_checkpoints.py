@@ -34,8 +34,9 @@ def record_kept(session: Session, job_id: str, root: Path, steps: list[int]) -> 
     kept step's metrics line was written before its folder, so its row is in by now.
 
     Every zip is made before the first row, and the caller holds no write open: making one
-    waits on its lock, which a download or a lost attempt's hung worker may hold, and a
-    write held meanwhile would stop every writer of a SQLite database."""
+    waits on its lock, which a download or a lost attempt's hung worker may hold (at most
+    ``adapter_downloads.MAKER_WAIT_S``: then it is made anyway), and a write held meanwhile
+    would stop every writer of a SQLite database."""
     zips = {step: adapter_file(kept_adapter_dir(root, step), "peft", None, remake=True)
             for step in steps}
     for step, made in zips.items():

@@ -6,7 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from mebp_core.plan.calibration import calibration_path, load_calibration
-from mebp_core.plan.correction import SIMILAR_RUNS, measured_step_time, record_run
+from mebp_core.plan.correction import (
+    SIMILAR_RUNS,
+    CorrectionLockedError,
+    measured_step_time,
+    record_run,
+)
 from mebp_core.plan.summary import PlanSummary
 from service.models import Job
 
@@ -31,7 +36,8 @@ def correct_host_time(job: Job, *, cache_dir: Path, threads: int | None,
     attempt that died before committing its end, run again), it replaces the earlier record.
 
     It waits on the correction's lock, which another worker holds while it records (or
-    hangs doing so): call it before the session's first write, never with one held open."""
+    hangs doing so: then at most ``correction.RECORD_WAIT_S``): call it before the session's first
+    write, never with one held open."""
     decompress_s = None if None in decompress_times else measured_step_time(decompress_times)
     plan = job.planned()
     modelled = None if plan is None else plan.modelled_step_time_s
@@ -41,18 +47,21 @@ def correct_host_time(job: Job, *, cache_dir: Path, threads: int | None,
     calibrated_at = plan.calibrated_at or ""
     if host is None or host.measured_at != calibrated_at:
         return None  # planned elsewhere, or against a calibration since replaced
-    correction = record_run(calibration_path(cache_dir, threads), calibrated_at,
-                            matmul_dtype=plan.matmul_dtype, modelled_s=modelled,
-                            measured_s=job.step_time_s,
-                            modelled_parts=plan.modelled_time_s,
-                            measured_parts=None if decompress_s is None
-                            else {"decompress": decompress_s},
-                            label=f"job {job.id}: {job.model} {plan.configuration}",
-                            run_id=job.id)  # one record per job, whichever attempt ends it
     measured = f"measured {job.step_time_s:.3g} s/step against " \
         f"{plan.predicted_step_time_s:.3g} predicted"
     data = {"measured_step_time_s": job.step_time_s,
             "predicted_step_time_s": plan.predicted_step_time_s}
+    try:
+        correction = record_run(calibration_path(cache_dir, threads), calibrated_at,
+                                matmul_dtype=plan.matmul_dtype, modelled_s=modelled,
+                                measured_s=job.step_time_s,
+                                modelled_parts=plan.modelled_time_s,
+                                measured_parts=None if decompress_s is None
+                                else {"decompress": decompress_s},
+                                label=f"job {job.id}: {job.model} {plan.configuration}",
+                                run_id=job.id)  # one record per job, whichever attempt ends it
+    except CorrectionLockedError as exc:
+        return f"{measured}: not recorded in this host's time correction ({exc})", data
     if correction is None:
         return (f"{measured}, {job.step_time_s / modelled:.3g}x the model: not used to "
                 "correct this host's plans (a run this far off says more about the run, "

@@ -35,8 +35,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from mebp_core.atomic import exclusive_lock, write_json_atomically
+from mebp_core.atomic import try_lock, write_json_atomically
 from mebp_core.code_version import engine_code_digest
+from mebp_core.errors import MebpError
 
 RECENT_RUNS = 5  # the prior is the median over this many latest runs
 # a configuration's part factors: from this many runs of the mix most like its own, among
@@ -54,6 +55,12 @@ MIN_PART_SHARE = 0.03
 KEPT_RUNS = 50  # the history kept in the file, for inspection
 # a run whose steps ran this far from the model's time says more about the run than the host
 RATIO_BOUNDS = (0.01, 100.0)
+# a recorder that holds the history's lock this long hangs (a stopped worker holds it for good)
+RECORD_WAIT_S = 30.0
+
+
+class CorrectionLockedError(MebpError):
+    """Another process held the history's lock past ``RECORD_WAIT_S``: the run is not kept."""
 
 
 @dataclass(frozen=True)
@@ -177,7 +184,8 @@ def record_run(calibration_file: Path, calibrated_at: str, *, matmul_dtype: str,
     """Add one run's measured time beside its modelled time, with the modelled time of each
     part and the measured time of those the engine timed (``MEASURED_PARTS``), which the
     part factors come from; the correction the next plans will use, or None if the ratio is
-    out of bounds (not recorded). A run recorded again under its ``run_id`` replaces its
+    out of bounds (not recorded); a ``CorrectionLockedError`` if another recorder hung
+    holding the history. A run recorded again under its ``run_id`` replaces its
     earlier record: a caller may record before it commits its own, and again after a crash."""
     if modelled_s <= 0 or measured_s <= 0:
         return None
@@ -185,7 +193,10 @@ def record_run(calibration_file: Path, calibrated_at: str, *, matmul_dtype: str,
     if not RATIO_BOUNDS[0] <= ratio <= RATIO_BOUNDS[1]:
         return None
     path = correction_path(calibration_file)
-    with exclusive_lock(path.with_suffix(".lock")):  # workers record concurrently
+    with try_lock(path.with_suffix(".lock"), wait_s=RECORD_WAIT_S) as held:  # workers record
+        if not held:  # concurrently: a run lost beats a job that never ends
+            raise CorrectionLockedError(f"{path.with_suffix('.lock')} was held by another "
+                                        f"process for {RECORD_WAIT_S:g} s")
         runs = [run for run in _read(path) if run_id is None or run.get("run_id") != run_id]
         runs.append({**({"run_id": run_id} if run_id is not None else {}),
                      "calibrated_at": calibrated_at, "matmul_dtype": matmul_dtype,

@@ -1,7 +1,7 @@
 """How a worker records its engine's end, on a prepared job folder and a real SQLite
-database: a finished job's end waits on no lock while it holds a write of the database, and
-its measured time is recorded once in this host's time correction, however often an attempt
-records it."""
+database: a finished job's end waits on no lock while it holds a write of the database, nor
+for long on a lock whose holder hangs, and its measured time is recorded once in this host's
+time correction, however often an attempt records it."""
 
 from __future__ import annotations
 
@@ -10,12 +10,14 @@ from pathlib import Path
 
 import pytest
 from database_rows import database_with_dataset
+from hung_lock import held_by_a_hung_process
 from sqlite_writers import assert_no_write_held_while_waiting
 from sqlmodel import Session, select
 
 from mebp_core.atomic import exclusive_lock
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.lora.peft_files import ADAPTER_FILES
+from mebp_core.plan import correction
 from mebp_core.plan.calibration import calibration_path, load_calibration
 from mebp_core.plan.correction import correction_path
 from mebp_core.plan.summary import PlanSummary
@@ -101,6 +103,24 @@ def test_a_job_end_waiting_on_the_time_corrections_lock_holds_no_write(engine, t
     assert [message[:33] for message in said] == ["measured 0.75 s/step against 0.5 "]
     correction = load_calibration(cache, 1, measure=False).time_corrections["float32"]
     assert correction.runs == 1 and correction.factor == pytest.approx(1.5)
+
+
+def test_a_job_end_whose_correction_recorder_hangs_ends_without_recording(
+        engine, tmp_path, cache, monkeypatch):
+    """Another worker hung (stopped, never to go on) while it recorded its job's time,
+    holding this host's correction's lock for good: this job still ends, after
+    ``RECORD_WAIT_S``, saying its time was not recorded, and the correction is unchanged."""
+    monkeypatch.setattr(correction, "RECORD_WAIT_S", 0.5)
+    lock = correction_path(calibration_path(cache, 1)).with_suffix(".lock")
+    with held_by_a_hung_process(lock) as holder:
+        record(engine, tmp_path, cache)
+        assert holder.poll() is None  # it held the lock throughout
+    with Session(engine) as session:
+        assert session.get(Job, JOB).status == "succeeded"
+        said = session.exec(select(Event.message).where(Event.kind == "log")).all()
+    assert len(said) == 1 and "not recorded in this host's time correction" in said[0] \
+        and str(lock) in said[0], said
+    assert "float32" not in load_calibration(cache, 1, measure=False).time_corrections
 
 
 def test_a_job_end_recorded_again_counts_its_time_once(engine, tmp_path, cache):

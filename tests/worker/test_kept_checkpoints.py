@@ -3,7 +3,8 @@ attempt resuming from step R keeps what its predecessor recorded up to R, record
 kept but not recorded since, and removes what was pruned but not yet removed, what it trains
 again, and what a kill left half written or half removed; pruning never touches the job's
 final adapter; a kept adapter that cannot be recorded ends the job with its engine; a resume
-that waits on a kept adapter's lock holds no write of the database meanwhile."""
+that waits on a kept adapter's lock holds no write of the database meanwhile, and waits a
+bounded time on a holder that hangs."""
 
 from __future__ import annotations
 
@@ -13,16 +14,18 @@ from types import SimpleNamespace
 
 import pytest
 from database_rows import database_with_dataset
+from hung_lock import held_by_a_hung_process
 from sqlite_writers import assert_no_write_held_while_waiting
 from sqlmodel import Session, select
 
 from mebp_core.atomic import exclusive_lock
 from mebp_core.engine.kept_adapters import kept_adapter_dir
 from mebp_core.lora.peft_files import ADAPTER_FILES
+from service import adapter_downloads
 from service.job_checkpoints import checkpoint_id
 from service.models import Event, Job, JobCheckpoint, Metric
 from service.settings import Settings
-from service.storage import adapter_downloads_dir, job_dir
+from service.storage import adapter_downloads_dir, job_dir, kept_digest, sha256_file
 from worker.child import ADAPTER, CHECKPOINT, KEPT
 from worker.kept_checkpoints import remove_folders
 from worker.runner import JobRun
@@ -170,3 +173,20 @@ def test_a_resume_waiting_on_a_kept_adapters_lock_holds_no_write(run, engine, tm
     with Session(engine) as session:
         assert rows(session) == [5, 10]
         assert session.exec(select(Metric.step).where(Metric.step > 10)).all() == []
+
+
+def test_a_resume_makes_a_kept_adapters_zip_whose_maker_hangs(run, engine, monkeypatch):
+    """The lost attempt's worker hung (stopped, never to go on) while it zipped step 10's
+    kept adapter, holding the zip's lock for good: the resume waits ``MAKER_WAIT_S`` for
+    it, then makes the zip itself and records step 10, rather than waiting forever with the
+    job read as running (CI stop 47)."""
+    monkeypatch.setattr(adapter_downloads, "MAKER_WAIT_S", 0.5)
+    prepare(run, engine, resume_from=10, recorded=[5], on_disk=[5, 10], last_step=12)
+    downloads = adapter_downloads_dir(kept_adapter_dir(run.dir / KEPT, 10))
+    with held_by_a_hung_process(downloads / ".adapter-peft.zip.lock") as holder:
+        assert resume(run, engine) == [5, 10]
+        assert holder.poll() is None  # it held the lock throughout
+    made = downloads / "adapter-peft.zip"
+    with Session(engine) as session:
+        recorded = session.get(JobCheckpoint, checkpoint_id(JOB, 10))
+    assert recorded.sha256 == kept_digest(made) == sha256_file(made)
