@@ -15,11 +15,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from mebp_core.atomic import exclusive_lock
+from mebp_core.atomic import try_lock
 from service.storage import digest_path
 
 EXPORT_SUFFIXES = (".zip", ".gguf")
 GRAVE_GRACE_S = 6 * 3600  # an evicted export stays readable this long: a slow download
+# another evictor holding the turn this long hangs: the next export's eviction does the work
+EVICTION_WAIT_S = 30.0
 
 
 def served_file(path: Path) -> Path:
@@ -55,9 +57,13 @@ def kept_exports(bases: Path) -> dict[Path, int]:
 
 def evict_least_recently_served(bases: Path, max_bytes: int, keep: Path) -> list[Path]:
     """Remove kept exports, least recently served first, until they total at most
-    ``max_bytes``; never ``keep`` (the one just made, not fetched yet). The removed."""
+    ``max_bytes``; never ``keep`` (the one just made, not fetched yet). The removed: none
+    when another process held the turn past ``EVICTION_WAIT_S``."""
     removed = []
-    with exclusive_lock(bases / ".eviction.lock"):  # the workers of this machine
+    # this machine's workers take turns; one that hangs holding the turn leaves it to the next
+    with try_lock(bases / ".eviction.lock", wait_s=EVICTION_WAIT_S) as held:
+        if not held:
+            return removed
         remove_old_graves(bases)
         kept = kept_exports(bases)
         total_bytes = sum(kept.values())

@@ -193,8 +193,9 @@ def record_run(calibration_file: Path, calibrated_at: str, *, matmul_dtype: str,
     if not RATIO_BOUNDS[0] <= ratio <= RATIO_BOUNDS[1]:
         return None
     path = correction_path(calibration_file)
-    with try_lock(path.with_suffix(".lock"), wait_s=RECORD_WAIT_S) as held:  # workers record
-        if not held:  # concurrently: a run lost beats a job that never ends
+    # workers record concurrently; a run left unrecorded beats a job that never ends
+    with try_lock(path.with_suffix(".lock"), wait_s=RECORD_WAIT_S) as held:
+        if not held:
             raise CorrectionLockedError(f"{path.with_suffix('.lock')} was held by another "
                                         f"process for {RECORD_WAIT_S:g} s")
         runs = [run for run in _read(path) if run_id is None or run.get("run_id") != run_id]

@@ -3,8 +3,8 @@ app in process (no worker: each test plays the worker's part itself). Starting i
 start racing another joins it, its quota uncounted); a lost run is queued again only by a
 start, under a fresh RQ id, never by a page or listing that only looks; the run carries its
 target and cache bound; one the OOM killer ended fails saying so, not retried unasked;
-the maker never waits on another's lock; eviction leaves a grave an
-open download still reads, and no lock or half-made digest behind."""
+the maker never waits on another's lock, nor eviction for long on a turn whose holder hangs;
+eviction leaves a grave an open download still reads, and no lock or half-made digest behind."""
 
 from __future__ import annotations
 
@@ -16,11 +16,13 @@ from pathlib import Path
 
 import pytest
 import redis
+from hung_lock import held_by_a_hung_process
 from rq import Queue
 from rq.job import JobStatus
 
 from mebp_core.atomic import exclusive_lock
-from service.base_cache import lock_path
+from service import base_cache
+from service.base_cache import evict_least_recently_served, lock_path
 from service.base_export_queue import exports_queue_name, holding_lease
 from service.bases import BaseRequest, base_target, is_kept, make_base
 from service.queue import connect
@@ -149,6 +151,24 @@ def test_a_killed_makers_leftovers_are_removed_and_eviction_leaves_a_readable_gr
     assert download.read(4) == b"GGUF"
     download.close()
     assert not [p for p in Path(path.parent).iterdir() if ".tmp-" in p.name]
+
+
+def test_an_export_is_made_though_an_evictor_hangs_holding_its_turn(tmp_path, model_cache,
+                                                                    monkeypatch):
+    """Another worker hung (stopped, never to go on) while it evicted: the next export is
+    made and kept, its eviction skipped after ``EVICTION_WAIT_S`` (what is beyond the bound
+    stays); with the turn free, eviction removes it."""
+    monkeypatch.setattr(base_cache, "EVICTION_WAIT_S", 0.5)
+    first = base_target(REQUEST, tmp_path, model_cache)
+    assert make_base(REQUEST, first, model_cache, max_cache_bytes=1 << 30) == first
+    other = BaseRequest("preset:tiny", "int4", 64, "gguf", "float32", "q4_1")
+    second = base_target(other, tmp_path, model_cache)
+    with held_by_a_hung_process(first.parent / ".eviction.lock") as holder:
+        assert make_base(other, second, model_cache, max_cache_bytes=0) == second
+        assert holder.poll() is None  # it held the turn throughout
+    assert is_kept(first) and is_kept(second)  # beyond the bound: nothing evicted
+    assert evict_least_recently_served(first.parent, 0, keep=second) == [first]
+    assert not first.exists() and is_kept(second)
 
 
 def test_an_export_the_oom_killer_ended_fails_saying_so_and_is_not_retried_unasked(
