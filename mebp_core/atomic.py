@@ -41,20 +41,25 @@ def exclusive_lock(path: Path) -> Iterator[None]:
 def try_lock(path: Path, wait_s: float = 0.0) -> Iterator[bool]:
     """Take the exclusive lock on ``path`` if no one holds it, waiting at most ``wait_s``
     for its holder: whether it was taken (held for the block). A bounded wait is for work
-    the lock only keeps from being done twice: a holder that hangs keeps its lock for good."""
+    whose caller can go on without the lock (doing the work anyway, or leaving it undone): a
+    holder that hangs keeps its lock for good."""
     path.parent.mkdir(parents=True, exist_ok=True)
     deadline = time.monotonic() + wait_s
     with open(path, "w") as lock:
-        while True:
-            try:
-                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                if time.monotonic() >= deadline:
-                    yield False
-                    return
-                time.sleep(LOCK_POLL_S)
+        while not _lock_now(lock):
+            if time.monotonic() >= deadline:
+                yield False
+                return
+            time.sleep(LOCK_POLL_S)
         yield True
+
+
+def _lock_now(lock) -> bool:
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 @contextmanager

@@ -9,7 +9,8 @@ any other format, or an adapter kept before, is made by its first download, one 
 time across processes (the others wait for it and serve its file). A maker that holds the
 turn past ``MAKER_WAIT_S`` hangs (a lost attempt's stopped worker keeps its lock for good):
 the file is then made anyway, which is safe because every write is atomic and an adapter's
-folder always gives the same bytes in each format. An adapter folder gone (a
+folder always gives the same bytes in each format (so should the hung maker wake and finish,
+its file and digest name the same bytes). An adapter folder gone (a
 checkpoint pruned while it was asked for) is an ``AdapterGoneError``, its downloads folder
 left removed; a file opened (``open_adapter_file``) is served whole even if pruned after.
 """
@@ -34,7 +35,7 @@ AdapterFormat = Literal["peft", "mlx", "gguf"]
 FORMATS: dict[str, tuple[str, str]] = {"peft": ("-peft.zip", "application/zip"),
                                        "mlx": ("-mlx.zip", "application/zip"),
                                        "gguf": (".gguf", "application/octet-stream")}
-MAKER_WAIT_S = 30.0  # zipping a LoRA adapter takes a second or two
+MAKER_WAIT_S = 30.0  # a LoRA adapter zips or exports in a second or two
 
 
 class AdapterGoneError(FileNotFoundError):

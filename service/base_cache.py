@@ -20,7 +20,8 @@ from service.storage import digest_path
 
 EXPORT_SUFFIXES = (".zip", ".gguf")
 GRAVE_GRACE_S = 6 * 3600  # an evicted export stays readable this long: a slow download
-# another evictor holding the turn this long hangs: the next export's eviction does the work
+# another evictor holding the turn this long hangs: this eviction is skipped (and, while it
+# hangs, every later one: the bound is then not kept, which the caller logs)
 EVICTION_WAIT_S = 30.0
 
 
@@ -55,15 +56,16 @@ def kept_exports(bases: Path) -> dict[Path, int]:
     return kept
 
 
-def evict_least_recently_served(bases: Path, max_bytes: int, keep: Path) -> list[Path]:
+def evict_least_recently_served(bases: Path, max_bytes: int, keep: Path
+                                ) -> list[Path] | None:
     """Remove kept exports, least recently served first, until they total at most
-    ``max_bytes``; never ``keep`` (the one just made, not fetched yet). The removed: none
-    when another process held the turn past ``EVICTION_WAIT_S``."""
+    ``max_bytes``; never ``keep`` (the one just made, not fetched yet). The removed; None
+    when another process held the turn past ``EVICTION_WAIT_S`` (nothing was removed)."""
     removed = []
-    # this machine's workers take turns; one that hangs holding the turn leaves it to the next
-    with try_lock(bases / ".eviction.lock", wait_s=EVICTION_WAIT_S) as held:
+    # this machine's workers evict in turn
+    with try_lock(eviction_lock_path(bases), wait_s=EVICTION_WAIT_S) as held:
         if not held:
-            return removed
+            return None
         remove_old_graves(bases)
         kept = kept_exports(bases)
         total_bytes = sum(kept.values())
@@ -75,6 +77,11 @@ def evict_least_recently_served(bases: Path, max_bytes: int, keep: Path) -> list
                 total_bytes -= kept[path]
                 removed.append(path)
     return removed
+
+
+def eviction_lock_path(bases: Path) -> Path:
+    """The lock the evictors of this machine take in turn."""
+    return bases / ".eviction.lock"
 
 
 def lock_path(path: Path) -> Path:

@@ -26,7 +26,13 @@ from mebp_core.errors import MebpError
 from mebp_core.store.export_base import export_base
 from mebp_core.store.export_base_common import base_model_name
 from mebp_core.store.resolve import packed_dir, resolve_model
-from service.base_cache import evict_least_recently_served, lock_path, record_served
+from service.base_cache import (
+    EVICTION_WAIT_S,
+    evict_least_recently_served,
+    eviction_lock_path,
+    lock_path,
+    record_served,
+)
 from service.storage import bases_dir, digest_path, kept_digest, write_with_digest, zip_directory
 
 MEDIA_TYPES = {"hf": "application/zip", "mlx": "application/zip",
@@ -110,6 +116,11 @@ def make_base(request: BaseRequest, path: Path, cache_dir: Path,
         evicted = evict_least_recently_served(path.parent, max_cache_bytes, path)
     except OSError as exc:  # the export is made: a failed eviction waits for the next
         log.warning("evicting base exports failed: %s", exc)
+        return path
+    if evicted is None:
+        log.warning("evicting base exports skipped: another process held %s for %g s, "
+                    "hung (the exports may exceed MEBP_MAX_BASE_CACHE_BYTES meanwhile)",
+                    eviction_lock_path(path.parent), EVICTION_WAIT_S)
         return path
     for gone in evicted:
         log.info("base export %s evicted (MEBP_MAX_BASE_CACHE_BYTES)", gone.name)

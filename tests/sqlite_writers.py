@@ -1,5 +1,6 @@
 """Whether a thread that waits on a file lock holds a SQLite database's write meanwhile: the
-waiter is seen in /proc/locks, and the write lock probed from another connection."""
+waiter is seen in /proc/locks (or, a bounded wait, by the lock file it holds open), and the
+write lock probed from another connection."""
 
 from __future__ import annotations
 

@@ -184,8 +184,8 @@ def record_run(calibration_file: Path, calibrated_at: str, *, matmul_dtype: str,
     """Add one run's measured time beside its modelled time, with the modelled time of each
     part and the measured time of those the engine timed (``MEASURED_PARTS``), which the
     part factors come from; the correction the next plans will use, or None if the ratio is
-    out of bounds (not recorded); a ``CorrectionLockedError`` if another recorder hung
-    holding the history. A run recorded again under its ``run_id`` replaces its
+    out of bounds (not recorded). Raises ``CorrectionLockedError`` if another recorder
+    hung holding the history. A run recorded again under its ``run_id`` replaces its
     earlier record: a caller may record before it commits its own, and again after a crash."""
     if modelled_s <= 0 or measured_s <= 0:
         return None

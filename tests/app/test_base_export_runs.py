@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 import redis
-from hung_lock import held_by_a_hung_process
+from hung_lock import finishes, held_by_a_hung_process
 from rq import Queue
 from rq.job import JobStatus
 
 from mebp_core.atomic import exclusive_lock
 from service import base_cache
-from service.base_cache import evict_least_recently_served, lock_path
+from service.base_cache import evict_least_recently_served, eviction_lock_path, lock_path
 from service.base_export_queue import exports_queue_name, holding_lease
 from service.bases import BaseRequest, base_target, is_kept, make_base
 from service.queue import connect
@@ -163,9 +163,11 @@ def test_an_export_is_made_though_an_evictor_hangs_holding_its_turn(tmp_path, mo
     assert make_base(REQUEST, first, model_cache, max_cache_bytes=1 << 30) == first
     other = BaseRequest("preset:tiny", "int4", 64, "gguf", "float32", "q4_1")
     second = base_target(other, tmp_path, model_cache)
-    with held_by_a_hung_process(first.parent / ".eviction.lock") as holder:
-        assert make_base(other, second, model_cache, max_cache_bytes=0) == second
+    with held_by_a_hung_process(eviction_lock_path(first.parent)) as holder:
+        made, waited_s = finishes(lambda: make_base(other, second, model_cache,
+                                                    max_cache_bytes=0))
         assert holder.poll() is None  # it held the turn throughout
+    assert made == second and waited_s >= 0.5
     assert is_kept(first) and is_kept(second)  # beyond the bound: nothing evicted
     assert evict_least_recently_served(first.parent, 0, keep=second) == [first]
     assert not first.exists() and is_kept(second)

@@ -10,14 +10,15 @@ from pathlib import Path
 
 import pytest
 from database_rows import database_with_dataset
-from hung_lock import held_by_a_hung_process
+from hung_lock import finishes, held_by_a_hung_process
 from sqlite_writers import assert_no_write_held_while_waiting
 from sqlmodel import Session, select
+from waiting import HANG_GUARD_S
 
 from mebp_core.atomic import exclusive_lock
 from mebp_core.config import EngineKnobs, TrainConfig
 from mebp_core.lora.peft_files import ADAPTER_FILES
-from mebp_core.plan import correction
+from mebp_core.plan import correction as time_correction
 from mebp_core.plan.calibration import calibration_path, load_calibration
 from mebp_core.plan.correction import correction_path
 from mebp_core.plan.summary import PlanSummary
@@ -78,11 +79,12 @@ def record(engine, tmp_path: Path, cache: Path) -> None:
 
 
 def test_a_job_end_waiting_on_the_time_corrections_lock_holds_no_write(engine, tmp_path,
-                                                                       cache):
+                                                                       cache, monkeypatch):
     """Another worker records its job's time in this host's correction (or hung doing so,
     stopped as a test's SIGSTOP leaves it): this job's end waits for its lock, and
     meanwhile every other writer of the one SQLite file (the reconciler, the API, this
     job's heartbeat) goes on, rather than waiting behind it until it fails."""
+    monkeypatch.setattr(time_correction, "RECORD_WAIT_S", HANG_GUARD_S)  # waits throughout
     lock = correction_path(calibration_path(cache, 1)).with_suffix(".lock")
     failed: list[BaseException] = []
 
@@ -110,11 +112,12 @@ def test_a_job_end_whose_correction_recorder_hangs_ends_without_recording(
     """Another worker hung (stopped, never to go on) while it recorded its job's time,
     holding this host's correction's lock for good: this job still ends, after
     ``RECORD_WAIT_S``, saying its time was not recorded, and the correction is unchanged."""
-    monkeypatch.setattr(correction, "RECORD_WAIT_S", 0.5)
+    monkeypatch.setattr(time_correction, "RECORD_WAIT_S", 0.5)
     lock = correction_path(calibration_path(cache, 1)).with_suffix(".lock")
     with held_by_a_hung_process(lock) as holder:
-        record(engine, tmp_path, cache)
+        _, waited_s = finishes(lambda: record(engine, tmp_path, cache))
         assert holder.poll() is None  # it held the lock throughout
+    assert waited_s >= 0.5
     with Session(engine) as session:
         assert session.get(Job, JOB).status == "succeeded"
         said = session.exec(select(Event.message).where(Event.kind == "log")).all()

@@ -14,9 +14,10 @@ from types import SimpleNamespace
 
 import pytest
 from database_rows import database_with_dataset
-from hung_lock import held_by_a_hung_process
+from hung_lock import finishes, held_by_a_hung_process
 from sqlite_writers import assert_no_write_held_while_waiting
 from sqlmodel import Session, select
+from waiting import HANG_GUARD_S
 
 from mebp_core.atomic import exclusive_lock
 from mebp_core.engine.kept_adapters import kept_adapter_dir
@@ -159,13 +160,15 @@ def test_a_kept_adapter_that_cannot_be_recorded_kills_the_engine(run, engine):
     assert job_dir(run.settings.storage_root, JOB) == run.dir
 
 
-def test_a_resume_waiting_on_a_kept_adapters_lock_holds_no_write(run, engine, tmp_path):
+def test_a_resume_waiting_on_a_kept_adapters_lock_holds_no_write(run, engine, tmp_path,
+                                                                   monkeypatch):
     """The lost attempt's worker hung while it zipped step 10's kept adapter, holding the
     zip's lock (as a test's SIGSTOP left it): the resume that records step 10 waits for it,
     and meanwhile every other writer of the one SQLite file (the reconciler, the API, this
     attempt's heartbeat) goes on, rather than waiting behind it until it fails."""
     prepare(run, engine, resume_from=10, recorded=[5], on_disk=[5, 10], last_step=12)
     lock = adapter_downloads_dir(kept_adapter_dir(run.dir / KEPT, 10)) / ".adapter-peft.zip.lock"
+    monkeypatch.setattr(adapter_downloads, "MAKER_WAIT_S", HANG_GUARD_S)  # waits throughout
     with exclusive_lock(lock):
         resuming = threading.Thread(target=resume, args=(run, engine))
         assert_no_write_held_while_waiting(resuming, lock, tmp_path / "mebp.db")
@@ -184,8 +187,9 @@ def test_a_resume_makes_a_kept_adapters_zip_whose_maker_hangs(run, engine, monke
     prepare(run, engine, resume_from=10, recorded=[5], on_disk=[5, 10], last_step=12)
     downloads = adapter_downloads_dir(kept_adapter_dir(run.dir / KEPT, 10))
     with held_by_a_hung_process(downloads / ".adapter-peft.zip.lock") as holder:
-        assert resume(run, engine) == [5, 10]
+        recorded, waited_s = finishes(lambda: resume(run, engine))
         assert holder.poll() is None  # it held the lock throughout
+    assert recorded == [5, 10] and waited_s >= 0.5  # waited on that very lock, then made it
     made = downloads / "adapter-peft.zip"
     with Session(engine) as session:
         recorded = session.get(JobCheckpoint, checkpoint_id(JOB, 10))
