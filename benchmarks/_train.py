@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 from mebp_core.plan.correction import steady_step_time
@@ -19,3 +20,12 @@ def train_argv(preset: str, data: Path, out: Path, metrics: Path, *, steps: int,
 
 def timed_step_s(steps: list[dict]) -> float | None:
     return steady_step_time([s["step_time_s"] for s in steps])
+
+
+def add_workload_arguments(parser: argparse.ArgumentParser) -> None:
+    """The preset, sequence length, dtype and bf16 matmul path of the runs a benchmark makes."""
+    parser.add_argument("--preset", default="qwen2.5-0.5b")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    parser.add_argument("--bf16-matmul", choices=["auto", "native", "float32"],
+                        default="auto")

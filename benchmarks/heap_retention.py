@@ -31,7 +31,7 @@ if str(REPO) not in sys.path:
 
 from benchmarks._cgroup import run_in_cgroup  # noqa: E402
 from benchmarks._machine import machine_report  # noqa: E402
-from benchmarks._train import train_argv  # noqa: E402
+from benchmarks._train import add_workload_arguments, train_argv  # noqa: E402
 from mebp_core.bench.corpus import collect_docstrings, write_jsonl  # noqa: E402
 from mebp_core.cache import default_cache_dir  # noqa: E402
 from mebp_core.config import EngineKnobs, TrainConfig  # noqa: E402
@@ -83,10 +83,7 @@ def train_config(args: argparse.Namespace, knobs: EngineKnobs) -> TrainConfig:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="qwen2.5-0.5b")
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
-    p.add_argument("--bf16-matmul", choices=["auto", "native", "float32"], default="auto")
+    add_workload_arguments(p)
     p.add_argument("--settings", nargs="+", default=["tail1", "tail4", "tail16", "nockpt",
                                                      "ckpt1"])
     p.add_argument("--allocators", nargs="+", choices=ALLOCATORS, default=list(ALLOCATORS))

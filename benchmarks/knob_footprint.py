@@ -24,17 +24,14 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks._cgroup import create_cgroup  # noqa: E402
-from benchmarks._train import timed_step_s, train_argv  # noqa: E402
+from benchmarks._train import add_workload_arguments, timed_step_s, train_argv  # noqa: E402
 from mebp_core.bench.corpus import collect_docstrings, write_jsonl  # noqa: E402
 from mebp_core.engine.metrics_file import read_steps  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="qwen2.5-0.5b")
-    p.add_argument("--seq-len", type=int, default=256)
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
-    p.add_argument("--bf16-matmul", choices=["auto", "native", "float32"], default="auto")
+    add_workload_arguments(p)
     p.add_argument("--steps", type=int, default=4, help="the first is not timed")
     p.add_argument("--pairs", type=int, default=2)
     p.add_argument("--json", type=Path)

@@ -17,11 +17,11 @@ from waiting import HANG_GUARD_S
 
 T = TypeVar("T")
 
-HOLD = """import fcntl, sys, time
+HOLD = """import fcntl, signal, sys
 lock = open(sys.argv[1], "w")
 fcntl.flock(lock, fcntl.LOCK_EX)
 print("held", flush=True)
-time.sleep(3600)
+signal.pause()
 """
 
 
