@@ -6,11 +6,16 @@
  *
  * int4 groups run on explicit vectors where the CPU has them: 16 packed bytes at a time on
  * AVX-512 (groups of a multiple of 32), 8 on AVX2 (of 16), low nibble first; other groups
- * run the scalar loop. bfloat16 is rounded by the
- * CPU's own instruction where it has AVX-512 BF16 (2x the integer rounding's speed here);
- * its flush of denormals never applies, as every nonzero q * scale + bias of float16 factors
- * is at least 2^-24 in magnitude. Measured: BENCHMARKS.md, "The dequantization kernel on
- * explicit vectors".
+ * run the scalar loop. A 16-bit output (and bfloat16's values in float32) is looked up: each
+ * group's 16 possible values are computed and rounded once, as the scalar loop would, then
+ * each q picks its own by a permute (a byte shuffle on AVX2). In bfloat16 that took 0.87-0.92x
+ * the time of computing every value on AVX-512 (writing the output is most of what is left)
+ * and 0.71-0.73x on AVX2 (a build without AVX-512, on the same Xeon). Plain float32 outputs
+ * are computed: the lookup was no faster there on AVX-512, and slower on AVX2. bfloat16 is
+ * rounded by the CPU's own instruction where it has AVX-512 BF16; its flush of denormals never
+ * applies, as every nonzero q * scale + bias of float16 factors is at least 2^-24 in
+ * magnitude. Measured: BENCHMARKS.md, "The dequantization kernel on explicit vectors" and "A
+ * group's values looked up".
  *
  * Rows are split over OpenMP threads, as many as torch's ops use (threads, from the caller).
  * Linked against libgomp.so.1, the copy torch loaded, the regions run on torch's own pool,
@@ -47,10 +52,38 @@ static inline float bf16_value(float f) { /* f rounded to bfloat16, as a float *
 }
 
 #if VECTOR_BYTES == 16
-typedef __m512 vfloat;
-/* the 32 values of 16 packed bytes, in order, as two vectors */
-static inline void int4_values(const uint8_t *d, vfloat s, vfloat b, vfloat *first,
-                               vfloat *second) {
+/* A group's 16 values (q = 0..15), computed and converted as the scalar loop does, then
+ * looked up per 4-bit q: one permute per 16 or 32 outputs instead of a convert, a multiply,
+ * an add and a rounding per 16. Plain float32 keeps the group's factors and computes. */
+static inline __m512 group_values(float s, float b) {
+  const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  return _mm512_add_ps(_mm512_mul_ps(q, _mm512_set1_ps(s)), _mm512_set1_ps(b));
+}
+static inline __m512i bf16_bits(__m512 f) { /* to_bf16, 16 lanes, in the low halves */
+  __m512i u = _mm512_castps_si512(f);
+  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  return _mm512_srli_epi32(u, 16);
+}
+typedef struct { __m512 scale, bias; } table_f32; /* the group's factors */
+typedef __m512 table_bf16_f32;
+typedef __m512i table_bf16;
+static inline table_f32 table_of_f32(float s, float b) {
+  table_f32 t = {_mm512_set1_ps(s), _mm512_set1_ps(b)};
+  return t;
+}
+static inline table_bf16_f32 table_of_bf16_f32(float s, float b) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(group_values(s, b)), 16));
+}
+static inline table_bf16 table_of_bf16(float s, float b) { /* 16 words, the rest zero */
+#if defined(__AVX512BF16__)
+  return _mm512_zextsi256_si512((__m256i)_mm512_cvtneps_pbh(group_values(s, b)));
+#else
+  return _mm512_zextsi256_si512(_mm512_cvtepi32_epi16(bf16_bits(group_values(s, b))));
+#endif
+}
+/* the 32 q of 16 packed bytes, in order (low nibble first), as two vectors of 16 dwords */
+static inline void int4_dwords(const uint8_t *d, __m512i *first, __m512i *second) {
   const __m512i low_first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22,
                                               7, 23);
   const __m512i high_first = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29,
@@ -58,87 +91,120 @@ static inline void int4_values(const uint8_t *d, vfloat s, vfloat b, vfloat *fir
   __m512i bytes = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)d));
   __m512i lo = _mm512_and_si512(bytes, _mm512_set1_epi32(15));
   __m512i hi = _mm512_srli_epi32(bytes, 4);
-  __m512 q0 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo, low_first, hi));
-  __m512 q1 = _mm512_cvtepi32_ps(_mm512_permutex2var_epi32(lo, high_first, hi));
-  *first = _mm512_add_ps(_mm512_mul_ps(q0, s), b);
-  *second = _mm512_add_ps(_mm512_mul_ps(q1, s), b);
+  *first = _mm512_permutex2var_epi32(lo, low_first, hi);
+  *second = _mm512_permutex2var_epi32(lo, high_first, hi);
 }
-static inline void store_f32(float *o, vfloat x, vfloat y) {
-  _mm512_storeu_ps(o, x);
-  _mm512_storeu_ps(o + 16, y);
+static inline void lookup_f32(float *o, const uint8_t *d, table_f32 t) {
+  __m512i q0, q1;
+  int4_dwords(d, &q0, &q1);
+  _mm512_storeu_ps(o, _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q0), t.scale), t.bias));
+  _mm512_storeu_ps(o + 16,
+                   _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q1), t.scale), t.bias));
 }
-static inline __m512i bf16_bits(vfloat f) { /* to_bf16, 16 lanes, in the low halves */
-  __m512i u = _mm512_castps_si512(f);
-  __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-  u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-  return _mm512_srli_epi32(u, 16);
+static inline void lookup_bf16_f32(float *o, const uint8_t *d, table_bf16_f32 t) {
+  __m512i q0, q1;
+  int4_dwords(d, &q0, &q1);
+  _mm512_storeu_ps(o, _mm512_permutexvar_ps(q0, t));
+  _mm512_storeu_ps(o + 16, _mm512_permutexvar_ps(q1, t));
 }
-static inline void store_bf16_f32(float *o, vfloat x, vfloat y) {
-  store_f32(o, _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(x), 16)),
-            _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(y), 16)));
+static inline void lookup_bf16(uint16_t *o, const uint8_t *d, table_bf16 t) {
+  /* byte b in a dword: low word b & 15, high word b >> 4, so 32 word indices in order */
+  __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)d));
+  __m512i q = _mm512_and_si512(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)),
+                               _mm512_set1_epi32(0x000F000F));
+  _mm512_storeu_si512((void *)o, _mm512_permutexvar_epi16(q, t));
 }
-#if defined(__AVX512BF16__)
-static inline void store_bf16(uint16_t *o, vfloat x, vfloat y) {
-  _mm512_storeu_si512((void *)o, (__m512i)_mm512_cvtne2ps_pbh(y, x));
-}
-#else
-static inline void store_bf16(uint16_t *o, vfloat x, vfloat y) {
-  __m512i packed = _mm512_packus_epi32(bf16_bits(x), bf16_bits(y)); /* per 128-bit lane */
-  _mm512_storeu_si512((void *)o, _mm512_permutexvar_epi64(
-                                     _mm512_setr_epi64(0, 2, 4, 6, 1, 3, 5, 7), packed));
-}
-#endif
-#define SET1 _mm512_set1_ps
 #elif VECTOR_BYTES == 8
-typedef __m256 vfloat;
-static inline void int4_values(const uint8_t *d, vfloat s, vfloat b, vfloat *first,
-                               vfloat *second) {
-  __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)d));
-  __m256i lo = _mm256_and_si256(bytes, _mm256_set1_epi32(15));
-  __m256i hi = _mm256_srli_epi32(bytes, 4);
-  __m256i a = _mm256_unpacklo_epi32(lo, hi), c = _mm256_unpackhi_epi32(lo, hi);
-  __m256 q0 = _mm256_cvtepi32_ps(_mm256_permute2x128_si256(a, c, 0x20));
-  __m256 q1 = _mm256_cvtepi32_ps(_mm256_permute2x128_si256(a, c, 0x31));
-  *first = _mm256_add_ps(_mm256_mul_ps(q0, s), b);
-  *second = _mm256_add_ps(_mm256_mul_ps(q1, s), b);
-}
-static inline void store_f32(float *o, vfloat x, vfloat y) {
-  _mm256_storeu_ps(o, x);
-  _mm256_storeu_ps(o + 8, y);
-}
-static inline __m256i bf16_bits(vfloat f) {
+static inline __m256i bf16_bits(__m256 f) {
   __m256i u = _mm256_castps_si256(f);
   __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
   u = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
   return _mm256_srli_epi32(u, 16);
 }
-static inline void store_bf16(uint16_t *o, vfloat x, vfloat y) {
-  __m256i packed = _mm256_packus_epi32(bf16_bits(x), bf16_bits(y)); /* per 128-bit lane */
-  _mm256_storeu_si256((__m256i *)o, _mm256_permute4x64_epi64(packed, 0xD8));
+/* A group's 16 values as two vectors of 8 (q = 0..7 and 8..15), converted as the scalar
+ * loop converts them, then looked up per 4-bit q; plain float32 outputs are computed instead
+ * (two permutes and a blend cost more than a convert, a multiply and an add here). */
+typedef struct { __m256 scale, bias; } table_f32; /* the group's factors */
+typedef struct { __m256 low, high; } table_bf16_f32;
+typedef struct { __m128i lo_bytes, hi_bytes; } table_bf16; /* each value's two bytes */
+static inline table_f32 table_of_f32(float s, float b) {
+  table_f32 t = {_mm256_set1_ps(s), _mm256_set1_ps(b)};
+  return t;
 }
-static inline void store_bf16_f32(float *o, vfloat x, vfloat y) {
-  store_f32(o, _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(x), 16)),
-            _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(y), 16)));
+static inline table_bf16_f32 group_values(float s, float b) {
+  const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
+  table_bf16_f32 t = {
+      _mm256_add_ps(_mm256_mul_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), vs), vb),
+      _mm256_add_ps(_mm256_mul_ps(_mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15), vs), vb)};
+  return t;
 }
-#define SET1 _mm256_set1_ps
+static inline table_bf16_f32 table_of_bf16_f32(float s, float b) {
+  table_bf16_f32 t = group_values(s, b);
+  t.low = _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(t.low), 16));
+  t.high = _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(t.high), 16));
+  return t;
+}
+static inline table_bf16 table_of_bf16(float s, float b) {
+  table_bf16_f32 v = group_values(s, b);
+  /* 16 words in order (packus works per 128-bit lane), then low bytes and high bytes */
+  __m256i words = _mm256_permute4x64_epi64(
+      _mm256_packus_epi32(bf16_bits(v.low), bf16_bits(v.high)), 0xD8);
+  const __m256i split = _mm256_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15,
+                                         0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  __m256i halves = _mm256_shuffle_epi8(words, split);
+  __m128i first = _mm256_castsi256_si128(halves), second = _mm256_extracti128_si256(halves, 1);
+  table_bf16 t = {_mm_unpacklo_epi64(first, second), _mm_unpackhi_epi64(first, second)};
+  return t;
+}
+/* the 16 q of 8 packed bytes, in order (low nibble first), as two vectors of 8 dwords */
+static inline void int4_dwords(const uint8_t *d, __m256i *first, __m256i *second) {
+  __m256i bytes = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)d));
+  __m256i lo = _mm256_and_si256(bytes, _mm256_set1_epi32(15));
+  __m256i hi = _mm256_srli_epi32(bytes, 4);
+  __m256i a = _mm256_unpacklo_epi32(lo, hi), c = _mm256_unpackhi_epi32(lo, hi);
+  *first = _mm256_permute2x128_si256(a, c, 0x20);
+  *second = _mm256_permute2x128_si256(a, c, 0x31);
+}
+static inline void lookup_f32(float *o, const uint8_t *d, table_f32 t) {
+  __m256i q0, q1;
+  int4_dwords(d, &q0, &q1);
+  _mm256_storeu_ps(o, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q0), t.scale), t.bias));
+  _mm256_storeu_ps(o + 8,
+                   _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q1), t.scale), t.bias));
+}
+static inline __m256 lookup8(__m256i q, table_bf16_f32 t) { /* bit 3 of q picks the half */
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t.low, q),
+                          _mm256_permutevar8x32_ps(t.high, q),
+                          _mm256_castsi256_ps(_mm256_slli_epi32(q, 28)));
+}
+static inline void lookup_bf16_f32(float *o, const uint8_t *d, table_bf16_f32 t) {
+  __m256i q0, q1;
+  int4_dwords(d, &q0, &q1);
+  _mm256_storeu_ps(o, lookup8(q0, t));
+  _mm256_storeu_ps(o + 8, lookup8(q1, t));
+}
+static inline void lookup_bf16(uint16_t *o, const uint8_t *d, table_bf16 t) {
+  __m128i bytes = _mm_loadl_epi64((const __m128i *)d), m = _mm_set1_epi8(15);
+  __m128i q = _mm_unpacklo_epi8(_mm_and_si128(bytes, m),
+                                _mm_and_si128(_mm_srli_epi16(bytes, 4), m));
+  __m128i lo = _mm_shuffle_epi8(t.lo_bytes, q), hi = _mm_shuffle_epi8(t.hi_bytes, q);
+  _mm256_storeu_si256((__m256i *)o, _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi),
+                                                     _mm_unpacklo_epi8(lo, hi)));
+}
 #endif
 
 #if VECTOR_BYTES
-#define INT4_VECTOR_GROUP(STORE)                                                            \
+#define INT4_VECTOR_GROUP(KIND)                                                             \
   if (half % VECTOR_BYTES == 0) {                                                           \
-    const vfloat vs = SET1(s), vb = SET1(b);                                                \
-    for (int64_t j = 0; j < half; j += VECTOR_BYTES) {                                      \
-      vfloat x, y;                                                                          \
-      int4_values(d + j, vs, vb, &x, &y);                                                   \
-      STORE(o + 2 * j, x, y);                                                               \
-    }                                                                                       \
+    const table_##KIND t = table_of_##KIND(s, b);                                           \
+    for (int64_t j = 0; j < half; j += VECTOR_BYTES) lookup_##KIND(o + 2 * j, d + j, t);    \
     continue;                                                                               \
   }
 #else
-#define INT4_VECTOR_GROUP(STORE)
+#define INT4_VECTOR_GROUP(KIND)
 #endif
 
-#define DEFINE_INT4(NAME, OUT_T, CONVERT, STORE)                                            \
+#define DEFINE_INT4(NAME, OUT_T, CONVERT, KIND)                                             \
   void NAME(const uint8_t *restrict data, const float *restrict scales,                    \
             const float *restrict biases, int64_t rows, int64_t k, int64_t group,          \
             OUT_T *restrict out, int threads) {                                             \
@@ -150,7 +216,7 @@ static inline void store_bf16_f32(float *o, vfloat x, vfloat y) {
         const float s = scales[r * groups + g], b = biases[r * groups + g];                \
         const uint8_t *d = data + r * (k / 2) + g * half;                                  \
         OUT_T *o = out + r * k + g * group;                                                 \
-        INT4_VECTOR_GROUP(STORE)                                                            \
+        INT4_VECTOR_GROUP(KIND)                                                             \
         for (int64_t j = 0; j < half; j++) {                                                \
           o[2 * j] = CONVERT((float)(d[j] & 15) * s + b);                                   \
           o[2 * j + 1] = CONVERT((float)(d[j] >> 4) * s + b);                               \
@@ -175,11 +241,11 @@ static inline void store_bf16_f32(float *o, vfloat x, vfloat y) {
   }
 
 #define AS_FLOAT(x) (x)
-DEFINE_INT4(dequant_int4_f32, float, AS_FLOAT, store_f32)
-DEFINE_INT4(dequant_int4_bf16, uint16_t, to_bf16, store_bf16)
+DEFINE_INT4(dequant_int4_f32, float, AS_FLOAT, f32)
+DEFINE_INT4(dequant_int4_bf16, uint16_t, to_bf16, bf16)
 DEFINE_INT8(dequant_int8_f32, float, AS_FLOAT)
 DEFINE_INT8(dequant_int8_bf16, uint16_t, to_bf16)
-DEFINE_INT4(dequant_int4_bf16_f32, float, bf16_value, store_bf16_f32)
+DEFINE_INT4(dequant_int4_bf16_f32, float, bf16_value, bf16_f32)
 DEFINE_INT8(dequant_int8_bf16_f32, float, bf16_value)
 
 /* Which path this build takes (for the tests): the packed bytes of a vector step, 0 for the
