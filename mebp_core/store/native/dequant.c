@@ -8,14 +8,14 @@
  * AVX-512 (groups of a multiple of 32), 8 on AVX2 (of 16), low nibble first; other groups
  * run the scalar loop. A 16-bit output (and bfloat16's values in float32) is looked up: each
  * group's 16 possible values are computed and rounded once, as the scalar loop would, then
- * each q picks its own by a permute (a byte shuffle on AVX2). In bfloat16 that took 0.87-0.92x
- * the time of computing every value on AVX-512 (writing the output is most of what is left)
- * and 0.71-0.73x on AVX2 (a build without AVX-512, on the same Xeon). Plain float32 outputs
- * are computed: the lookup was no faster there on AVX-512, and slower on AVX2. bfloat16 is
- * rounded by the CPU's own instruction where it has AVX-512 BF16; its flush of denormals never
- * applies, as every nonzero q * scale + bias of float16 factors is at least 2^-24 in
- * magnitude. Measured: BENCHMARKS.md, "The dequantization kernel on explicit vectors" and "A
- * group's values looked up".
+ * each q takes its own by a permute (a byte shuffle for bfloat16 on AVX2). In bfloat16 that
+ * took 0.87-0.92x the time of computing every value on AVX-512 (writing the output is most of
+ * what is left) and 0.71-0.73x on AVX2 (a build without AVX-512, on the same Xeon). Plain
+ * float32 outputs are computed: the lookup was no faster there on AVX-512, and slower on
+ * AVX2. Every build rounds by the integer arithmetic of to_bf16 (AVX-512 BF16's instruction,
+ * which would round 16 values a group, bought nothing and flushes denormals), so every build
+ * gives the same bits. Measured: BENCHMARKS.md, "The dequantization kernel on explicit
+ * vectors" and "A group's values looked up".
  *
  * Rows are split over OpenMP threads, as many as torch's ops use (threads, from the caller).
  * Linked against libgomp.so.1, the copy torch loaded, the regions run on torch's own pool,
@@ -52,9 +52,10 @@ static inline float bf16_value(float f) { /* f rounded to bfloat16, as a float *
 }
 
 #if VECTOR_BYTES == 16
-/* A group's 16 values (q = 0..15), computed and converted as the scalar loop does, then
- * looked up per 4-bit q: one permute per 16 or 32 outputs instead of a convert, a multiply,
- * an add and a rounding per 16. Plain float32 keeps the group's factors and computes. */
+/* What a vector step needs of a group (prepare_*), and the step itself (fill_*): 16 packed
+ * bytes into 32 outputs. 16-bit outputs and bfloat16's values in float32 look their values
+ * up in the group's 16 (q = 0..15), computed and rounded once as the scalar loop does; plain
+ * float32 keeps the group's factors and computes each value. */
 static inline __m512 group_values(float s, float b) {
   const __m512 q = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   return _mm512_add_ps(_mm512_mul_ps(q, _mm512_set1_ps(s)), _mm512_set1_ps(b));
@@ -65,22 +66,18 @@ static inline __m512i bf16_bits(__m512 f) { /* to_bf16, 16 lanes, in the low hal
   u = _mm512_add_epi32(u, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
   return _mm512_srli_epi32(u, 16);
 }
-typedef struct { __m512 scale, bias; } table_f32; /* the group's factors */
-typedef __m512 table_bf16_f32;
-typedef __m512i table_bf16;
-static inline table_f32 table_of_f32(float s, float b) {
-  table_f32 t = {_mm512_set1_ps(s), _mm512_set1_ps(b)};
-  return t;
+typedef struct { __m512 scale, bias; } group_f32;
+typedef __m512 group_bf16_f32; /* the 16 values, rounded to bfloat16, as float32 */
+typedef __m512i group_bf16;    /* the 16 values in the low 16 words */
+static inline group_f32 prepare_f32(float s, float b) {
+  group_f32 g = {_mm512_set1_ps(s), _mm512_set1_ps(b)};
+  return g;
 }
-static inline table_bf16_f32 table_of_bf16_f32(float s, float b) {
+static inline group_bf16_f32 prepare_bf16_f32(float s, float b) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(bf16_bits(group_values(s, b)), 16));
 }
-static inline table_bf16 table_of_bf16(float s, float b) { /* 16 words, the rest zero */
-#if defined(__AVX512BF16__)
-  return _mm512_zextsi256_si512((__m256i)_mm512_cvtneps_pbh(group_values(s, b)));
-#else
+static inline group_bf16 prepare_bf16(float s, float b) {
   return _mm512_zextsi256_si512(_mm512_cvtepi32_epi16(bf16_bits(group_values(s, b))));
-#endif
 }
 /* the 32 q of 16 packed bytes, in order (low nibble first), as two vectors of 16 dwords */
 static inline void int4_dwords(const uint8_t *d, __m512i *first, __m512i *second) {
@@ -94,58 +91,59 @@ static inline void int4_dwords(const uint8_t *d, __m512i *first, __m512i *second
   *first = _mm512_permutex2var_epi32(lo, low_first, hi);
   *second = _mm512_permutex2var_epi32(lo, high_first, hi);
 }
-static inline void lookup_f32(float *o, const uint8_t *d, table_f32 t) {
+static inline void fill_f32(float *o, const uint8_t *d, group_f32 g) {
   __m512i q0, q1;
   int4_dwords(d, &q0, &q1);
-  _mm512_storeu_ps(o, _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q0), t.scale), t.bias));
+  _mm512_storeu_ps(o, _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q0), g.scale), g.bias));
   _mm512_storeu_ps(o + 16,
-                   _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q1), t.scale), t.bias));
+                   _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(q1), g.scale), g.bias));
 }
-static inline void lookup_bf16_f32(float *o, const uint8_t *d, table_bf16_f32 t) {
+static inline void fill_bf16_f32(float *o, const uint8_t *d, group_bf16_f32 values) {
   __m512i q0, q1;
   int4_dwords(d, &q0, &q1);
-  _mm512_storeu_ps(o, _mm512_permutexvar_ps(q0, t));
-  _mm512_storeu_ps(o + 16, _mm512_permutexvar_ps(q1, t));
+  _mm512_storeu_ps(o, _mm512_permutexvar_ps(q0, values));
+  _mm512_storeu_ps(o + 16, _mm512_permutexvar_ps(q1, values));
 }
-static inline void lookup_bf16(uint16_t *o, const uint8_t *d, table_bf16 t) {
+static inline void fill_bf16(uint16_t *o, const uint8_t *d, group_bf16 values) {
   /* byte b in a dword: low word b & 15, high word b >> 4, so 32 word indices in order */
   __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)d));
   __m512i q = _mm512_and_si512(_mm512_or_si512(b, _mm512_slli_epi32(b, 12)),
                                _mm512_set1_epi32(0x000F000F));
-  _mm512_storeu_si512((void *)o, _mm512_permutexvar_epi16(q, t));
+  _mm512_storeu_si512((void *)o, _mm512_permutexvar_epi16(q, values));
 }
 #elif VECTOR_BYTES == 8
+/* As above, 8 packed bytes into 16 outputs a step; a group's 16 values as two vectors of 8
+ * (q = 0..7 and 8..15). Plain float32 computes: two permutes and a blend cost more than a
+ * convert, a multiply and an add here. */
 static inline __m256i bf16_bits(__m256 f) {
   __m256i u = _mm256_castps_si256(f);
   __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
   u = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
   return _mm256_srli_epi32(u, 16);
 }
-/* A group's 16 values as two vectors of 8 (q = 0..7 and 8..15), converted as the scalar
- * loop converts them, then looked up per 4-bit q; plain float32 outputs are computed instead
- * (two permutes and a blend cost more than a convert, a multiply and an add here). */
-typedef struct { __m256 scale, bias; } table_f32; /* the group's factors */
-typedef struct { __m256 low, high; } table_bf16_f32;
-typedef struct { __m128i lo_bytes, hi_bytes; } table_bf16; /* each value's two bytes */
-static inline table_f32 table_of_f32(float s, float b) {
-  table_f32 t = {_mm256_set1_ps(s), _mm256_set1_ps(b)};
-  return t;
-}
-static inline table_bf16_f32 group_values(float s, float b) {
+typedef struct { __m256 low, high; } sixteen_floats;
+typedef struct { __m256 scale, bias; } group_f32;
+typedef sixteen_floats group_bf16_f32; /* the 16 values, rounded to bfloat16, as float32 */
+typedef struct { __m128i lo_bytes, hi_bytes; } group_bf16; /* the 16 values' two bytes */
+static inline sixteen_floats group_values(float s, float b) {
   const __m256 vs = _mm256_set1_ps(s), vb = _mm256_set1_ps(b);
-  table_bf16_f32 t = {
+  sixteen_floats v = {
       _mm256_add_ps(_mm256_mul_ps(_mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7), vs), vb),
       _mm256_add_ps(_mm256_mul_ps(_mm256_setr_ps(8, 9, 10, 11, 12, 13, 14, 15), vs), vb)};
-  return t;
+  return v;
 }
-static inline table_bf16_f32 table_of_bf16_f32(float s, float b) {
-  table_bf16_f32 t = group_values(s, b);
-  t.low = _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(t.low), 16));
-  t.high = _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(t.high), 16));
-  return t;
+static inline group_f32 prepare_f32(float s, float b) {
+  group_f32 g = {_mm256_set1_ps(s), _mm256_set1_ps(b)};
+  return g;
 }
-static inline table_bf16 table_of_bf16(float s, float b) {
-  table_bf16_f32 v = group_values(s, b);
+static inline group_bf16_f32 prepare_bf16_f32(float s, float b) {
+  sixteen_floats v = group_values(s, b);
+  v.low = _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(v.low), 16));
+  v.high = _mm256_castsi256_ps(_mm256_slli_epi32(bf16_bits(v.high), 16));
+  return v;
+}
+static inline group_bf16 prepare_bf16(float s, float b) {
+  sixteen_floats v = group_values(s, b);
   /* 16 words in order (packus works per 128-bit lane), then low bytes and high bytes */
   __m256i words = _mm256_permute4x64_epi64(
       _mm256_packus_epi32(bf16_bits(v.low), bf16_bits(v.high)), 0xD8);
@@ -153,8 +151,8 @@ static inline table_bf16 table_of_bf16(float s, float b) {
                                          0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
   __m256i halves = _mm256_shuffle_epi8(words, split);
   __m128i first = _mm256_castsi256_si128(halves), second = _mm256_extracti128_si256(halves, 1);
-  table_bf16 t = {_mm_unpacklo_epi64(first, second), _mm_unpackhi_epi64(first, second)};
-  return t;
+  group_bf16 g = {_mm_unpacklo_epi64(first, second), _mm_unpackhi_epi64(first, second)};
+  return g;
 }
 /* the 16 q of 8 packed bytes, in order (low nibble first), as two vectors of 8 dwords */
 static inline void int4_dwords(const uint8_t *d, __m256i *first, __m256i *second) {
@@ -165,29 +163,29 @@ static inline void int4_dwords(const uint8_t *d, __m256i *first, __m256i *second
   *first = _mm256_permute2x128_si256(a, c, 0x20);
   *second = _mm256_permute2x128_si256(a, c, 0x31);
 }
-static inline void lookup_f32(float *o, const uint8_t *d, table_f32 t) {
+static inline void fill_f32(float *o, const uint8_t *d, group_f32 g) {
   __m256i q0, q1;
   int4_dwords(d, &q0, &q1);
-  _mm256_storeu_ps(o, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q0), t.scale), t.bias));
+  _mm256_storeu_ps(o, _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q0), g.scale), g.bias));
   _mm256_storeu_ps(o + 8,
-                   _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q1), t.scale), t.bias));
+                   _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(q1), g.scale), g.bias));
 }
-static inline __m256 lookup8(__m256i q, table_bf16_f32 t) { /* bit 3 of q picks the half */
-  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(t.low, q),
-                          _mm256_permutevar8x32_ps(t.high, q),
+static inline __m256 look_up8(__m256i q, sixteen_floats values) { /* bit 3 picks the half */
+  return _mm256_blendv_ps(_mm256_permutevar8x32_ps(values.low, q),
+                          _mm256_permutevar8x32_ps(values.high, q),
                           _mm256_castsi256_ps(_mm256_slli_epi32(q, 28)));
 }
-static inline void lookup_bf16_f32(float *o, const uint8_t *d, table_bf16_f32 t) {
+static inline void fill_bf16_f32(float *o, const uint8_t *d, group_bf16_f32 values) {
   __m256i q0, q1;
   int4_dwords(d, &q0, &q1);
-  _mm256_storeu_ps(o, lookup8(q0, t));
-  _mm256_storeu_ps(o + 8, lookup8(q1, t));
+  _mm256_storeu_ps(o, look_up8(q0, values));
+  _mm256_storeu_ps(o + 8, look_up8(q1, values));
 }
-static inline void lookup_bf16(uint16_t *o, const uint8_t *d, table_bf16 t) {
+static inline void fill_bf16(uint16_t *o, const uint8_t *d, group_bf16 g) {
   __m128i bytes = _mm_loadl_epi64((const __m128i *)d), m = _mm_set1_epi8(15);
   __m128i q = _mm_unpacklo_epi8(_mm_and_si128(bytes, m),
                                 _mm_and_si128(_mm_srli_epi16(bytes, 4), m));
-  __m128i lo = _mm_shuffle_epi8(t.lo_bytes, q), hi = _mm_shuffle_epi8(t.hi_bytes, q);
+  __m128i lo = _mm_shuffle_epi8(g.lo_bytes, q), hi = _mm_shuffle_epi8(g.hi_bytes, q);
   _mm256_storeu_si256((__m256i *)o, _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi),
                                                      _mm_unpacklo_epi8(lo, hi)));
 }
@@ -196,8 +194,8 @@ static inline void lookup_bf16(uint16_t *o, const uint8_t *d, table_bf16 t) {
 #if VECTOR_BYTES
 #define INT4_VECTOR_GROUP(KIND)                                                             \
   if (half % VECTOR_BYTES == 0) {                                                           \
-    const table_##KIND t = table_of_##KIND(s, b);                                           \
-    for (int64_t j = 0; j < half; j += VECTOR_BYTES) lookup_##KIND(o + 2 * j, d + j, t);    \
+    const group_##KIND prepared = prepare_##KIND(s, b);                                     \
+    for (int64_t j = 0; j < half; j += VECTOR_BYTES) fill_##KIND(o + 2 * j, d + j, prepared); \
     continue;                                                                               \
   }
 #else
@@ -249,13 +247,5 @@ DEFINE_INT4(dequant_int4_bf16_f32, float, bf16_value, bf16_f32)
 DEFINE_INT8(dequant_int8_bf16_f32, float, bf16_value)
 
 /* Which path this build takes (for the tests): the packed bytes of a vector step, 0 for the
- * scalar loop, and whether bfloat16 is rounded by the CPU's own instruction. */
+ * scalar loop. */
 int dequant_vector_bytes(void) { return VECTOR_BYTES; }
-
-int dequant_bf16_instruction(void) {
-#if VECTOR_BYTES == 16 && defined(__AVX512BF16__)
-  return 1;
-#else
-  return 0;
-#endif
-}
