@@ -40,7 +40,21 @@ EXPORTS_STOP_S = 5.0  # the exports worker, asked with its worker, is killed aft
 COMMANDS_POLL_S = 1.0
 
 
-class ServiceWorker(Worker):
+class PolledCommands:
+    """RQ's commands channel (stop a job, shut down), listened to by a thread that wakes each
+    COMMANDS_POLL_S, not RQ's 60 s: a stop joins that thread, and one woken by the
+    unsubscribe before the stop was flagged waited out the whole minute. Mixed in before
+    RQ's worker class."""
+
+    def subscribe(self) -> None:
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(
+            sleep_time=COMMANDS_POLL_S, daemon=True,
+            exception_handler=self._pubsub_exception_handler)
+
+
+class ServiceWorker(PolledCommands, Worker):
     """RQ's worker, heartbeating every WORKER_HEARTBEAT_S idle or busy (so a dead one drops
     out of the API's count soon), listed again after Redis restarted empty, and back on the
     queue within seconds of Redis returning. On SIGTERM or SIGINT it stops (RQ's warm
@@ -96,16 +110,6 @@ class ServiceWorker(Worker):
             with suppress(ProcessLookupError):
                 os.kill(self.horse_pid, signum)
         super().request_stop(signum, frame)
-
-    def subscribe(self) -> None:
-        """RQ's commands channel (stop a job, shut down), listened to by a thread that wakes
-        each COMMANDS_POLL_S, not RQ's 60 s: a stop joins that thread, and one woken by the
-        unsubscribe before the stop was flagged waited out the whole minute."""
-        self.pubsub = self.connection.pubsub()
-        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
-        self.pubsub_thread = self.pubsub.run_in_thread(
-            sleep_time=COMMANDS_POLL_S, daemon=True,
-            exception_handler=self._pubsub_exception_handler)
 
     def heartbeat(self, timeout=None, pipeline=None) -> None:
         if pipeline is not None:

@@ -19,6 +19,7 @@ from mebp_core.store.export_size import export_weight_bytes, source_specs
 from service.base_export_queue import MAKE_BASE, exports_queue_name
 from service.queue import connect
 from service.storage import bases_dir
+from worker.main import PolledCommands
 
 BASE = "/v1/models/preset:tiny/base"
 FORMATS = BASE + "/formats"
@@ -34,6 +35,11 @@ def exports_queue(api) -> Queue:
     return Queue(exports_queue_name(settings.queue_name), connection=connect(settings.redis_url))
 
 
+class InProcessWorker(PolledCommands, SimpleWorker):
+    """RQ's worker that runs its jobs in this process, listening for commands as the
+    service's workers do (RQ's own listener, stopped at the end, could take a minute)."""
+
+
 def run_export_worker(api, monkeypatch) -> None:
     """RQ's own worker on the service's exports queue until it is empty, in this process
     (as ``mebp worker``'s horse runs the job: it reads its settings from the environment)."""
@@ -43,7 +49,7 @@ def run_export_worker(api, monkeypatch) -> None:
                         ("REDIS_URL", settings.redis_url)):
         monkeypatch.setenv(name, str(value))
     queue = exports_queue(api)
-    assert SimpleWorker([queue], connection=queue.connection).work(burst=True)
+    assert InProcessWorker([queue], connection=queue.connection).work(burst=True)
 
 
 @pytest.mark.parametrize(("params", "field", "says"), [
