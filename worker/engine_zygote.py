@@ -25,6 +25,7 @@ job lives and dies with its horse.
 from __future__ import annotations
 
 import ctypes
+import errno
 import gc
 import json
 import mmap
@@ -148,16 +149,49 @@ def own_inherited_pages() -> int:
         for bounds, perms in regions:
             start, end = (int(bound, 16) for bound in bounds.split("-"))
             entries = _pagemap_entries(pagemap.fileno(), start // page, (end - start) // page)
+            prot = sum(PROT[flag] for flag in perms[:3] if flag in PROT)
             for first, count in _shared_runs(entries, zero_pfn):
-                address, length = start + first * page, count * page
-                prot = sum(PROT[flag] for flag in perms[:3] if flag in PROT)
-                if not prot & mmap.PROT_WRITE:
-                    mprotect(address, length, prot | mmap.PROT_WRITE)
-                populate(address, length)
-                if not prot & mmap.PROT_WRITE:
-                    mprotect(address, length, prot)
-                copied += length
+                copied += own_run(start + first * page, count * page, prot, populate, mprotect)
     return copied
+
+
+def own_run(address: int, length: int, prot: int, populate, mprotect) -> int:
+    """Copy a run of inherited pages (``prot``: the mapping's protection); the bytes
+    copied. Part of the run may be gone since the maps were read: this process's own
+    allocator unmaps what it frees (CPython an emptied arena) as the loop above allocates
+    and frees, and the kernel then refuses the whole run (ENOMEM, "no VMA"). What is still
+    mapped is copied; a run still wholly mapped that fails is out of memory, and raised."""
+    try:
+        _populate(address, length, prot, populate, mprotect)
+        return length
+    except OSError as exc:
+        if exc.errno != errno.ENOMEM:
+            raise
+        parts = mapped_parts(address, length)
+        if sum(stop - first for first, stop in parts) == length:
+            raise
+    for first, stop in parts:
+        _populate(first, stop - first, prot, populate, mprotect)
+    return sum(stop - first for first, stop in parts)
+
+
+def _populate(address: int, length: int, prot: int, populate, mprotect) -> None:
+    if not prot & mmap.PROT_WRITE:
+        mprotect(address, length, prot | mmap.PROT_WRITE)
+    populate(address, length)
+    if not prot & mmap.PROT_WRITE:
+        mprotect(address, length, prot)
+
+
+def mapped_parts(address: int, length: int) -> list[tuple[int, int]]:
+    """(first, stop) of each part of [address, address + length) mapped now."""
+    end, parts = address + length, []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            first, stop = (int(bound, 16) for bound in line.split()[0].split("-"))
+            if first < end and stop > address:
+                parts.append((max(first, address), min(stop, end)))
+    return parts
 
 
 def _shared_runs(entries: np.ndarray, zero_pfn: int) -> list[tuple[int, int]]:

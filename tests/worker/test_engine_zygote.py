@@ -7,6 +7,9 @@ for both kinds.)"""
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import mmap
 import os
 import signal
 import subprocess
@@ -27,6 +30,10 @@ from worker.engine_zygote import (
     SPECIAL_MAPPINGS,
     Zygote,
     ZygoteError,
+    _madvise,
+    _mprotect,
+    _populate,
+    own_run,
 )
 from worker.memory_cap import PROCS_ENV, v1_hierarchy, v2_hierarchy
 from worker.warm_engine import EngineProcess, Spare
@@ -189,3 +196,41 @@ def test_an_engine_that_fails_before_it_is_ready_is_known_at_once(tmp_path, warm
         os.close(read_fd)
         os.close(write_fd)
         zygote.close()
+
+
+@pytest.mark.parametrize("prot", [mmap.PROT_READ | mmap.PROT_WRITE, mmap.PROT_READ])
+def test_a_run_partly_unmapped_since_the_maps_were_read_is_copied_where_still_mapped(prot):
+    """A forked engine's own allocator unmaps what it frees while the copy runs (CPython an
+    emptied arena): the kernel refuses a run with a hole in it as a whole (ENOMEM). A worker
+    took that for a broken zygote and started every later engine as an interpreter. What is
+    still mapped is copied now, and a read-only mapping gets its protection back."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                          ctypes.c_int, ctypes.c_long)
+    libc.munmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
+    page = mmap.PAGESIZE
+    address = libc.mmap(None, 3 * page, prot, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+    assert address not in (None, ctypes.c_void_p(-1).value)
+    try:
+        assert libc.munmap(address + page, page) == 0  # the hole
+        populate, mprotect = _madvise(), _mprotect()
+        with pytest.raises(OSError) as refused:  # as the copy did before
+            _populate(address, 3 * page, prot, populate, mprotect)
+        assert refused.value.errno == errno.ENOMEM
+        assert own_run(address, 3 * page, prot, populate, mprotect) == 2 * page
+        expected = "rw-p" if prot & mmap.PROT_WRITE else "r--p"
+        assert permissions_at(address) == permissions_at(address + 2 * page) == expected
+    finally:
+        libc.munmap(address, 3 * page)
+
+
+def permissions_at(address: int) -> str:
+    """The permissions of the mapping holding ``address`` (it may have merged with its
+    neighbours)."""
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            first, stop = (int(bound, 16) for bound in line.split()[0].split("-"))
+            if first <= address < stop:
+                return line.split()[1]
+    raise AssertionError(f"{address:#x} is not mapped")
