@@ -168,11 +168,12 @@ def own_run(address: int, length: int, prot: int, populate, mprotect) -> int:
         if exc.errno != errno.ENOMEM:
             raise
         parts = mapped_parts(address, length)
-        if sum(stop - first for first, stop in parts) == length:
+        mapped = sum(stop - first for first, stop in parts)
+        if mapped == length:
             raise
     for first, stop in parts:
         _populate(first, stop - first, prot, populate, mprotect)
-    return sum(stop - first for first, stop in parts)
+    return mapped
 
 
 def _populate(address: int, length: int, prot: int, populate, mprotect) -> None:
