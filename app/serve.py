@@ -13,7 +13,6 @@ from uvicorn.config import STARTUP_FAILURE
 
 from app.connection_guard import connection_limits, guarded_protocol, raise_descriptor_limit
 from app.keys import bootstrap_key
-from app.main import create_app
 from app.stopping import GRACEFUL_S, ServiceStop, StoppingServer
 from service.db import database_url, upgrade_database
 from service.queue import EmbeddedRedis
@@ -47,6 +46,10 @@ def serve(*, host: str | None, port: int | None, data_dir: Path | None,
         print(f"mebp: serving on http://{settings.host}:{settings.port} (OpenAPI at /docs) "
               f"with {settings.workers} worker(s), Redis at {settings.redis_url}; "
               f"API key: {settings.api_key} (from {key_source})", flush=True)
+        # imported once the workers are starting: its imports (torch among them, 2-3 s)
+        # then run beside theirs, not before them
+        from app.main import create_app
+
         limits = raise_descriptor_limit(connection_limits(settings))
         app = create_app(settings)
         server = StoppingServer(
