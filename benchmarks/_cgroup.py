@@ -4,10 +4,12 @@ definition of memory (``mebp_core.kernel_memory``)."""
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import tempfile
 import time
+from pathlib import Path
 
 from mebp_core.kernel_memory import MemoryCgroup
 from mebp_core.units import MB
@@ -61,6 +63,19 @@ def create_cgroup(cap_bytes: int, name: str) -> BenchCgroup:
         return BenchCgroup(cap)
     cap.close()
     raise CgroupUnavailable(warning or "no memory cgroup could be made")
+
+
+def evict_page_cache(directory: Path) -> None:
+    """Drop the cached pages of every file in ``directory`` (none may be mapped or dirty
+    elsewhere), so a capped child faults the files in itself and is charged for them: the
+    kernel charges a cached page to the cgroup that first read it, not to a later reader."""
+    for path in directory.iterdir():
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
 
 
 SAMPLE_INTERVAL_S = 0.01

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from benchmarks._cgroup import BenchCgroup, create_cgroup  # noqa: E402
+from benchmarks._cgroup import BenchCgroup, create_cgroup, evict_page_cache  # noqa: E402
 from benchmarks._report import check_targets, markdown_tables  # noqa: E402
 from mebp_core.bench.side_by_side import parse_result, preset_hf_dir, worker_argv  # noqa: E402
 
@@ -128,13 +128,7 @@ def private_cold_copy(directory: Path, dest: Path) -> Path:
     faults (and is charged for) the weights itself instead of reusing cached pages that
     another process (maybe with the same file mapped) has charged elsewhere."""
     shutil.copytree(directory, dest)
-    for path in dest.iterdir():
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    evict_page_cache(dest)
     return dest
 
 

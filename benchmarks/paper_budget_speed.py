@@ -11,21 +11,27 @@ Rows: mebp in ``--dtype`` planned for each of ``--budgets`` MB, for its smallest
 unconstrained (the fastest configuration); with ``--also-float32`` mebp's smallest and
 fastest in float32 too. Besides each row's ratio to the baseline, the smallest over the
 fastest per dtype, pair by pair. Plans use this host's calibration (its identity and
-steadiness are printed).
+steadiness are printed). With ``--capped`` each row planned for a budget runs inside a fresh
+memory cgroup hard-capped at that budget, as a phone with it would: the store pages that do
+not fit beside the step are read again every step (the planner's disk term); the baseline
+and the unconstrained rows run uncapped.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from benchmarks._cgroup import create_cgroup, evict_page_cache  # noqa: E402
 from mebp_core.bench.side_by_side import (  # noqa: E402
     BASELINE,
     SideBySideSpec,
@@ -60,6 +66,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=3, help="per process; the first is warm-up")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", type=Path, help="write every run here")
+    p.add_argument("--capped", action="store_true",
+                   help="run each row planned for a budget under a hard cap of that budget")
     return p.parse_args(argv)
 
 
@@ -96,7 +104,26 @@ def plan_rows(args: argparse.Namespace) -> list[dict]:
                                 args.threads))
         rows.append(planned_row(f"{dtype} {FASTEST}", arch, dtype, UNCONSTRAINED_MB,
                                 args.seq_len, args.threads))
+    for row in rows:
+        row["cap_mb"] = row["budget_mb"] if args.capped and \
+            row["budget_mb"] != UNCONSTRAINED_MB else None
     return rows
+
+
+def run_row(row: dict, argv: list[str], packed: Path) -> dict:
+    """One run of ``row``: under its hard cap if it has one (the cgroup's figures beside
+    the child's own; a run the cap kills fails the benchmark, naming the row). Each run
+    starts with the packed model out of the page cache, so a capped one is charged for
+    the store pages it keeps, as on a phone; the first, untimed step reads them in."""
+    evict_page_cache(packed)
+    if row["cap_mb"] is None:
+        return run_worker(argv)
+    group = create_cgroup(row["cap_mb"] * MB, f"mebp-paper-budget-{os.getpid()}-{time.time_ns()}")
+    try:
+        result = run_worker(group.wrap(argv))
+        return {**result, "cgroup": group.stats()}
+    finally:
+        group.remove()
 
 
 def run_pairs(args: argparse.Namespace, rows: list[dict], packed: Path, hf: Path) -> list[dict]:
@@ -111,9 +138,9 @@ def run_pairs(args: argparse.Namespace, rows: list[dict], packed: Path, hf: Path
         order = rows[repeat % len(rows):] + rows[:repeat % len(rows)]
         for row in order:
             log(f"repeat {repeat + 1}/{args.pairs}: mebp {row['row']} ({row['config']})")
-            row["runs"].append(run_worker(worker_argv(
+            row["runs"].append(run_row(row, worker_argv(
                 "mebp", packed, *common, "--dtype", row["dtype"],
-                "--knobs", json.dumps(row["knobs"]))))
+                "--knobs", json.dumps(row["knobs"])), packed))
     return baseline_runs
 
 
@@ -151,13 +178,15 @@ def fmt_spread(figure: dict, digits: int = 2, suffix: str = "") -> str:
 
 def markdown(report: dict) -> str:
     base = report["baseline"]
-    lines = ["| row | configuration | predicted MB | peak MB | s/step | vs transformers + PEFT |",
-             "|---|---|---:|---:|---|---|",
+    lines = ["| row | configuration | predicted MB | peak MB | cap MB | s/step | "
+             "vs transformers + PEFT |",
+             "|---|---|---:|---:|---:|---|---|",
              f"| transformers + PEFT {base['dtype']} | resident, no checkpointing | - | "
-             f"{base['peak_mb']:.0f} | {fmt_spread(base['s_per_step'])} | 1 |"]
+             f"{base['peak_mb']:.0f} | - | {fmt_spread(base['s_per_step'])} | 1 |"]
     for row in report["rows"]:
+        cap = "-" if row["cap_mb"] is None else row["cap_mb"]
         lines.append(f"| mebp {row['row']} | `{row['config']}` | {row['predicted_peak_mb']:.0f}"
-                     f" | {row['peak_mb']:.0f} | {fmt_spread(row['s_per_step'])} | "
+                     f" | {row['peak_mb']:.0f} | {cap} | {fmt_spread(row['s_per_step'])} | "
                      f"{fmt_spread(row['vs_baseline'], suffix='x')} |")
     lines.append("")
     for dtype, figure in report["smallest_over_fastest"].items():
