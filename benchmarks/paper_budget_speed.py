@@ -12,9 +12,10 @@ unconstrained (the fastest configuration); with ``--also-float32`` mebp's smalle
 fastest in float32 too. Besides each row's ratio to the baseline, the smallest over the
 fastest per dtype, pair by pair. Plans use this host's calibration (its identity and
 steadiness are printed). With ``--capped`` each row planned for a budget runs inside a fresh
-memory cgroup hard-capped at that budget, as a phone with it would: the store pages that do
-not fit beside the step are read again every step (the planner's disk term); the baseline
-and the unconstrained rows run uncapped.
+memory cgroup hard-capped at that budget, as a phone with it would, on a private copy of the
+packed model dropped from the page cache before each run: the store pages that do not fit
+beside the step are read again every step (the planner's disk term); the baseline and the
+unconstrained rows run uncapped.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -34,6 +38,7 @@ if str(REPO) not in sys.path:
 from benchmarks._cgroup import create_cgroup, evict_page_cache  # noqa: E402
 from mebp_core.bench.side_by_side import (  # noqa: E402
     BASELINE,
+    BenchError,
     SideBySideSpec,
     log,
     machine_info,
@@ -111,23 +116,43 @@ def plan_rows(args: argparse.Namespace) -> list[dict]:
 
 
 def run_row(row: dict, argv: list[str], packed: Path) -> dict:
-    """One run of ``row``: under its hard cap if it has one (the cgroup's figures beside
-    the child's own; a run the cap kills fails the benchmark, naming the row). Each run
-    starts with the packed model out of the page cache, so a capped one is charged for
-    the store pages it keeps, as on a phone; the first, untimed step reads them in."""
-    evict_page_cache(packed)
+    """One run of ``row``: under its hard cap if it has one, the cgroup's figures beside
+    the child's own (a run that fails names its row and the cgroup's). A capped run starts
+    with the packed model (this run's private copy) out of the page cache, so it is charged
+    for the store pages it keeps, as on a phone; its first, untimed step reads them in."""
     if row["cap_mb"] is None:
         return run_worker(argv)
+    evict_page_cache(packed)
     group = create_cgroup(row["cap_mb"] * MB, f"mebp-paper-budget-{os.getpid()}-{time.time_ns()}")
     try:
-        result = run_worker(group.wrap(argv))
-        return {**result, "cgroup": group.stats()}
+        try:
+            result = run_worker(group.wrap(argv))
+        except BenchError as exc:
+            raise BenchError(f"mebp {row['row']} under a {row['cap_mb']} MB cap: {exc} "
+                             f"(cgroup: {capped_figures(group)})") from exc
+        return {**result, "cgroup": capped_figures(group)}
     finally:
         group.remove()
 
 
-def run_pairs(args: argparse.Namespace, rows: list[dict], packed: Path, hf: Path) -> list[dict]:
-    """The baseline's runs, one per repeat; each row's runs appended to it."""
+def capped_figures(group) -> dict:
+    """The cap's own counters (its peak usage, limit hits and OOM kills); nothing sampled
+    it while the child ran."""
+    return {k: v for k, v in group.stats().items() if not k.startswith("sampled_")}
+
+
+def private_packed_copy(packed: Path, stack: ExitStack) -> Path:
+    """A copy of the packed model for the capped runs alone: another process on this host
+    mapping the shared one would keep its pages cached, charged to its own cgroup."""
+    directory = Path(stack.enter_context(tempfile.TemporaryDirectory(
+        prefix="mebp-paper-budget-", dir=packed.parent)))
+    return Path(shutil.copytree(packed, directory / packed.name))
+
+
+def run_pairs(args: argparse.Namespace, rows: list[dict], packed: Path, hf: Path,
+              capped_packed: Path | None) -> list[dict]:
+    """The baseline's runs, one per repeat; each row's runs appended to it (capped rows
+    on ``capped_packed``)."""
     common = ["--seq-len", str(args.seq_len), "--steps", str(args.steps),
               "--threads", str(args.threads)]
     baseline_runs = []
@@ -138,9 +163,10 @@ def run_pairs(args: argparse.Namespace, rows: list[dict], packed: Path, hf: Path
         order = rows[repeat % len(rows):] + rows[:repeat % len(rows)]
         for row in order:
             log(f"repeat {repeat + 1}/{args.pairs}: mebp {row['row']} ({row['config']})")
+            model = packed if row["cap_mb"] is None else capped_packed
             row["runs"].append(run_row(row, worker_argv(
-                "mebp", packed, *common, "--dtype", row["dtype"],
-                "--knobs", json.dumps(row["knobs"])), packed))
+                "mebp", model, *common, "--dtype", row["dtype"],
+                "--knobs", json.dumps(row["knobs"])), model))
     return baseline_runs
 
 
@@ -204,7 +230,12 @@ def main(argv: list[str] | None = None) -> int:
     if hf is None:
         print(f"{args.model}: no Hugging Face weights for the baseline", file=sys.stderr)
         return 2
-    baseline_runs = run_pairs(args, rows, packed, hf)
+    with ExitStack() as stack:
+        capped_packed = None
+        if args.capped:
+            create_cgroup(MB, f"mebp-paper-budget-probe-{os.getpid()}").remove()  # fail now
+            capped_packed = private_packed_copy(packed, stack)
+        baseline_runs = run_pairs(args, rows, packed, hf, capped_packed)
     flags = sorted(cpu_flags() & set(FLAGS_SHOWN))
     report = {"machine": {**machine_info(), "cpu": cpu_model(), "flags": flags},
               "calibration": {"identity": calibration.identity,
