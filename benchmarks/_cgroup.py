@@ -51,7 +51,21 @@ class BenchCgroup:
                 "sampled_peak_file_mb": self.samples["peak_file"] / MB,
                 # the engine restarts this counter every step: its last step's, at the least
                 "max_usage_mb": None if peak is None else peak / MB,
-                "failcnt": self.cap.limit_hits(), "oom_kill": int(self.cap.oom_killed())}
+                "failcnt": self.cap.limit_hits(), "oom_kill": int(self.cap.oom_killed()),
+                **self.paging()}
+
+    def paging(self) -> dict:
+        """How often the group read file pages back in: its major faults, and its refaults
+        of file pages it had itself dropped under the cap (pages it reads again, not its
+        first reads), from ``memory.stat`` (v1 and v2 both have them)."""
+        try:
+            text = (self.cap.path / "memory.stat").read_text()
+        except OSError:
+            return {}
+        stat = dict(line.split() for line in text.splitlines() if len(line.split()) == 2)
+        refaults = stat.get("workingset_refault_file", stat.get("workingset_refault"))
+        return {"major_faults": int(stat.get("pgmajfault", 0)),
+                "file_refaults": None if refaults is None else int(refaults)}
 
     def remove(self) -> None:
         self.cap.close()
