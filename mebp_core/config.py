@@ -26,6 +26,7 @@ Quant = Literal["none", "int8", "int4"]
 ComputeDtype = Literal["float32", "bfloat16"]
 Optimizer = Literal["sgd", "adamw"]
 CheckpointStorage = Literal["ram", "mmap"]
+StoreReads = Literal["mapped", "direct"]
 FrozenWeights = Literal["lazy", "resident"]
 LoraHidden = Literal["recompute", "store"]
 Bf16Matmul = Literal["auto", "native", "float32"]
@@ -62,6 +63,11 @@ class EngineKnobs(BaseModel):
         "every block checkpointed"))
     checkpoint_storage: CheckpointStorage = Field(default="ram", description=(
         "keep block-input checkpoints in RAM or in a memory-mapped file beside the output"))
+    store_reads: StoreReads = Field(default="mapped", description=(
+        "read the packed weights through a memory mapping (pages the kernel caches, and "
+        "under a cap too small to keep them reads again every pass), or direct: O_DIRECT "
+        "into two block-sized staging buffers, the next block read while one is used (no "
+        "page cache; the buffers' memory counted)"))
     lora_hidden: LoraHidden = Field(default="recompute", description=(
         "recompute LoRA's rank-r intermediate h = x A^T in backward (MeSP), or keep it"))
     # (measured on qwen2.5-0.5b seq 256 with upcast bf16: sharing held 25-30 MB more for no

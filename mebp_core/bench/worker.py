@@ -14,6 +14,7 @@ Heavy imports happen inside the runners, and the memory baseline is taken after 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import math
@@ -89,7 +90,29 @@ def decompression_summary(records: list[dict]) -> dict:
                                                   for r in timed),
             # what the step dequantized, to hold beside the planner's count
             "decompressed_params": statistics.median(r["decompressed_params"] for r in timed),
-            "weights_live_peak_mb": max(r["weights_live_peak_mb"] for r in records)}
+            "weights_live_peak_mb": max(r["weights_live_peak_mb"] for r in records),
+            **{f"{key}_median": statistics.median(r[key] for r in timed)
+               for key in DIRECT_READ_FIGURES if key in records[0]}}
+
+
+DIRECT_READ_FIGURES = ("read_wait_s", "read_mb", "in_line_reads")
+
+
+def direct_reads_before(store):
+    """A copy of a directly read store's counters (None for a mapped store)."""
+    stats = getattr(store, "read_stats", None)
+    return None if stats is None else dataclasses.replace(stats)
+
+
+def direct_reads_since(store, before) -> dict:
+    """What a directly read store read and waited for since ``before``: nothing for a
+    mapped one."""
+    if before is None:
+        return {}
+    now = store.read_stats
+    return {"read_wait_s": now.wait_s - before.wait_s,
+            "read_mb": (now.bytes_read - before.bytes_read) / MB,
+            "in_line_reads": now.in_line_reads - before.in_line_reads}
 
 
 def engine_config(args: argparse.Namespace, method: str):
@@ -129,11 +152,13 @@ def run_engine(args: argparse.Namespace) -> dict:
 
             def step() -> dict:
                 engine.working_set.reset_counters()
+                reads = direct_reads_before(engine.store)
                 result = step_function(next(counter), [batch], config.lr)
                 return {"loss": result.loss_sum / max(result.valid_tokens, 1),
                         "decompress_s": engine.working_set.decompress_s,
                         "decompressed_params": engine.working_set.decompressed_params,
-                        "weights_live_peak_mb": engine.working_set.peak_bytes / MB}
+                        "weights_live_peak_mb": engine.working_set.peak_bytes / MB,
+                        **direct_reads_since(engine.store, reads)}
 
             records = run_timed_steps(step, args.steps, memory)
             element = torch.empty((), dtype=engine.dtype).element_size()

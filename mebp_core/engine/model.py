@@ -28,7 +28,8 @@ from mebp_core.lora.peft_io import (
 )
 from mebp_core.lora.spec import LoraSpec
 from mebp_core.models import build_model
-from mebp_core.resident import select_resident
+from mebp_core.resident import block_index, select_resident
+from mebp_core.store.direct import open_direct_store
 from mebp_core.store.export_base_common import base_model_name
 from mebp_core.store.reader import open_store
 
@@ -142,7 +143,8 @@ def load_engine_model(model_dir: str | Path, *, compute_dtype: str = "float32",
     knobs = knobs or EngineKnobs()
     dtype = DTYPES[compute_dtype]
     matmul = DTYPES[matmul_dtype(compute_dtype, knobs.bf16_matmul)]
-    store = open_store(model_dir)
+    store = open_direct_store(model_dir, block_index) if knobs.store_reads == "direct" \
+        else open_store(model_dir)
     with torch.device("meta"), _skipped_init():
         arch = build_model(store.config)
     working_set = WeightWorkingSet(weight_values=dtype)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import PlanInputError, load_architecture
+from mebp_core.plan.store_reads import mapped_reread_bytes
 from mebp_core.plan.timing import TRAFFIC_MULTIPLIER, StepWork, step_work
 from mebp_core.plan.workload import Workload, packed_bytes_per_param
 from mebp_core.units import MB
@@ -59,12 +60,13 @@ class DeviceProfile:
     def estimate_step_time(self, prediction, workload, budget_bytes: int | None) -> float | None:
         """Seconds per step on this phone for a prediction of ``workload`` under
         ``budget_bytes`` (the store pages that do not fit beside the peak are read again
-        every step), or None."""
+        by every sweep; a direct step's own reads beside them), or None."""
         if self.rates is None:
             return None
-        missing = 0 if budget_bytes is None else \
-            max(0, prediction.store_bytes - max(0, budget_bytes - prediction.peak_bytes))
-        return sum(device_step_time(prediction.device_work, workload, self.rates, missing).values())
+        rereads = 0 if budget_bytes is None else \
+            mapped_reread_bytes(prediction.store_bytes, budget_bytes - prediction.peak_bytes)
+        return sum(device_step_time(prediction.device_work, workload, self.rates,
+                                    rereads + prediction.direct_read_cost_bytes).values())
 
     def to_json(self) -> dict:
         rates = self.rates

@@ -29,8 +29,8 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
     block's input checkpointed in RAM before them, shared decompression and default tiles:
     the fast configurations, which the tail's memory is traded against); and without
     checkpoints, the first k blocks resident for each k. MeZO (forwards
-    only): the weights, the tiles and the MLP's chunks. Plain backprop: its one
-    configuration."""
+    only): the weights, the tiles and the MLP's chunks. Each with the store mapped and, where
+    it reads the store, read directly. Plain backprop: its one configuration."""
     run = {"bf16_matmul": bf16_matmul, "threads": threads}
     if workload.method == "backprop":
         return [EngineKnobs(**BACKPROP_KNOBS, **run)]
@@ -40,12 +40,11 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
     tiles_and_chunks = list(itertools.product((8 << 20, SMALL_TILE_BYTES),
                                               [{}, *mlp_chunk_choices(workload)]))
     if workload.method == "mezo":
-        return [EngineKnobs(frozen_weights=frozen, resident_weight_bytes=budget,
-                            decompress_tile_bytes=tile, loss_vocab_tile_bytes=tile,
-                            **chunk, **run)
-                for (frozen, budget), (tile, chunk) in itertools.product(weights,
-                                                                          tiles_and_chunks)
-                if not (frozen == "resident" and budget is None and tile != 8 << 20)]
+        return with_direct_reads([
+            EngineKnobs(frozen_weights=frozen, resident_weight_bytes=budget,
+                        decompress_tile_bytes=tile, loss_vocab_tile_bytes=tile, **chunk, **run)
+            for (frozen, budget), (tile, chunk) in itertools.product(weights, tiles_and_chunks)
+            if not (frozen == "resident" and budget is None and tile != 8 << 20)])
     checkpoint_blocks = [1, 2, 4, "none"]
     out = []
     for (frozen, budget), every, storage, hidden, shared, (tile, chunk) in itertools.product(
@@ -79,7 +78,16 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
             for blocks, hidden in itertools.product(resident_block_counts(arch.num_layers),
                                                     ("recompute", "store"))
             if resident_within(arch, blocks * block, e).names not in kept_by_quarters]
-    return out
+    return with_direct_reads(out)
+
+
+def with_direct_reads(grid: list[EngineKnobs]) -> list[EngineKnobs]:
+    """``grid`` and, for each configuration that reads weights from the store, its twin
+    reading them directly (``store_reads``): what a cap with no room for the store's pages
+    beside the step is priced against."""
+    return grid + [knobs.model_copy(update={"store_reads": "direct"}) for knobs in grid
+                   if not (knobs.frozen_weights == "resident"
+                           and knobs.resident_weight_bytes is None)]
 
 
 def frozen_weight_choices(workload: Workload) -> list[tuple[str, int | None]]:

@@ -219,6 +219,8 @@ def knobs_id(knobs: EngineKnobs, method: str = "mebp") -> str:
         parts.append(f"mlp{knobs.mlp_chunk_tokens}")
     if knobs.mlp_intermediate_chunk is not None:
         parts.append(f"mlpi{knobs.mlp_intermediate_chunk}")
+    if knobs.store_reads == "direct":
+        parts.append("direct")
     return "-".join(parts)
 
 

@@ -35,6 +35,12 @@ from mebp_core.plan.heap_retention import (
     HeapRetention,
     heap_retention,
 )
+from mebp_core.plan.store_reads import (
+    direct_read_cost_bytes,
+    mapped_reread_bytes,
+    reads_direct,
+    staging_bytes,
+)
 from mebp_core.plan.timing import MEMO_ENTRIES, StepWork, step_time, step_work
 from mebp_core.plan.weight_memory import Residency, resident_weights, transient_weights
 from mebp_core.plan.workload import (
@@ -96,11 +102,13 @@ COMPONENTS = ("runtime", "weights", "checkpoints", "activations", "lora", "loss_
 class Prediction:
     memory: dict[str, int]  # component -> bytes at the peak
     time: dict[str, float]  # matmul, decompress, elementwise, overhead, disk -> seconds
-    store_bytes: int  # packed bytes read per step: page cache, not anonymous memory
+    store_bytes: int  # packed bytes a mapped step reads: page cache, not anonymous memory
     checkpoint_file_bytes: int  # checkpoints in a memory-mapped file: dirty page cache
     device_work: StepWork  # what the step does on a phone, for on-device estimates
     modelled_time: dict[str, float]  # ``time`` before the host's measured-run correction
     correction: TimeCorrection | None = None  # what measured runs on this host say
+    # direct reads (``store_reads``) priced as bytes read at the disk's rate
+    direct_read_cost_bytes: float = 0
 
     @property
     def modelled_step_time_s(self) -> float:
@@ -139,6 +147,12 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     memory = {"runtime": host.runtime_bytes + RUNTIME_OVERHEAD_BYTES + native_bf16, **memory}
     store_bytes = _lazy_store_bytes(workload, resident.names)
     modelled, work = step_time(workload, knobs, host, resident.names)
+    direct_reads = 0.0
+    if reads_direct(knobs, store_bytes):  # staging buffers, no page cache
+        memory["weights"] += staging_bytes(workload)
+        direct_reads = direct_read_cost_bytes(workload, knobs, store_bytes)
+        modelled = {**modelled, "disk": direct_reads / host.disk_read_bytes_per_s}
+        store_bytes = 0
     if matmul_bytes(workload, knobs) != e:
         # a phone runs its 16-bit matmuls natively: it never pays this host's upcasts
         work = step_work(workload, knobs.model_copy(update={"bf16_matmul": "native"}),
@@ -147,7 +161,8 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     time = modelled if correction is None else correction.apply(modelled)
     return Prediction(memory=memory, time=time, store_bytes=store_bytes,
                       checkpoint_file_bytes=checkpoint_file, device_work=work,
-                      modelled_time=modelled, correction=correction)
+                      modelled_time=modelled, correction=correction,
+                      direct_read_cost_bytes=direct_reads)
 
 
 def native_bf16_bytes(workload: Workload, allocator: str) -> int:
@@ -356,12 +371,14 @@ def under_budget(prediction: Prediction, budget_bytes: int, host: HostCalibratio
                  ) -> Prediction:
     """The prediction with the disk traffic a cap forces. File pages share the budget with
     anonymous memory: checkpoints in a mapped file first (what does not fit is written back
-    and read again), then the store (what does not fit is read again every step)."""
+    and read again), then the store (what does not fit is read again by every sweep); a
+    direct step's own reads beside them."""
     room = max(0, budget_bytes - prediction.peak_bytes)
     checkpoints = prediction.checkpoint_file_bytes
     missing_checkpoints = max(0, checkpoints - room)
-    missing_store = max(0, prediction.store_bytes - max(0, room - checkpoints))
-    disk = {"disk": (missing_store + 2 * missing_checkpoints) / host.disk_read_bytes_per_s}
+    rereads = mapped_reread_bytes(prediction.store_bytes, room - checkpoints)
+    disk = {"disk": (rereads + 2 * missing_checkpoints + prediction.direct_read_cost_bytes)
+            / host.disk_read_bytes_per_s}
     corrected = disk if prediction.correction is None else \
         prediction.correction.apply(disk, like={**prediction.modelled_time, **disk})
     return dataclasses.replace(prediction, time={**prediction.time, **corrected},

@@ -79,31 +79,74 @@ class PackedStore:
         e = self._entry(name)
         return TensorInfo(e.shape, DTYPES[e.dtype], e.bits, e.nbytes)
 
-    def _view(self, span: ArraySpan, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        if self._bytes is None:
-            raise StoreError(f"{self.file}: store is closed")
-        start = self._data_offset_bytes + span.offset_bytes
-        return self._bytes[start : start + span.nbytes].view(dtype).view(shape)
+    def _view(self, span: ArraySpan, dtype: torch.dtype, shape: tuple[int, ...],
+              window: torch.Tensor | None = None, window_start: int = 0) -> torch.Tensor:
+        """``span``'s array as a view onto the mapping, or onto ``window``: a copy of the
+        file's bytes from ``window_start`` on."""
+        if window is None:
+            if self._bytes is None:
+                raise StoreError(f"{self.file}: store is closed")
+            window = self._bytes
+        start = self._data_offset_bytes + span.offset_bytes - window_start
+        return window[start : start + span.nbytes].view(dtype).view(shape)
 
     def raw(self, name: str) -> RawTensor:
         """The packed arrays as zero-copy views: (N, K*bits/8) uint8 data and (N, K/g)
         float16 scales/biases, or the plain tensor when stored unquantized."""
-        if name in self._raw:
-            return self._raw[name]
+        if name not in self._raw:
+            self._raw[name] = self.raw_in(name)
+        return self._raw[name]
+
+    def raw_in(self, name: str, window: torch.Tensor | None = None,
+               window_start: int = 0) -> RawTensor:
+        """``raw``'s views, onto ``window`` (a copy of the file's bytes from
+        ``window_start``, covering ``file_span(name)``) when given."""
         e = self._entry(name)
         if e.bits is None:
-            raw = RawTensor(self._view(e.data, DTYPES[e.dtype], e.shape), None, None, None)
-        else:
-            n_rows, k = e.shape
-            groups = (n_rows, k // self.group_size)
-            raw = RawTensor(
-                self._view(e.data, torch.uint8, (n_rows, k * e.bits // 8)),
-                self._view(e.scales, torch.float16, groups),
-                self._view(e.biases, torch.float16, groups),
-                e.bits,
-            )
-        self._raw[name] = raw
-        return raw
+            return RawTensor(self._view(e.data, DTYPES[e.dtype], e.shape, window,
+                                        window_start), None, None, None)
+        n_rows, k = e.shape
+        groups = (n_rows, k // self.group_size)
+        return RawTensor(
+            self._view(e.data, torch.uint8, (n_rows, k * e.bits // 8), window, window_start),
+            self._view(e.scales, torch.float16, groups, window, window_start),
+            self._view(e.biases, torch.float16, groups, window, window_start),
+            e.bits,
+        )
+
+    def file_span(self, name: str) -> tuple[int, int]:
+        """The file's bytes [start, end) holding every array of ``name``."""
+        e = self._entry(name)
+        spans = [s for s in (e.data, e.scales, e.biases) if s is not None]
+        return (self._data_offset_bytes + min(s.offset_bytes for s in spans),
+                self._data_offset_bytes + max(s.offset_bytes + s.nbytes for s in spans))
+
+    def row_spans(self, name: str, rows: slice) -> list[tuple[int, int]]:
+        """The file's bytes [start, end) holding rows ``rows`` (step 1) of each of
+        ``name``'s arrays: data, then scales and biases when quantized."""
+        e = self._entry(name)
+        start, stop, _ = rows.indices(e.shape[0])
+        out = []
+        for span in (e.data, e.scales, e.biases):
+            if span is not None:
+                row_nbytes = span.nbytes // e.shape[0]
+                first = self._data_offset_bytes + span.offset_bytes
+                out.append((first + start * row_nbytes, first + stop * row_nbytes))
+        return out
+
+    def raw_rows(self, name: str, rows: slice, arrays: list[torch.Tensor]) -> RawTensor:
+        """``raw``'s views for rows ``rows`` alone, over ``arrays``: the bytes of
+        ``row_spans(name, rows)``, in order."""
+        e = self._entry(name)
+        n_rows = len(range(e.shape[0])[rows])
+        if e.bits is None:
+            return RawTensor(arrays[0].view(DTYPES[e.dtype]).view(n_rows, *e.shape[1:]),
+                             None, None, None)
+        k = e.shape[1]
+        groups = (n_rows, k // self.group_size)
+        return RawTensor(arrays[0].view(n_rows, k * e.bits // 8),
+                         arrays[1].view(torch.float16).view(groups),
+                         arrays[2].view(torch.float16).view(groups), e.bits)
 
     def dequantize(
         self,
@@ -117,7 +160,12 @@ class PackedStore:
         """A new tensor (or ``out``) holding the requested rows and columns (all when None;
         columns a step-1 slice) in ``dtype``, with the values of ``values`` when narrower
         (see ``quant.dequantize``)."""
-        raw = self.raw(name)
+        return self.dequantize_raw(self.raw(name), dtype, rows, out, cols, values)
+
+    def dequantize_raw(self, raw: RawTensor, dtype: torch.dtype, rows: slice | None,
+                       out: torch.Tensor | None, cols: slice | None,
+                       values: torch.dtype | None) -> torch.Tensor:
+        """``dequantize`` of arrays in hand (``raw``'s, or copies of them)."""
         if raw.bits is None:
             src = raw.data if rows is None else raw.data[rows]
             src = src if cols is None else src[:, cols]

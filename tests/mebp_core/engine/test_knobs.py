@@ -39,6 +39,12 @@ KNOB_SETTINGS = {
                                            frozen_weights="resident",
                                            resident_weight_bytes=40_000),
     "graph-tail-past-the-model": dict(graph_tail_blocks=9),
+    # the store read with O_DIRECT a block ahead (its weights unquantized here)
+    "direct-reads": dict(store_reads="direct"),
+    "direct-reads-every-2-small-tiles": dict(store_reads="direct", checkpoint_blocks=2,
+                                             share_decompression=False,
+                                             decompress_tile_bytes=1 << 16,
+                                             loss_vocab_tile_bytes=1 << 16),
 }
 
 

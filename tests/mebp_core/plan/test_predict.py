@@ -15,8 +15,9 @@ from mebp_core.plan.calibration import DECOMPRESS_SIZES
 from mebp_core.plan.devices import paper_knobs
 from mebp_core.plan.planner import make_plan
 from mebp_core.plan.predict import COMPONENTS, NATIVE_BF16_BYTES, native_bf16_bytes, predict
+from mebp_core.plan.store_reads import READ_AHEAD_COST, STORE_SWEEPS, staging_bytes
 from mebp_core.plan.timing import step_work
-from mebp_core.plan.workload import Workload
+from mebp_core.plan.workload import Workload, packed_bytes_per_param
 from mebp_core.resident import select_resident
 from mebp_core.units import MB
 
@@ -184,6 +185,29 @@ def test_a_tight_budget_adds_the_store_reads_that_no_longer_stay_cached(workload
     assert 200 * MB < store < 400 * MB  # qwen2.5-0.5b at int4 g64
     room = 400 * MB - tight[lazy_id].prediction.peak_bytes
     assert tight[lazy_id].prediction.time["disk"] == pytest.approx(
-        (store - room) / host.disk_read_bytes_per_s)
+        STORE_SWEEPS * (store - room) / host.disk_read_bytes_per_s)  # each sweep reads it
     resident = tight["resident-nockpt-h-recompute-shared-tile8M"].prediction
     assert resident.store_bytes == 0 and resident.time["disk"] == 0
+    assert "resident-nockpt-h-recompute-shared-tile8M-direct" not in tight  # reads nothing
+
+
+def test_direct_reads_trade_the_page_cache_for_two_staging_buffers(workload, host):
+    """Direct: no store pages to keep (a cap adds no reads), two block-sized buffers
+    counted, and every sweep's reads priced: in line in full, read ahead in part."""
+    mapped_id = "lazy-ckpt1-ram-h-recompute-shared-tile8M"
+    for budget_mb in (8000, 400):
+        plan = {e.id: e for e in make_plan(workload, host,
+                                           budget_bytes=budget_mb * MB).entries}
+        mapped, direct = plan[mapped_id].prediction, plan[f"{mapped_id}-direct"].prediction
+        assert direct.store_bytes == 0
+        block = workload.arch.block_params() * packed_bytes_per_param(workload)
+        assert direct.peak_bytes - mapped.peak_bytes == staging_bytes(workload)
+        assert 2 * block <= staging_bytes(workload) <= 2 * block + 4 * 4096
+        reads = STORE_SWEEPS * mapped.store_bytes
+        assert READ_AHEAD_COST * reads < direct.direct_read_cost_bytes < 0.6 * reads
+        assert direct.time["disk"] == pytest.approx(
+            direct.direct_read_cost_bytes / host.disk_read_bytes_per_s)
+        assert {k: v for k, v in direct.time.items() if k != "disk"} == \
+            {k: v for k, v in mapped.time.items() if k != "disk"}
+    # at 400 MB the store does not fit beside the step: reading it directly is cheaper
+    assert direct.step_time_s < mapped.step_time_s
