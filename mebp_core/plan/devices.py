@@ -24,7 +24,7 @@ from pathlib import Path
 
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import PlanInputError, load_architecture
-from mebp_core.plan.store_reads import mapped_reread_bytes
+from mebp_core.plan.store_reads import file_room_bytes, mapped_reread_bytes
 from mebp_core.plan.timing import TRAFFIC_MULTIPLIER, StepWork, step_work
 from mebp_core.plan.workload import Workload, packed_bytes_per_param
 from mebp_core.units import MB
@@ -64,7 +64,8 @@ class DeviceProfile:
         if self.rates is None:
             return None
         rereads = 0 if budget_bytes is None else \
-            mapped_reread_bytes(prediction.store_bytes, budget_bytes - prediction.peak_bytes)
+            mapped_reread_bytes(prediction.store_bytes,
+                                file_room_bytes(budget_bytes, prediction.peak_bytes))
         return sum(device_step_time(prediction.device_work, workload, self.rates,
                                     rereads + prediction.direct_read_cost_bytes).values())
 

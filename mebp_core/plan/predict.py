@@ -37,6 +37,7 @@ from mebp_core.plan.heap_retention import (
 )
 from mebp_core.plan.store_reads import (
     direct_read_cost_bytes,
+    file_room_bytes,
     mapped_reread_bytes,
     reads_direct,
     staging_bytes,
@@ -370,10 +371,10 @@ def _lazy_params(arch: Architecture, resident: frozenset[str]) -> int:
 def under_budget(prediction: Prediction, budget_bytes: int, host: HostCalibration
                  ) -> Prediction:
     """The prediction with the disk traffic a cap forces. File pages share the budget with
-    anonymous memory: checkpoints in a mapped file first (what does not fit is written back
-    and read again), then the store (what does not fit is read again by every sweep); a
-    direct step's own reads beside them."""
-    room = max(0, budget_bytes - prediction.peak_bytes)
+    anonymous memory: the runtime's first, then checkpoints in a mapped file (what does not
+    fit is written back and read again), then the store (what does not fit is read again by
+    every sweep); a direct step's own reads beside them."""
+    room = file_room_bytes(budget_bytes, prediction.peak_bytes)
     checkpoints = prediction.checkpoint_file_bytes
     missing_checkpoints = max(0, checkpoints - room)
     rereads = mapped_reread_bytes(prediction.store_bytes, room - checkpoints)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.workload import DTYPE_BYTES, Workload, packed_bytes_per_param, tile_rows
 from mebp_core.store.staging import ALIGN_BYTES, MIN_ROWS_BYTES
+from mebp_core.units import MB
 
 # sweeps over every lazy weight a step makes: MeBP's forward and backward (a block's
 # recompute and backward read it once between them), MeZO's two forwards
@@ -27,6 +28,16 @@ STORE_SWEEPS = 2
 # own waits: 0.1-0.2 s beside reads that take 0.31 s at 1.72 GB/s (BENCHMARKS, "Direct
 # reads"). Unmeasured on a phone, priced alike there.
 READ_AHEAD_COST = 0.4
+# What a mapped store's re-reads under a cap cost, as a multiple of their time at the disk's
+# sequential rate: each is a page fault, a read, and room made under the cap first (the same
+# host and step: 1.88-1.99 s a step under a 320 MB cap against 1.23-1.25 s uncapped, for
+# 536 MB a step re-read by this count, 0.32 s at 1.67 GB/s: 2.1-2.3x)
+MAPPED_REREAD_COST = 2.2
+# The runtime's own file pages a step keeps using (torch's and Python's code): what a cap
+# must leave room for before any store or checkpoint page stays cached. The same step read
+# directly, no store pages cached, ran at its uncapped speed with 17 MB left under the cap
+# beside its peak and thrashed with 12 (1.6-2.1 s a step, 1M pages refaulted) and 7 (2.8 s)
+RUNTIME_FILE_BYTES = 20 * MB
 
 
 def reads_direct(knobs: EngineKnobs, store_bytes: int) -> bool:
@@ -57,7 +68,14 @@ def direct_read_cost_bytes(workload: Workload, knobs: EngineKnobs, store_bytes: 
     return in_line + READ_AHEAD_COST * (read - in_line)
 
 
-def mapped_reread_bytes(store_bytes: int, room_bytes: int) -> int:
-    """Store bytes a mapped step reads again when only ``room_bytes`` of page cache fit
-    beside it: each sweep reads what the cache could not keep."""
-    return STORE_SWEEPS * max(0, store_bytes - max(0, room_bytes))
+def file_room_bytes(budget_bytes: int, peak_bytes: int) -> int:
+    """What a cap of ``budget_bytes`` leaves for the step's own file pages (mapped store,
+    mapped checkpoints) beside its peak, once the runtime's are kept."""
+    return max(0, budget_bytes - peak_bytes - RUNTIME_FILE_BYTES)
+
+
+def mapped_reread_bytes(store_bytes: int, room_bytes: int) -> float:
+    """Store bytes a mapped step reads again when ``room_bytes`` of its file pages fit, priced
+    as bytes read at the disk's sequential rate: each sweep reads what the cache could not
+    keep, at ``MAPPED_REREAD_COST``."""
+    return MAPPED_REREAD_COST * STORE_SWEEPS * max(0, store_bytes - max(0, room_bytes))

@@ -60,9 +60,9 @@ def test_auto_is_the_fastest_feasible_configuration(workload, host):
 def test_the_recommendation_is_the_smallest_within_the_tolerance_of_the_fastest(workload,
                                                                               host):
     """On the reference phone (1024 MB) the fastest configuration without a graph tail
-    holds about 842 MB for 3.87 s/step; a lazy one of about 370 MB takes 3.91: within 3%,
-    it is recommended. (Graph tails fill the front between them: see
-    ``test_graph_tails_fill_the_front_between_300_mb_and_1_gb``.)"""
+    holds about 392 MB for 3.88 s/step (those keeping weights resident, 842 MB and up, read
+    the store they leave out again every sweep under that budget); one of about 371 MB takes
+    3.91: within 3%, it is recommended."""
     phone = get_device("iphone-15-pro-max")
     every = make_plan(workload, host, device=phone, knobs=[
         k for k in candidate_knobs(workload, host.threads) if not k.graph_tail_blocks])
@@ -70,7 +70,7 @@ def test_the_recommendation_is_the_smallest_within_the_tolerance_of_the_fastest(
     plan = make_plan(workload, host, device=phone,
                      knobs=[fastest.knobs, close.knobs, every.smallest.knobs])
     assert plan.auto.id == fastest.id and plan.recommended().id == close.id != fastest.id
-    assert close.prediction.peak_bytes < 0.5 * fastest.prediction.peak_bytes
+    assert close.prediction.peak_bytes < fastest.prediction.peak_bytes
     assert fastest.ranking_time_s < close.ranking_time_s <= 1.03 * fastest.ranking_time_s
     assert every.smallest.ranking_time_s > 1.03 * fastest.ranking_time_s
     assert plan.recommended(0).id == fastest.id  # no tolerance: the fastest
@@ -80,7 +80,7 @@ def test_the_recommendation_is_the_smallest_within_the_tolerance_of_the_fastest(
             if e.feasible and e.ranking_time_s <= 1.03 * fastest.ranking_time_s]
     assert close.prediction.peak_bytes == min(e.prediction.peak_bytes for e in near)
     why = plan.recommendation()["why"]
-    assert why.startswith("smallest within 3% of the fastest that fits (3.87 s/step at 842 MB)")
+    assert why.startswith("smallest within 3% of the fastest that fits (3.88 s/step at 392 MB)")
     assert f"{close.prediction.peak_bytes / MB:.0f} MB, fits 1024 MB" in why
 
 
