@@ -18,19 +18,28 @@ def describe_knobs(knobs: dict, method: str = "mebp") -> str:
              "the LoRA hidden state kept for the backward" if knobs["lora_hidden"] == "store"
              else "the LoRA hidden state recomputed in the backward"]
     if knobs["checkpoint_blocks"] != "none":
-        parts.append("a block's weights decompressed once for its whole backward"
-                     if knobs["share_decompression"] is True
-                     else "weights decompressed in tiles of "
-                     f"{knobs['decompress_tile_bytes'] / MB:g} MB")
-    parts += _mlp_chunks(knobs)
+        tiles = f"weights decompressed in tiles of {knobs['decompress_tile_bytes'] / MB:g} MB"
+        parts.append({True: "a block's weights decompressed once for its whole backward",
+                      False: tiles,
+                      "auto": "a block's weights decompressed once for its whole backward "
+                              f"where matmuls run in its dtype, else {tiles}"}[
+                          knobs["share_decompression"]])
+    parts += _mlp_chunks(knobs) + _store_reads(knobs)
     return ", ".join(parts)
+
+
+def _store_reads(knobs: dict) -> list[str]:
+    if knobs.get("store_reads") == "direct":
+        return ["the store read directly a block ahead into two staging buffers (no page "
+                "cache)"]
+    return []
 
 
 def _mezo(knobs: dict) -> str:
     parts = ["two forward passes with a seeded perturbation and no backward", _weights(knobs)]
     if knobs["frozen_weights"] != "resident" or knobs.get("resident_weight_bytes") is not None:
         parts.append(f"weights decompressed in tiles of {knobs['decompress_tile_bytes'] / MB:g} MB")
-    parts += _mlp_chunks(knobs)
+    parts += _mlp_chunks(knobs) + _store_reads(knobs)
     return ", ".join(parts)
 
 
