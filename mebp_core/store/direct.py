@@ -97,12 +97,13 @@ class StagedReader:
     def stage(self, unit: Unit, then: Unit | None) -> list[torch.Tensor]:
         """``unit``'s ranges as tensors over a staging buffer, valid until the next call;
         ``then`` (the unit expected next) is read meanwhile."""
+        # a buffer being read into holds no unit until the read is done
         held = next((b for b in self._buffers if b.unit == unit), None)
         start = time.perf_counter()
         if self._pending is not None and self._pending[1] == unit:
             held = self._settle_pending()
-        elif held is None or (self._pending is not None and self._pending[0] is held):
-            self._settle_pending()
+        elif held is None:
+            self._settle_pending()  # its buffer is the one to read into
             held = self._free_buffer()
             self._fill(held, unit)
             self.stats.in_line_reads += 1
