@@ -11,9 +11,11 @@ import subprocess
 
 import pytest
 import torch
-from engine_fixtures import random_batch
+from engine_fixtures import load_with_random_lora, random_batch
 from test_exactness import engine_gradients, write_random_adapter
 
+from mebp_core.config import EngineKnobs
+from mebp_core.engine import mezo
 from mebp_core.resident import block_index
 from mebp_core.store.direct import DirectReadStore, open_direct_store
 from mebp_core.store.errors import StoreError
@@ -48,6 +50,23 @@ def test_direct_reads_give_the_mapped_gradients_bit_for_bit(setting, family, tin
     assert direct.keys() == mapped.keys()
     unequal = [key for key in mapped if not torch.equal(direct[key], mapped[key])]
     assert not unequal, f"{setting}, {family}: gradients differ at {unequal[:3]}"
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])
+def test_mezo_steps_read_directly_are_the_mapped_ones(family, packed_models):
+    """MeZO's two forwards a step, three steps: the same losses and parameters to the bit."""
+    packed = packed_models[family, "int4"]
+    input_ids, labels = random_batch(300, seed=33)
+    runs = []
+    for reads in ("mapped", "direct"):
+        engine = load_with_random_lora(packed, knobs=EngineKnobs(store_reads=reads))
+        losses = [mezo.run_mezo_step(engine, input_ids, labels, step_seed=seed, lr=1e-2)
+                  for seed in (1, 2, 3)]
+        runs.append((losses, [p.detach().clone()
+                              for _, p in mezo.named_lora_parameters(engine)]))
+    (mapped_losses, mapped_params), (direct_losses, direct_params) = runs
+    assert direct_losses == mapped_losses
+    assert all(torch.equal(a, b) for a, b in zip(direct_params, mapped_params, strict=True))
 
 
 def test_every_weight_reads_the_same_values_in_any_order(packed_models):
