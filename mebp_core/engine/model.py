@@ -29,7 +29,7 @@ from mebp_core.lora.peft_io import (
 from mebp_core.lora.spec import LoraSpec
 from mebp_core.models import build_model
 from mebp_core.resident import block_index, select_resident
-from mebp_core.store.direct import open_direct_store
+from mebp_core.store.direct import DirectReadStore, open_direct_store
 from mebp_core.store.export_base_common import base_model_name
 from mebp_core.store.reader import open_store
 
@@ -154,7 +154,9 @@ def load_engine_model(model_dir: str | Path, *, compute_dtype: str = "float32",
         p.requires_grad_(False)
     engine = EngineModel(store, arch, dtype, knobs, working_set, matmul)
     if knobs.frozen_weights == "resident":
-        _keep_weights_resident(engine, knobs.resident_weight_bytes)
+        lazy = _keep_weights_resident(engine, knobs.resident_weight_bytes)
+        if not lazy and isinstance(store, DirectReadStore):
+            store.reader.release()  # nothing is read again: no buffers to keep
     if lora_spec is not None or init_adapter is not None:
         _attach_lora(engine, lora_spec, seed, init_adapter)
         for module in engine.lora.values():
@@ -164,14 +166,17 @@ def load_engine_model(model_dir: str | Path, *, compute_dtype: str = "float32",
     return engine
 
 
-def _keep_weights_resident(engine: EngineModel, budget_bytes: int | None) -> None:
-    """Decompress the frozen projections and the head that fit the budget, once."""
+def _keep_weights_resident(engine: EngineModel, budget_bytes: int | None) -> set[str]:
+    """Decompress the frozen projections and the head that fit the budget, once; the names
+    of those left to decompress on use."""
     names = [m.weight_name for m in engine.arch.modules() if isinstance(m, FrozenLinear)]
     names.append(engine.arch.head_weight_name)
     itemsize = engine.dtype.itemsize
     sizes = {name: math.prod(engine.store.info(name).shape) * itemsize for name in names}
-    for name in select_resident(sizes.items(), budget_bytes):
+    kept = select_resident(sizes.items(), budget_bytes)
+    for name in kept:
         engine.working_set.keep_resident(engine.store, name, engine.dtype)
+    return set(names) - set(kept)
 
 
 @contextlib.contextmanager

@@ -63,9 +63,11 @@ class DeviceProfile:
         by every sweep; a direct step's own reads beside them), or None."""
         if self.rates is None:
             return None
-        rereads = 0 if budget_bytes is None else \
-            mapped_reread_bytes(prediction.store_bytes,
-                                file_room_bytes(budget_bytes, prediction.peak_bytes))
+        room = 0 if budget_bytes is None else \
+            file_room_bytes(budget_bytes, prediction.peak_bytes) - \
+            prediction.checkpoint_file_bytes  # as ``predict.under_budget`` leaves it
+        rereads = 0 if budget_bytes is None else mapped_reread_bytes(
+            prediction.store_bytes, prediction.store_read_bytes, room)
         return sum(device_step_time(prediction.device_work, workload, self.rates,
                                     rereads + prediction.direct_read_cost_bytes).values())
 

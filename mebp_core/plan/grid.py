@@ -84,10 +84,13 @@ def candidate_knobs(workload: Workload, threads: int | None = None,
 def with_direct_reads(grid: list[EngineKnobs]) -> list[EngineKnobs]:
     """``grid`` and, for each configuration that reads weights from the store, its twin
     reading them directly (``store_reads``): what a cap with no room for the store's pages
-    beside the step is priced against."""
+    beside the step is priced against. Not where checkpoints are every K > 1 blocks: each
+    segment's blocks are re-run forward, then back, and the reader's guess of the next block
+    (onward, or back at either end) misses at every turn (unpriced)."""
     return grid + [knobs.model_copy(update={"store_reads": "direct"}) for knobs in grid
                    if not (knobs.frozen_weights == "resident"
-                           and knobs.resident_weight_bytes is None)]
+                           and knobs.resident_weight_bytes is None)
+                   and knobs.checkpoint_blocks in (1, "none")]
 
 
 def frozen_weight_choices(workload: Workload) -> list[tuple[str, int | None]]:

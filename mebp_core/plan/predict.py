@@ -41,6 +41,7 @@ from mebp_core.plan.store_reads import (
     mapped_reread_bytes,
     reads_direct,
     staging_bytes,
+    step_read_bytes,
 )
 from mebp_core.plan.timing import MEMO_ENTRIES, StepWork, step_time, step_work
 from mebp_core.plan.weight_memory import Residency, resident_weights, transient_weights
@@ -104,6 +105,8 @@ class Prediction:
     memory: dict[str, int]  # component -> bytes at the peak
     time: dict[str, float]  # matmul, decompress, elementwise, overhead, disk -> seconds
     store_bytes: int  # packed bytes a mapped step reads: page cache, not anonymous memory
+    # what a mapped step reads of the store when none of it stays cached (``store_reads``)
+    store_read_bytes: float
     checkpoint_file_bytes: int  # checkpoints in a memory-mapped file: dirty page cache
     device_work: StepWork  # what the step does on a phone, for on-device estimates
     modelled_time: dict[str, float]  # ``time`` before the host's measured-run correction
@@ -147,13 +150,14 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     native_bf16 = native_bf16_bytes(workload, host.allocator) if matmul == "bfloat16" else 0
     memory = {"runtime": host.runtime_bytes + RUNTIME_OVERHEAD_BYTES + native_bf16, **memory}
     store_bytes = _lazy_store_bytes(workload, resident.names)
+    read_bytes = step_read_bytes(workload, store_bytes, _lazy_head_bytes(workload, resident))
     modelled, work = step_time(workload, knobs, host, resident.names)
     direct_reads = 0.0
     if reads_direct(knobs, store_bytes):  # staging buffers, no page cache
         memory["weights"] += staging_bytes(workload)
-        direct_reads = direct_read_cost_bytes(workload, knobs, store_bytes)
+        direct_reads = direct_read_cost_bytes(workload, knobs, read_bytes)
         modelled = {**modelled, "disk": direct_reads / host.disk_read_bytes_per_s}
-        store_bytes = 0
+        store_bytes, read_bytes = 0, 0.0
     if matmul_bytes(workload, knobs) != e:
         # a phone runs its 16-bit matmuls natively: it never pays this host's upcasts
         work = step_work(workload, knobs.model_copy(update={"bf16_matmul": "native"}),
@@ -161,6 +165,7 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     correction = host.time_corrections.get(matmul)
     time = modelled if correction is None else correction.apply(modelled)
     return Prediction(memory=memory, time=time, store_bytes=store_bytes,
+                      store_read_bytes=read_bytes,
                       checkpoint_file_bytes=checkpoint_file, device_work=work,
                       modelled_time=modelled, correction=correction,
                       direct_read_cost_bytes=direct_reads)
@@ -363,6 +368,14 @@ def _lazy_store_bytes(workload: Workload, resident: frozenset[str]) -> int:
     return int(_lazy_params(workload.arch, resident) * packed_bytes_per_param(workload))
 
 
+def _lazy_head_bytes(workload: Workload, resident: Residency) -> int:
+    """The head's packed bytes, when it is read from the store."""
+    arch = workload.arch
+    if arch.head_weight_name() in resident.names:
+        return 0
+    return int(arch.head_params() * packed_bytes_per_param(workload))
+
+
 @lru_cache(maxsize=MEMO_ENTRIES)
 def _lazy_params(arch: Architecture, resident: frozenset[str]) -> int:
     return sum(params for name, params in arch.frozen_weights() if name not in resident)
@@ -377,7 +390,8 @@ def under_budget(prediction: Prediction, budget_bytes: int, host: HostCalibratio
     room = file_room_bytes(budget_bytes, prediction.peak_bytes)
     checkpoints = prediction.checkpoint_file_bytes
     missing_checkpoints = max(0, checkpoints - room)
-    rereads = mapped_reread_bytes(prediction.store_bytes, room - checkpoints)
+    rereads = mapped_reread_bytes(prediction.store_bytes, prediction.store_read_bytes,
+                                  room - checkpoints)
     disk = {"disk": (rereads + 2 * missing_checkpoints + prediction.direct_read_cost_bytes)
             / host.disk_read_bytes_per_s}
     corrected = disk if prediction.correction is None else \

@@ -18,26 +18,32 @@ from mebp_core.plan.workload import DTYPE_BYTES, Workload, packed_bytes_per_para
 from mebp_core.store.staging import ALIGN_BYTES, MIN_ROWS_BYTES
 from mebp_core.units import MB
 
-# sweeps over every lazy weight a step makes: MeBP's forward and backward (a block's
-# recompute and backward read it once between them), MeZO's two forwards
-STORE_SWEEPS = 2
+# sweeps over the blocks' lazy weights a step: MeBP's forward and backward (a block's
+# recompute and backward read it once between them), MeZO's two forwards; and over the head:
+# once per loss pass
+BLOCK_SWEEPS = 2
+LOSS_PASSES = {"mebp": 1, "mezo": 2, "backprop": 1}
 # What reading ahead costs the compute beside it, as a share of the reads' time at the
 # disk's rate: on a 2-core AMX Xeon VM (qwen2.5-0.5b, seq 256, bf16, 533 MB read a step),
-# 1.30-1.38 s a step read directly against 1.19-1.26 s mapped with the store cached and
-# 1.15 s with the reads skipped but the rest of the staging kept; 0.05 s of it the step's
-# own waits: 0.1-0.2 s beside reads that take 0.31 s at 1.72 GB/s (BENCHMARKS, "Direct
-# reads"). Unmeasured on a phone, priced alike there.
+# 1.30-1.41 s a step read directly against 1.16-1.26 s mapped with the store cached, and
+# 1.15 s with the reads skipped but the rest of the staging kept; 0.04-0.05 s of it the
+# step's own waits: 0.1-0.2 s beside reads that take 0.31 s at 1.72 GB/s (BENCHMARKS,
+# "Direct reads"). Unmeasured on a phone, priced alike there.
 READ_AHEAD_COST = 0.4
 # What a mapped store's re-reads under a cap cost, as a multiple of their time at the disk's
 # sequential rate: each is a page fault, a read, and room made under the cap first (the same
 # host and step: 1.88-1.99 s a step under a 320 MB cap against 1.23-1.25 s uncapped, for
-# 536 MB a step re-read by this count, 0.32 s at 1.67 GB/s: 2.1-2.3x)
-MAPPED_REREAD_COST = 2.2
+# 463 MB a step re-read by this count, 0.28 s at 1.67 GB/s: 2.4-2.7x)
+MAPPED_REREAD_COST = 2.5
 # The runtime's own file pages a step keeps using (torch's and Python's code): what a cap
 # must leave room for before any store or checkpoint page stays cached. The same step read
 # directly, no store pages cached, ran at its uncapped speed with 17 MB left under the cap
 # beside its peak and thrashed with 12 (1.6-2.1 s a step, 1M pages refaulted) and 7 (2.8 s)
 RUNTIME_FILE_BYTES = 20 * MB
+# A block's unit holds its vectors too (norms, biases: at most this many of the hidden size,
+# in float32 at most) and each array's 64-byte alignment in the file
+BLOCK_VECTORS = 8
+BLOCK_ARRAYS_PADDING = 64 * 3 * 16
 
 
 def reads_direct(knobs: EngineKnobs, store_bytes: int) -> bool:
@@ -46,26 +52,35 @@ def reads_direct(knobs: EngineKnobs, store_bytes: int) -> bool:
 
 
 def staging_bytes(workload: Workload) -> int:
-    """The two staging buffers: each holds a block's packed bytes (or ``MIN_ROWS_BYTES``),
-    rounded to the alignment direct reads need."""
-    block = workload.arch.block_params() * packed_bytes_per_param(workload)
+    """The two staging buffers: each holds a block's packed bytes, its vectors and padding
+    (or ``MIN_ROWS_BYTES``), rounded out to the alignment direct reads need."""
+    arch = workload.arch
+    block = arch.block_params() * packed_bytes_per_param(workload) + \
+        BLOCK_VECTORS * arch.hidden_size * 4 + BLOCK_ARRAYS_PADDING
     unit = max(block, MIN_ROWS_BYTES)
     return 2 * (int(unit) // ALIGN_BYTES + 2) * ALIGN_BYTES
 
 
-def direct_read_cost_bytes(workload: Workload, knobs: EngineKnobs, store_bytes: int
+def step_read_bytes(workload: Workload, store_bytes: int, head_bytes: int) -> float:
+    """What a step reads of the store when none of it stays cached: the blocks' lazy bytes
+    in each sweep over the blocks, the head's (``head_bytes``, when lazy) in each loss
+    pass."""
+    return BLOCK_SWEEPS * (store_bytes - head_bytes) + \
+        LOSS_PASSES[workload.method] * head_bytes
+
+
+def direct_read_cost_bytes(workload: Workload, knobs: EngineKnobs, read_bytes: float
                            ) -> float:
-    """A direct step's reads, priced as bytes read at the disk's rate: the ones it waits for
-    (per sweep, its first block and its first run of head rows, a loss tile's packed rows)
-    in full, the rest, read ahead, at ``READ_AHEAD_COST``."""
+    """A direct step's reads (``read_bytes``), priced as bytes read at the disk's rate: the
+    ones it waits for in full (each loss pass's first run of head rows, a loss tile's packed
+    rows, and the block it turns back to after it), the rest, read ahead, at
+    ``READ_AHEAD_COST``."""
     arch = workload.arch
-    per_param = packed_bytes_per_param(workload)
     e = DTYPE_BYTES[workload.compute_dtype]
     head_rows = tile_rows(arch.vocab_size, arch.hidden_size, knobs.loss_vocab_tile_bytes, e)
-    read = STORE_SWEEPS * store_bytes
-    in_line = min(read, STORE_SWEEPS * (arch.block_params() + head_rows * arch.hidden_size)
-                  * per_param)
-    return in_line + READ_AHEAD_COST * (read - in_line)
+    in_line = min(read_bytes, LOSS_PASSES[workload.method] * packed_bytes_per_param(workload)
+                  * (arch.block_params() + head_rows * arch.hidden_size))
+    return in_line + READ_AHEAD_COST * (read_bytes - in_line)
 
 
 def file_room_bytes(budget_bytes: int, peak_bytes: int) -> int:
@@ -74,8 +89,12 @@ def file_room_bytes(budget_bytes: int, peak_bytes: int) -> int:
     return max(0, budget_bytes - peak_bytes - RUNTIME_FILE_BYTES)
 
 
-def mapped_reread_bytes(store_bytes: int, room_bytes: int) -> float:
-    """Store bytes a mapped step reads again when ``room_bytes`` of its file pages fit, priced
-    as bytes read at the disk's sequential rate: each sweep reads what the cache could not
-    keep, at ``MAPPED_REREAD_COST``."""
-    return MAPPED_REREAD_COST * STORE_SWEEPS * max(0, store_bytes - max(0, room_bytes))
+def mapped_reread_bytes(store_bytes: int, read_bytes: float, room_bytes: int) -> float:
+    """What a mapped step reads again when ``room_bytes`` of the store's ``store_bytes`` fit
+    in the page cache, priced as bytes read at the disk's sequential rate: the share of each
+    sweep's reads (``read_bytes`` a step) the cache could not keep, at
+    ``MAPPED_REREAD_COST``."""
+    if store_bytes <= 0:
+        return 0.0
+    missing = max(0, store_bytes - max(0, room_bytes))
+    return MAPPED_REREAD_COST * read_bytes * missing / store_bytes

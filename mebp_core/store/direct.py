@@ -56,9 +56,13 @@ class StagingBuffer:
         self.unit: Unit | None = None
         self.arrays: list[torch.Tensor] = []
 
-    def fill(self, fd: int, unit: Unit, path: Path) -> int:
-        """Read ``unit``'s ranges into this buffer, one after another; the bytes read."""
+    def forget(self) -> None:
+        """Hold no unit: done by the thread that hands the buffer to a read, before it."""
         self.unit, self.arrays = None, []
+
+    def fill(self, fd: int, unit: Unit, path: Path) -> int:
+        """Read ``unit``'s ranges into this buffer, one after another; the bytes read. The
+        buffer holds ``unit`` once every range is in."""
         view, position, arrays = memoryview(self._mapping), 0, []
         for start, end in unit.ranges:
             first, last = aligned(start, end)
@@ -72,12 +76,15 @@ class StagingBuffer:
 
 
 def _read_exactly(fd: int, into: memoryview, offset: int, needed: int, path: Path) -> None:
+    """At least ``needed`` bytes from ``offset`` into ``into``. A read that stops short of an
+    aligned end is the file's end (a direct read cannot go on from there)."""
     done = 0
     while done < needed:
         n = os.preadv(fd, [into[done:]], offset + done)
-        if n == 0:
-            raise StoreError(f"{path}: truncated store (no bytes at offset {offset + done})")
         done += n
+        if n == 0 or (done < needed and n % ALIGN_BYTES):
+            raise StoreError(f"{path}: truncated store (it ends before byte "
+                             f"{offset + needed})")
 
 
 class StagedReader:
@@ -88,7 +95,7 @@ class StagedReader:
         self.path = path
         self.capacity_bytes = -(-capacity_bytes // ALIGN_BYTES) * ALIGN_BYTES
         self.fd, self.direct = _open_direct(path)
-        self._buffers = [StagingBuffer(self.capacity_bytes) for _ in range(2)]
+        self._buffers: list[StagingBuffer] = []  # made on first use, until ``release``
         self._current: StagingBuffer | None = None
         self._pending: tuple[StagingBuffer, Unit, Future] | None = None
         self._executor: ThreadPoolExecutor | None = None
@@ -97,6 +104,8 @@ class StagedReader:
     def stage(self, unit: Unit, then: Unit | None) -> list[torch.Tensor]:
         """``unit``'s ranges as tensors over a staging buffer, valid until the next call;
         ``then`` (the unit expected next) is read meanwhile."""
+        if self.fd < 0:
+            raise StoreError(f"{self.path}: store is closed")
         # a buffer being read into holds no unit until the read is done
         held = next((b for b in self._buffers if b.unit == unit), None)
         start = time.perf_counter()
@@ -105,6 +114,7 @@ class StagedReader:
         elif held is None:
             self._settle_pending()  # its buffer is the one to read into
             held = self._free_buffer()
+            held.forget()
             self._fill(held, unit)
             self.stats.in_line_reads += 1
         self.stats.wait_s += time.perf_counter() - start
@@ -114,13 +124,19 @@ class StagedReader:
         return held.arrays
 
     def _free_buffer(self) -> StagingBuffer:
+        if not self._buffers:
+            self._buffers = [StagingBuffer(self.capacity_bytes) for _ in range(2)]
         return next(b for b in self._buffers if b is not self._current)
 
     def _fill(self, buffer: StagingBuffer, unit: Unit) -> None:
-        if staged_nbytes(unit.ranges) > self.capacity_bytes:
-            raise ValueError(f"unit {unit.key} needs {staged_nbytes(unit.ranges)} bytes, "
-                             f"the staging buffers hold {self.capacity_bytes}")
-        self.stats.bytes_read += buffer.fill(self.fd, unit, self.path)
+        needed = staged_nbytes(unit.ranges)
+        if needed > self.capacity_bytes:
+            raise ValueError(f"unit {unit.key} needs {needed} bytes, the staging buffers "
+                             f"hold {self.capacity_bytes}")
+        try:
+            self.stats.bytes_read += buffer.fill(self.fd, unit, self.path)
+        except OSError as exc:
+            raise StoreError(f"{self.path}: read failed ({exc})") from exc
         self.stats.units_read += 1
         if not self.direct:  # plain reads: leave nothing behind in the page cache
             for start, end in unit.ranges:
@@ -130,7 +146,7 @@ class StagedReader:
         if self._pending is not None:
             return  # one read ahead at a time: the other buffer is the one in use
         buffer = self._free_buffer()
-        buffer.unit, buffer.arrays = None, []
+        buffer.forget()  # here, before the thread starts: ``stage`` must not see it held
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1,
                                                 thread_name_prefix="mebp-store-read")
@@ -142,23 +158,29 @@ class StagedReader:
             return None
         buffer, _, future = self._pending
         self._pending = None
-        try:
-            future.result()
-        except OSError as exc:
-            raise StoreError(f"{self.path}: read failed ({exc})") from exc
+        future.result()
         return buffer
 
-    def close(self) -> None:
+    def release(self) -> None:
+        """Give the staging buffers back (remade at the next read): for a model whose
+        weights were all kept decompressed while loading."""
         try:
             self._settle_pending()
         finally:
-            if self._executor is not None:
-                self._executor.shutdown(wait=True)
-                self._executor = None
-            if self.fd >= 0:
-                os.close(self.fd)
-                self.fd = -1
             self._buffers, self._current = [], None
+
+    def close(self) -> None:
+        """Stop reading; a failed read ahead, which nothing asked for yet, is dropped."""
+        if self._pending is not None:
+            self._pending[2].exception()  # waits for it
+            self._pending = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+        self._buffers, self._current = [], None
 
 
 def _open_direct(path: Path) -> tuple[int, bool]:
@@ -174,8 +196,9 @@ def _open_direct(path: Path) -> tuple[int, bool]:
 
 class DirectReadStore(PackedStore):
     """A packed store whose ``dequantize`` reads through a ``StagedReader``: a block at a
-    time for the blocks' weights, and rows in bounded runs for the rest. The embedding's
-    lookup (``gather_rows``, a few rows a step) stays on the mapping."""
+    time for the blocks' matrices, and rows in bounded runs for the rest. Through the
+    mapping still: row lookups (``gather_rows``: the embedding's rows, the loss's target
+    rows of the head, a few a step) and vectors (norms and biases, read once at load)."""
 
     def __init__(self, path: Path, block_of: Callable[[str], int]) -> None:
         """``block_of``: the block a tensor name belongs to, or -1."""
@@ -192,13 +215,13 @@ class DirectReadStore(PackedStore):
                    rows: slice | None = None, out: torch.Tensor | None = None,
                    cols: slice | None = None, values: torch.dtype | None = None
                    ) -> torch.Tensor:
+        if len(self.info(name).shape) != 2:
+            return super().dequantize(name, dtype, rows, out, cols, values)
         block = self._block_of(name)
         if block >= 0:
             (window,) = self.reader.stage(self._block_units[block], self._next_block(block))
             raw = self.raw_in(name, window, self._block_units[block].ranges[0][0])
             return self.dequantize_raw(raw, dtype, rows, out, cols, values)
-        if self.info(name).bits is None:  # a norm's vector, read once when the model loads
-            return super().dequantize(name, dtype, rows, out, cols, values)
         return self._dequantize_rows(name, dtype, rows, out, cols, values)
 
     def _next_block(self, block: int) -> Unit | None:
@@ -217,17 +240,20 @@ class DirectReadStore(PackedStore):
                          out: torch.Tensor | None, cols: slice | None,
                          values: torch.dtype | None) -> torch.Tensor:
         """Rows ``rows`` of a weight outside the blocks, read a run of rows at a time that
-        fits a staging buffer (the whole request at once where it does)."""
+        fits a staging buffer (the whole request at once where it does). Read ahead: the
+        request's next run, and after its last, the first run of a request as long just
+        after it (the next vocabulary tile)."""
         n_rows, k = self.info(name).shape
         first, stop, _ = (rows or slice(None)).indices(n_rows)
         width = k if cols is None else len(range(k)[cols])
         if out is None:
             out = torch.empty(stop - first, width, dtype=dtype)
-        run = self._rows_per_run(name)
+        run = min(self._rows_per_run(name), max(1, stop - first))
         for start in range(first, stop, run):
             chunk = slice(start, min(stop, start + run))
-            after = slice(chunk.stop, min(n_rows, chunk.stop + chunk.stop - chunk.start))
-            then = self._rows_unit(name, after) if after.start < n_rows else None
+            bound = stop if chunk.stop < stop else n_rows  # this request, or the next
+            then = self._rows_unit(name, slice(chunk.stop, min(bound, chunk.stop + run))) \
+                if chunk.stop < n_rows else None
             arrays = self.reader.stage(self._rows_unit(name, chunk), then)
             self.dequantize_raw(self.raw_rows(name, chunk, arrays), dtype, None,
                                 out[chunk.start - first:chunk.stop - first], cols, values)
@@ -248,8 +274,10 @@ class DirectReadStore(PackedStore):
         return self.reader.stats
 
     def close(self) -> None:
-        self.reader.close()
-        super().close()
+        try:
+            self.reader.close()
+        finally:
+            super().close()
 
 
 def block_units(store: PackedStore, block_of: Callable[[str], int]) -> dict[int, Unit]:

@@ -4,6 +4,7 @@ cache."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import shutil
@@ -11,16 +12,22 @@ import subprocess
 
 import pytest
 import torch
+import transformers
 from engine_fixtures import load_with_random_lora, random_batch
 from test_exactness import engine_gradients, write_random_adapter
 
 from mebp_core.config import EngineKnobs
 from mebp_core.engine import mezo
+from mebp_core.plan.arch import load_architecture
+from mebp_core.plan.store_reads import staging_bytes
+from mebp_core.plan.workload import Workload
 from mebp_core.resident import block_index
 from mebp_core.store.direct import DirectReadStore, open_direct_store
 from mebp_core.store.errors import StoreError
 from mebp_core.store.format import STORE_FILENAME
+from mebp_core.store.pack import pack_model
 from mebp_core.store.reader import open_store
+from mebp_core.store.staging import MIN_ROWS_BYTES
 
 SETTINGS = {
     "defaults": {},
@@ -45,7 +52,7 @@ def test_direct_reads_give_the_mapped_gradients_bit_for_bit(setting, family, tin
     direct_loss, direct, engine = engine_gradients(packed, adapter, input_ids, labels,
                                                    store_reads="direct", **knobs)
     assert isinstance(engine.store, DirectReadStore)
-    assert engine.store.read_stats.units_read > 0
+    assert engine.store.read_stats.units_read >= len(engine.layers)  # the step read them
     assert direct_loss == loss
     assert direct.keys() == mapped.keys()
     unequal = [key for key in mapped if not torch.equal(direct[key], mapped[key])]
@@ -107,17 +114,42 @@ def test_blocks_visited_in_pass_order_are_read_ahead(packed_models):
 
 
 def test_a_long_head_is_read_in_runs_that_fit_the_buffers(packed_models):
+    """Vocabulary tiles longer than a run, swept as the loss does, some columns: the same
+    values, and only the sweep's first run read in line."""
     packed = packed_models["llama", "int4"]
     with open_store(packed) as mapped, open_direct_store(packed, block_index) as direct:
         head = "lm_head.weight"
-        # shrink the buffers' row runs to a few rows: the head is read in many runs
-        direct.reader.capacity_bytes = 3 * 4096 * 2 + 4 * sum(
+        vocab = direct.info(head).shape[0]
+        # shrink the buffers to 7 rows' worth: each tile of 17 rows takes 3 runs
+        direct.reader.capacity_bytes = 3 * 4096 * 2 + 7 * sum(
             end - start for start, end in direct.row_spans(head, slice(0, 1)))
-        assert direct._rows_per_run(head) < direct.info(head).shape[0]
-        out = torch.empty(direct.info(head).shape, dtype=torch.float32)
-        direct.dequantize(head, torch.float32, out=out)
-        assert torch.equal(out, mapped.dequantize(head, torch.float32))
-        assert direct.read_stats.units_read > 2
+        assert direct._rows_per_run(head) == 7
+        tiles = [slice(start, min(vocab, start + 17)) for start in range(5, vocab, 17)]
+        runs = sum(-(-(tile.stop - tile.start) // 7) for tile in tiles)
+        for cols in (None, slice(32, 64)):
+            before = dataclasses.replace(direct.read_stats)
+            for rows in tiles:
+                got = direct.dequantize(head, torch.float32, rows=rows, cols=cols)
+                assert torch.equal(got, mapped.dequantize(head, torch.float32, rows=rows,
+                                                          cols=cols)), (rows, cols)
+            after = direct.read_stats
+            assert after.in_line_reads - before.in_line_reads == 1
+            assert after.units_read - before.units_read == runs  # each run read once
+
+
+def test_the_planner_counts_the_staging_buffers_the_reader_makes(tmp_path):
+    """A model whose blocks are larger than the least buffer: the planner's two buffers
+    hold the reader's, a few pages over at most."""
+    config = transformers.LlamaConfig(vocab_size=300, hidden_size=512, intermediate_size=1536,
+                                      num_hidden_layers=2, num_attention_heads=8,
+                                      num_key_value_heads=2, max_position_embeddings=64)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "hf")
+    packed = pack_model(tmp_path / "hf", tmp_path / "packed", quant="int4", group_size=64)
+    with open_direct_store(packed, block_index) as store:
+        capacity = store.reader.capacity_bytes
+    assert capacity > MIN_ROWS_BYTES
+    planned = staging_bytes(Workload(load_architecture(tmp_path / "hf"), seq_len=64))
+    assert 2 * capacity <= planned <= 2 * capacity + 16 * 4096
 
 
 def test_direct_reads_leave_the_store_out_of_the_page_cache(packed_models, tmp_path):
@@ -139,13 +171,27 @@ def test_direct_reads_leave_the_store_out_of_the_page_cache(packed_models, tmp_p
 
 
 def test_a_truncated_store_names_its_file(packed_models, tmp_path):
+    """Read in line, or read ahead and asked for later: the error names the file; a failed
+    read ahead nothing asked for does not stop the store from closing."""
     packed = shutil.copytree(packed_models["llama", "int4"], tmp_path / "packed")
     with open_direct_store(packed, block_index) as store:
         last = max(store.names(), key=lambda n: store.file_span(n)[1])
-        start, _ = store.file_span(last)
-        os.truncate(packed / STORE_FILENAME, start)
+        os.truncate(packed / STORE_FILENAME, store.file_span(last)[0])
         with pytest.raises(StoreError, match=STORE_FILENAME):
-            store.dequantize(last, torch.float32)
+            store.dequantize(last, torch.float32)  # the head, in line
+    blocks = [name for name in store.names() if block_index(name) >= 0
+              and len(store.info(name).shape) == 2]
+    first_of = {block_index(name): name for name in reversed(blocks)}
+    last_block = max(first_of)
+    for asked in (True, False):
+        packed = shutil.copytree(packed_models["llama", "int4"], tmp_path / f"again-{asked}")
+        with open_direct_store(packed, block_index) as store:
+            os.truncate(packed / STORE_FILENAME, store.file_span(first_of[last_block])[0])
+            store.dequantize(first_of[last_block - 1], torch.float32)  # the last read ahead
+            if asked:
+                with pytest.raises(StoreError, match=STORE_FILENAME):
+                    store.dequantize(first_of[last_block], torch.float32)
+        assert store.reader.fd == -1  # closed, the failed read ahead dropped
 
 
 def evict(path) -> None:

@@ -65,8 +65,9 @@ CASES = {
 # of about 64 tokens' tensors and which tries no token chunks where columns run (all but
 # gemma3's, backprop's and the requested knobs'), then of the one counting a native bf16
 # chain at 1.25x its blocks above an onset of 4 (the native bf16 case's alone), then of the
-# one pricing a mapped store's re-reads under a budget once per sweep, two a step, at 2.2x
-# the disk's sequential rate, after 20 MB of the runtime's own file pages (the cases with a
+# one pricing a mapped store's re-reads under a budget as the share of each sweep's reads
+# (the blocks twice a step, the head once a loss pass) that does not fit, at 2.5x the disk's
+# sequential rate, after 20 MB of the runtime's own file pages (the cases with a
 # budget or a phone whose store does not fit beside the step: not gemma3's, backprop's or
 # the requested knobs'; the Pixel 8's pick is lazy now, where its resident weights left
 # the rest of the store to be read again every sweep)
@@ -77,17 +78,17 @@ RECORDED = {
         'd6577ad47020762f0300ad3ceafd87b4cad2596cf1d3911f8e59d4ad73f2e64f'),
     'qwen-mebp-bf16-upcast-corrected': (
         318, 'lazy-ckpt1-ram-h-store-unshared-tile8M-mlpi256', 273,
-        'f52827e87d68a60beaeb4e37ab7df1a862a423ff0fe911c7fbb3b1c0efb3f0b4'),
+        'f23356054b6828b5e9969b6fcde9467f8d962ceebede7b220a456f0fc388a369'),
     'qwen-mebp-pixel8': (318, 'lazy-ckpt1-ram-h-store-shared-tile8M', 260,
-        '05a585277effcdad0b612797c31ccf62ff7133554f86476a9bbb927231381ec2'),
+        '99bceaff9d3eab153d6f47bfd6ee2d1d073ce0723b3e3847010d838f733e46b1'),
     'qwen3-mezo-iphone15': (18, 'mezo-lazy-tile8M', 220,
-        'd346ec14a9327f0bac74da5a96ed421d39eb9798272a096ee9c5e51c2dc1fb52'),
+        'c8bebde73f0f0020eaf9f979c5659d9166b32f1a6ae39fea01a72281ca0d216d'),
     'smollm-mebp-300mb-adamw-accum': (
         318, 'lazy-ckpt1-mmap-h-store-unshared-tile8M-mlpi192', 277,
-        '7c201da62c38ab7c928854a0323e75487b15685c6f9a52954fae506e8ebbc411'),
+        '5f459867f083ed91bb379c9a694ca5780ef585b55304b19785fbf7d0fb5e6c19'),
     'smollm-mebp-native-bf16-corrected-android': (
         318, 'resident131328K-nockpt-h-store-shared-tile8M', 223,
-        'f30eaa7312306c7772a7599758a3a16bcd5c95ebc6b14b0e435936e158b76bb4'),
+        '342382d1f9f355005019ca3efebe23e37401d5c3c8cd575763fab31949d5ff2a'),
     'tiny-mebp-requested-knobs': (1, None, 208,
         'f071ec777873b140c7f1a62f8ee3a7062821e3e71183a174f3ed060cbd3dbc06'),
 }
