@@ -67,7 +67,7 @@ class EngineKnobs(BaseModel):
         "read the packed weights through a memory mapping (pages the kernel caches, and "
         "under a cap too small to keep them reads again every pass), or direct: O_DIRECT "
         "into two block-sized staging buffers, the next block read while one is used (no "
-        "page cache; the buffers' memory counted)"))
+        "page cache; the buffers' memory counted; none once every weight is resident)"))
     lora_hidden: LoraHidden = Field(default="recompute", description=(
         "recompute LoRA's rank-r intermediate h = x A^T in backward (MeSP), or keep it"))
     # (measured on qwen2.5-0.5b seq 256 with upcast bf16: sharing held 25-30 MB more for no
