@@ -32,7 +32,7 @@ from mebp_core.errors import MebpError
 from mebp_core.plan.correction import TimeCorrection, load_corrections
 from mebp_core.store.kernel_build import kernel_digest
 
-CALIBRATION_VERSION = 8
+CALIBRATION_VERSION = 9
 
 # Dequantization is timed at these output sizes (parameters): a small tile and a small model's
 # MLP projection, each one call into a reused buffer as tiles are, and a block's worth of such
@@ -60,6 +60,9 @@ class HostCalibration:
     op_overhead_s: float
     decompress_call_s: float  # fixed cost of one dequantization call (tiny tile)
     disk_read_bytes_per_s: float
+    # what reading a file directly costs compute beside it, as a share of the reads' time at
+    # ``disk_read_bytes_per_s`` (``store_reads`` direct); None where not measured
+    read_ahead_cost: float | None = None
     torch: str = ""
     host: str = ""
     # the malloc the measuring process ran under, as every engine here does

@@ -155,7 +155,8 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
     direct_reads = 0.0
     if reads_direct(knobs, store_bytes):  # staging buffers, no page cache
         memory["weights"] += staging_bytes(workload)
-        direct_reads = direct_read_cost_bytes(workload, knobs, read_bytes)
+        direct_reads = direct_read_cost_bytes(workload, knobs, read_bytes,
+                                              host.read_ahead_cost)
         modelled = {**modelled, "disk": direct_reads / host.disk_read_bytes_per_s}
         store_bytes, read_bytes = 0, 0.0
     if matmul_bytes(workload, knobs) != e:

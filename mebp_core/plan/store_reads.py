@@ -24,11 +24,12 @@ from mebp_core.units import MB
 BLOCK_SWEEPS = 2
 LOSS_PASSES = {"mebp": 1, "mezo": 2, "backprop": 1}
 # What reading ahead costs the compute beside it, as a share of the reads' time at the
-# disk's rate: on a 2-core AMX Xeon VM (qwen2.5-0.5b, seq 256, bf16, 533 MB read a step),
-# 1.30-1.41 s a step read directly against 1.16-1.26 s mapped with the store cached, and
-# 1.15 s with the reads skipped but the rest of the staging kept; 0.04-0.05 s of it the
-# step's own waits: 0.1-0.2 s beside reads that take 0.31 s at 1.72 GB/s (BENCHMARKS,
-# "Direct reads"). Unmeasured on a phone, priced alike there.
+# disk's rate, where the host's calibration did not measure it (``read_ahead_cost``): on a
+# 2-core AMX Xeon VM (qwen2.5-0.5b, seq 256, bf16, 533 MB read a step), 1.30-1.41 s a step
+# read directly against 1.16-1.26 s mapped with the store cached, and 1.15 s with the reads
+# skipped but the rest of the staging kept; 0.04-0.05 s of it the step's own waits:
+# 0.1-0.2 s beside reads that take 0.31 s at 1.72 GB/s (BENCHMARKS, "Direct reads"); its
+# calibration measured 0.27-0.31. A phone is priced as the host that plans for it.
 READ_AHEAD_COST = 0.4
 # What a mapped store's re-reads under a cap cost, as a multiple of their time at the disk's
 # sequential rate: each is a page fault, a read, and room made under the cap first (the same
@@ -69,18 +70,19 @@ def step_read_bytes(workload: Workload, store_bytes: int, head_bytes: int) -> fl
         LOSS_PASSES[workload.method] * head_bytes
 
 
-def direct_read_cost_bytes(workload: Workload, knobs: EngineKnobs, read_bytes: float
-                           ) -> float:
+def direct_read_cost_bytes(workload: Workload, knobs: EngineKnobs, read_bytes: float,
+                           read_ahead_cost: float | None) -> float:
     """A direct step's reads (``read_bytes``), priced as bytes read at the disk's rate: the
     ones it waits for in full (each loss pass's first run of head rows, a loss tile's packed
     rows, and the block it turns back to after it), the rest, read ahead, at
-    ``READ_AHEAD_COST``."""
+    ``read_ahead_cost`` (the host's measure; ``READ_AHEAD_COST`` without one)."""
     arch = workload.arch
     e = DTYPE_BYTES[workload.compute_dtype]
     head_rows = tile_rows(arch.vocab_size, arch.hidden_size, knobs.loss_vocab_tile_bytes, e)
     in_line = min(read_bytes, LOSS_PASSES[workload.method] * packed_bytes_per_param(workload)
                   * (arch.block_params() + head_rows * arch.hidden_size))
-    return in_line + READ_AHEAD_COST * (read_bytes - in_line)
+    cost = READ_AHEAD_COST if read_ahead_cost is None else read_ahead_cost
+    return in_line + cost * (read_bytes - in_line)
 
 
 def file_room_bytes(budget_bytes: int, peak_bytes: int) -> int:

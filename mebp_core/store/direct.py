@@ -185,7 +185,7 @@ class StagedReader:
 
 def _open_direct(path: Path) -> tuple[int, bool]:
     """The file opened for ``O_DIRECT`` reads, or for plain ones where its filesystem has
-    none (tmpfs: its pages are memory already)."""
+    none (tmpfs before Linux 6.6, some FUSE filesystems)."""
     try:
         return os.open(path, os.O_RDONLY | os.O_DIRECT), True
     except OSError as exc:
