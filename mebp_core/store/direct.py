@@ -161,19 +161,22 @@ class StagedReader:
         future.result()
         return buffer
 
-    def release(self) -> None:
-        """Give the staging buffers back (remade at the next read): for a model whose
-        weights were all kept decompressed while loading."""
-        try:
-            self._settle_pending()
-        finally:
-            self._buffers, self._current = [], None
-
-    def close(self) -> None:
-        """Stop reading; a failed read ahead, which nothing asked for yet, is dropped."""
+    def _drop_pending(self) -> None:
+        """Wait for the read ahead, if any, and forget it: nothing asked for it yet, so a
+        failure of it is no one's."""
         if self._pending is not None:
             self._pending[2].exception()  # waits for it
             self._pending = None
+
+    def release(self) -> None:
+        """Give the staging buffers back (remade at the next read): for a model whose
+        weights were all kept decompressed while loading."""
+        self._drop_pending()
+        self._buffers, self._current = [], None
+
+    def close(self) -> None:
+        """Stop reading."""
+        self._drop_pending()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None
