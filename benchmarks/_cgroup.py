@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from mebp_core.kernel_memory import MemoryCgroup
+from mebp_core.kernel_memory import MemoryCgroup, stat_counters
 from mebp_core.units import MB
 from worker.memory_cap import PROCS_ENV, CgroupV1Cap, CgroupV2Cap, open_memory_cap
 
@@ -59,13 +59,12 @@ class BenchCgroup:
         of file pages it had itself dropped under the cap (pages it reads again, not its
         first reads), from ``memory.stat`` (v1 and v2 both have them)."""
         try:
-            text = (self.cap.path / "memory.stat").read_text()
+            stat = stat_counters(self.counters.stat_text())
         except OSError:
             return {}
-        stat = dict(line.split() for line in text.splitlines() if len(line.split()) == 2)
-        refaults = stat.get("workingset_refault_file", stat.get("workingset_refault"))
-        return {"major_faults": int(stat.get("pgmajfault", 0)),
-                "file_refaults": None if refaults is None else int(refaults)}
+        return {"major_faults": stat.get("pgmajfault", 0),
+                "file_refaults": stat.get("workingset_refault_file",
+                                          stat.get("workingset_refault"))}
 
     def remove(self) -> None:
         self.cap.close()

@@ -42,15 +42,21 @@ def read_memory() -> MemoryReading:
     return MemoryReading(**values)
 
 
-def parse_memory_stat(text: str) -> MemoryReading:
-    """v2 names anonymous memory ``anon`` and page cache ``file``; v1 ``rss`` and ``cache``.
-    Both count shmem inside the page cache, and v1's ``rss`` holds transparent huge pages
-    (its ``rss_huge`` is a part of it, not an addition)."""
+def stat_counters(text: str) -> dict[str, int]:
+    """``memory.stat``'s counters by name."""
     stat = {}
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[1].isdigit():
             stat[parts[0]] = int(parts[1])
+    return stat
+
+
+def parse_memory_stat(text: str) -> MemoryReading:
+    """v2 names anonymous memory ``anon`` and page cache ``file``; v1 ``rss`` and ``cache``.
+    Both count shmem inside the page cache, and v1's ``rss`` holds transparent huge pages
+    (its ``rss_huge`` is a part of it, not an addition)."""
+    stat = stat_counters(text)
     shmem = stat.get("shmem", 0)
     if "anon" in stat:
         return MemoryReading(stat["anon"], shmem, stat.get("file", 0) - shmem)
@@ -66,7 +72,10 @@ class MemoryCgroup:
         self._peak_fd: int | None = None
 
     def memory(self) -> MemoryReading:
-        return parse_memory_stat((self.path / "memory.stat").read_text())
+        return parse_memory_stat(self.stat_text())
+
+    def stat_text(self) -> str:
+        return (self.path / "memory.stat").read_text()
 
     def usage_bytes(self) -> int:
         return int(self._usage.read_text())

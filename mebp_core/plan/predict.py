@@ -38,12 +38,14 @@ from mebp_core.plan.heap_retention import (
 from mebp_core.plan.store_reads import (
     direct_read_cost_bytes,
     file_room_bytes,
+    lazy_head_bytes,
+    lazy_store_bytes,
     mapped_reread_bytes,
     reads_direct,
     staging_bytes,
     step_read_bytes,
 )
-from mebp_core.plan.timing import MEMO_ENTRIES, StepWork, step_time, step_work
+from mebp_core.plan.timing import StepWork, step_time, step_work
 from mebp_core.plan.weight_memory import Residency, resident_weights, transient_weights
 from mebp_core.plan.workload import (
     DTYPE_BYTES,
@@ -57,7 +59,6 @@ from mebp_core.plan.workload import (
     mlp_chunk_tokens,
     mlp_intermediate_width,
     mlp_output_passes,
-    packed_bytes_per_param,
     saved_bytes_per_token_by_part,
     shares_decompression,
     tile_rows,
@@ -149,8 +150,9 @@ def predict(workload: Workload, knobs: EngineKnobs, host: HostCalibration) -> Pr
         memory, checkpoint_file = _gradient_memory(workload, knobs, resident, heap)
     native_bf16 = native_bf16_bytes(workload, host.allocator) if matmul == "bfloat16" else 0
     memory = {"runtime": host.runtime_bytes + RUNTIME_OVERHEAD_BYTES + native_bf16, **memory}
-    store_bytes = _lazy_store_bytes(workload, resident.names)
-    read_bytes = step_read_bytes(workload, store_bytes, _lazy_head_bytes(workload, resident))
+    store_bytes = lazy_store_bytes(workload, resident.names)
+    read_bytes = step_read_bytes(workload, store_bytes,
+                                 lazy_head_bytes(workload, resident.names))
     modelled, work = step_time(workload, knobs, host, resident.names)
     direct_reads = 0.0
     if reads_direct(knobs, store_bytes):  # staging buffers, no page cache
@@ -361,25 +363,6 @@ def full_logits_bytes(workload: Workload) -> int:
     makes in its backward, whatever the matmul dtype."""
     n, vocab = workload.tokens, workload.arch.vocab_size
     return n * vocab * FULL_LOGITS_FLOAT32_COPIES * 4
-
-
-def _lazy_store_bytes(workload: Workload, resident: frozenset[str]) -> int:
-    """Packed bytes a step reads from the memory-mapped store: every weight not resident,
-    plus the embedding rows (a sliver, ignored)."""
-    return int(_lazy_params(workload.arch, resident) * packed_bytes_per_param(workload))
-
-
-def _lazy_head_bytes(workload: Workload, resident: Residency) -> int:
-    """The head's packed bytes, when it is read from the store."""
-    arch = workload.arch
-    if arch.head_weight_name() in resident.names:
-        return 0
-    return int(arch.head_params() * packed_bytes_per_param(workload))
-
-
-@lru_cache(maxsize=MEMO_ENTRIES)
-def _lazy_params(arch: Architecture, resident: frozenset[str]) -> int:
-    return sum(params for name, params in arch.frozen_weights() if name not in resident)
 
 
 def under_budget(prediction: Prediction, budget_bytes: int, host: HostCalibration

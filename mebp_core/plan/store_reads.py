@@ -13,7 +13,11 @@ measured steps check both.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from mebp_core.config import EngineKnobs
+from mebp_core.plan.arch import Architecture
+from mebp_core.plan.timing import MEMO_ENTRIES
 from mebp_core.plan.workload import DTYPE_BYTES, Workload, packed_bytes_per_param, tile_rows
 from mebp_core.store.staging import ALIGN_BYTES, MIN_ROWS_BYTES
 from mebp_core.units import MB
@@ -60,6 +64,25 @@ def staging_bytes(workload: Workload) -> int:
         BLOCK_VECTORS * arch.hidden_size * 4 + BLOCK_ARRAYS_PADDING
     unit = max(block, MIN_ROWS_BYTES)
     return 2 * (int(unit) // ALIGN_BYTES + 2) * ALIGN_BYTES
+
+
+def lazy_store_bytes(workload: Workload, resident: frozenset[str]) -> int:
+    """Packed bytes of the weights a step reads from the store: every one not resident
+    (names in ``resident``), the embedding's rows aside (a sliver)."""
+    return int(_lazy_params(workload.arch, resident) * packed_bytes_per_param(workload))
+
+
+def lazy_head_bytes(workload: Workload, resident: frozenset[str]) -> int:
+    """The head's packed bytes, when it is read from the store."""
+    arch = workload.arch
+    if arch.head_weight_name() in resident:
+        return 0
+    return int(arch.head_params() * packed_bytes_per_param(workload))
+
+
+@lru_cache(maxsize=MEMO_ENTRIES)
+def _lazy_params(arch: Architecture, resident: frozenset[str]) -> int:
+    return sum(params for name, params in arch.frozen_weights() if name not in resident)
 
 
 def step_read_bytes(workload: Workload, store_bytes: int, head_bytes: int) -> float:

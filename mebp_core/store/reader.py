@@ -79,16 +79,29 @@ class PackedStore:
         e = self._entry(name)
         return TensorInfo(e.shape, DTYPES[e.dtype], e.bits, e.nbytes)
 
-    def _view(self, span: ArraySpan, dtype: torch.dtype, shape: tuple[int, ...],
-              window: torch.Tensor | None = None, window_start: int = 0) -> torch.Tensor:
-        """``span``'s array as a view onto the mapping, or onto ``window``: a copy of the
-        file's bytes from ``window_start`` on."""
+    def _span_bytes(self, span: ArraySpan, window: torch.Tensor | None = None,
+                    window_start: int = 0) -> torch.Tensor:
+        """``span``'s bytes on the mapping, or on ``window``: a copy of the file's bytes
+        from ``window_start`` on."""
         if window is None:
             if self._bytes is None:
                 raise StoreError(f"{self.file}: store is closed")
             window = self._bytes
         start = self._data_offset_bytes + span.offset_bytes - window_start
-        return window[start : start + span.nbytes].view(dtype).view(shape)
+        return window[start : start + span.nbytes]
+
+    def _raw_of(self, e: TensorEntry, n_rows: int | None, arrays: list[torch.Tensor]
+                ) -> RawTensor:
+        """``e`` (or ``n_rows`` of its rows) over its arrays' bytes: data, then scales and
+        biases when quantized."""
+        if e.bits is None:
+            shape = e.shape if n_rows is None else (n_rows, *e.shape[1:])
+            return RawTensor(arrays[0].view(DTYPES[e.dtype]).view(shape), None, None, None)
+        n_rows = e.shape[0] if n_rows is None else n_rows
+        groups = (n_rows, e.shape[1] // self.group_size)
+        return RawTensor(arrays[0].view(n_rows, e.shape[1] * e.bits // 8),
+                         arrays[1].view(torch.float16).view(groups),
+                         arrays[2].view(torch.float16).view(groups), e.bits)
 
     def raw(self, name: str) -> RawTensor:
         """The packed arrays as zero-copy views: (N, K*bits/8) uint8 data and (N, K/g)
@@ -102,17 +115,9 @@ class PackedStore:
         """``raw``'s views, onto ``window`` (a copy of the file's bytes from
         ``window_start``, covering ``file_span(name)``) when given."""
         e = self._entry(name)
-        if e.bits is None:
-            return RawTensor(self._view(e.data, DTYPES[e.dtype], e.shape, window,
-                                        window_start), None, None, None)
-        n_rows, k = e.shape
-        groups = (n_rows, k // self.group_size)
-        return RawTensor(
-            self._view(e.data, torch.uint8, (n_rows, k * e.bits // 8), window, window_start),
-            self._view(e.scales, torch.float16, groups, window, window_start),
-            self._view(e.biases, torch.float16, groups, window, window_start),
-            e.bits,
-        )
+        spans = [span for span in (e.data, e.scales, e.biases) if span is not None]
+        return self._raw_of(e, None,
+                            [self._span_bytes(span, window, window_start) for span in spans])
 
     def file_span(self, name: str) -> tuple[int, int]:
         """The file's bytes [start, end) holding every array of ``name``."""
@@ -138,15 +143,7 @@ class PackedStore:
         """``raw``'s views for rows ``rows`` alone, over ``arrays``: the bytes of
         ``row_spans(name, rows)``, in order."""
         e = self._entry(name)
-        n_rows = len(range(e.shape[0])[rows])
-        if e.bits is None:
-            return RawTensor(arrays[0].view(DTYPES[e.dtype]).view(n_rows, *e.shape[1:]),
-                             None, None, None)
-        k = e.shape[1]
-        groups = (n_rows, k // self.group_size)
-        return RawTensor(arrays[0].view(n_rows, k * e.bits // 8),
-                         arrays[1].view(torch.float16).view(groups),
-                         arrays[2].view(torch.float16).view(groups), e.bits)
+        return self._raw_of(e, len(range(e.shape[0])[rows]), arrays)
 
     def dequantize(
         self,
