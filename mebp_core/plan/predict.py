@@ -375,7 +375,7 @@ def under_budget(prediction: Prediction, budget_bytes: int, host: HostCalibratio
     checkpoints = prediction.checkpoint_file_bytes
     missing_checkpoints = max(0, checkpoints - room)
     rereads = mapped_reread_bytes(prediction.store_bytes, prediction.store_read_bytes,
-                                  room - checkpoints)
+                                  room - checkpoints, host.disk_read_bytes_per_s)
     disk = {"disk": (rereads + 2 * missing_checkpoints + prediction.direct_read_cost_bytes)
             / host.disk_read_bytes_per_s}
     corrected = disk if prediction.correction is None else \

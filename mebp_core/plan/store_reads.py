@@ -35,11 +35,15 @@ LOSS_PASSES = {"mebp": 1, "mezo": 2, "backprop": 1}
 # 0.1-0.2 s beside reads that take 0.31 s at 1.72 GB/s (BENCHMARKS, "Direct reads"); its
 # calibration measured 0.27-0.31. A phone is priced as the host that plans for it.
 READ_AHEAD_COST = 0.4
-# What a mapped store's re-reads under a cap cost, as a multiple of their time at the disk's
-# sequential rate: each is a page fault, a read, and room made under the cap first (the same
-# host and step: 1.88-1.99 s a step under a 320 MB cap against 1.23-1.25 s uncapped, for
-# 463 MB a step re-read by this count, 0.28 s at 1.67 GB/s: 2.4-2.7x)
-MAPPED_REREAD_COST = 2.5
+# What a mapped store's re-reads under a cap cost: each is a page fault, a read, and room
+# made under the cap first. That path ran at about the same rate on two hosts whose disks
+# differ 1.7x (qwen2.5-0.5b seq 256 bf16, ``lazy-ckpt1-ram-tail2-h-store-shared-tile8M``
+# under a 320 MB cap against uncapped, 463 MB a step re-read by this count: +0.63-0.76 s a
+# step on a model-167 AMX Xeon, its disk 1.67 GB/s; +0.61 s on a Zen 5 EPYC, 2.7-3.2 GB/s):
+# a rate of its own, not a multiple of the disk's, which bounds it where the disk is slower.
+# With no room at all it reads slower still: the smallest step, its MLP in column chunks
+# (the down projection faulted in again for each), +1.37 s for 457 MB on the Zen 5
+MAPPED_REREAD_BYTES_PER_S = 0.7e9
 # The runtime's own file pages a step keeps using (torch's and Python's code): what a cap
 # must leave room for before any store or checkpoint page stays cached. The same step read
 # directly, no store pages cached, ran at its uncapped speed with 17 MB left under the cap
@@ -114,12 +118,15 @@ def file_room_bytes(budget_bytes: int, peak_bytes: int) -> int:
     return max(0, budget_bytes - peak_bytes - RUNTIME_FILE_BYTES)
 
 
-def mapped_reread_bytes(store_bytes: int, read_bytes: float, room_bytes: int) -> float:
+def mapped_reread_bytes(store_bytes: int, read_bytes: float, room_bytes: int,
+                        disk_read_bytes_per_s: float) -> float:
     """What a mapped step reads again when ``room_bytes`` of the store's ``store_bytes`` fit
-    in the page cache, priced as bytes read at the disk's sequential rate: the share of each
-    sweep's reads (``read_bytes`` a step) the cache could not keep, at
-    ``MAPPED_REREAD_COST``."""
+    in the page cache, priced as bytes read at the disk's sequential rate
+    (``disk_read_bytes_per_s``): the share of each sweep's reads (``read_bytes`` a step) the
+    cache could not keep, read at ``MAPPED_REREAD_BYTES_PER_S`` or the disk's rate, the
+    slower."""
     if store_bytes <= 0:
         return 0.0
     missing = max(0, store_bytes - max(0, room_bytes))
-    return MAPPED_REREAD_COST * read_bytes * missing / store_bytes
+    slowdown = max(1.0, disk_read_bytes_per_s / MAPPED_REREAD_BYTES_PER_S)
+    return slowdown * read_bytes * missing / store_bytes
