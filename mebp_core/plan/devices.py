@@ -5,9 +5,9 @@ A step's estimated time on a phone sums the parts the host prediction has (``tim
 StepWork``), each priced at the phone's rates: matmul FLOPs at its effective throughput,
 decompression (the packed weights read, the 16-bit tiles written) and elementwise traffic at
 its memory bandwidth, every dispatched op and dequantization call at its per-op overhead,
-and the store re-reads a budget forces at its storage speed, or at the page-fault path's
-where that is slower (``store_reads.MAPPED_REREAD_BYTES_PER_S``: measured on hosts, not on
-a phone). So every knob moves it: a
+and the store re-reads a budget forces at its storage speed, each byte also faulted in at
+``store_reads.MAPPED_REREAD_FAULT_BYTES_PER_S`` (measured on hosts, not on a phone). So
+every knob moves it: a
 graph tail, for one, saves its blocks' recompute (FLOPs and dispatched ops) at the same
 decompressions.
 

@@ -35,15 +35,18 @@ LOSS_PASSES = {"mebp": 1, "mezo": 2, "backprop": 1}
 # 0.1-0.2 s beside reads that take 0.31 s at 1.72 GB/s (BENCHMARKS, "Direct reads"); its
 # calibration measured 0.27-0.31. A phone is priced as the host that plans for it.
 READ_AHEAD_COST = 0.4
-# What a mapped store's re-reads under a cap cost: each is a page fault, a read, and room
-# made under the cap first. That path ran at about the same rate on two hosts whose disks
-# differ 1.7x (qwen2.5-0.5b seq 256 bf16, ``lazy-ckpt1-ram-tail2-h-store-shared-tile8M``
-# under a 320 MB cap against uncapped, 463 MB a step re-read by this count: +0.63-0.76 s a
-# step on a model-167 AMX Xeon, its disk 1.67 GB/s; +0.61 s on a Zen 5 EPYC, 2.7-3.2 GB/s):
-# a rate of its own, not a multiple of the disk's, which bounds it where the disk is slower.
-# With no room at all it reads slower still: the smallest step, its MLP in column chunks
-# (the down projection faulted in again for each), +1.37 s for 457 MB on the Zen 5
-MAPPED_REREAD_BYTES_PER_S = 0.7e9
+# What a mapped store's re-reads under a cap cost beside the disk's time: each is a page
+# fault, and room made under the cap first, work of the CPU's the read waits on. On two hosts
+# whose disks differ 1.7x, the same step (qwen2.5-0.5b seq 256 bf16,
+# ``lazy-ckpt1-ram-tail2-h-store-shared-tile8M``, 463 MB a step re-read by this count) paid
+# +0.63-0.76 s a step under a 320 MB cap against uncapped on a model-167 AMX Xeon (its disk
+# 1.67 GB/s: 0.29 s of reading) and +0.61 s on a Zen 5 EPYC (2.7-3.2 GB/s: 0.15-0.18 s):
+# about 0.44 s of each is this cost, as if read again at this rate on top of the disk's
+# (which fits both; a multiple of the disk's time fits only one). Hosts with a disk slower
+# than 1 GB/s were not measured. With no room at all the smallest step reads slower still
+# (its MLP in column chunks faults the down projection in again for each): on the Zen 5,
+# 2.90 s a step at S against 1.53 uncapped in another run of the same benchmark, left out
+MAPPED_REREAD_FAULT_BYTES_PER_S = 1.1e9
 # The runtime's own file pages a step keeps using (torch's and Python's code): what a cap
 # must leave room for before any store or checkpoint page stays cached. The same step read
 # directly, no store pages cached, ran at its uncapped speed with 17 MB left under the cap
@@ -123,10 +126,10 @@ def mapped_reread_bytes(store_bytes: int, read_bytes: float, room_bytes: int,
     """What a mapped step reads again when ``room_bytes`` of the store's ``store_bytes`` fit
     in the page cache, priced as bytes read at the disk's sequential rate
     (``disk_read_bytes_per_s``): the share of each sweep's reads (``read_bytes`` a step) the
-    cache could not keep, read at ``MAPPED_REREAD_BYTES_PER_S`` or the disk's rate, the
-    slower."""
+    cache could not keep, each byte read again from the disk and faulted in at
+    ``MAPPED_REREAD_FAULT_BYTES_PER_S``."""
     if store_bytes <= 0:
         return 0.0
     missing = max(0, store_bytes - max(0, room_bytes))
-    slowdown = max(1.0, disk_read_bytes_per_s / MAPPED_REREAD_BYTES_PER_S)
+    slowdown = 1 + disk_read_bytes_per_s / MAPPED_REREAD_FAULT_BYTES_PER_S
     return slowdown * read_bytes * missing / store_bytes

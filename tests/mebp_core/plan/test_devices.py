@@ -15,6 +15,7 @@ from mebp_core.plan.devices import (
     paper_workload,
 )
 from mebp_core.plan.planner import make_plan
+from mebp_core.plan.store_reads import MAPPED_REREAD_FAULT_BYTES_PER_S, RUNTIME_FILE_BYTES
 from mebp_core.units import MB
 
 
@@ -35,6 +36,20 @@ def test_devices_cover_the_mission_profiles_and_estimate_time(workload, host):
     assert slower.entries[0].device_step_time_s > plan.entries[0].device_step_time_s
     assert make_plan(workload, host, device=get_device("custom")).entries[0] \
         .device_step_time_s is None
+
+
+def test_a_phones_estimate_adds_the_store_rereads_its_budget_forces(workload, host):
+    """Under a budget with no room for the store beside the step, each sweep reads it again:
+    from the phone's storage, each byte faulted in as on a host."""
+    phone = get_device("pixel-8")
+    plan = make_plan(workload, host, budget_bytes=8000 * MB)
+    lazy = {e.id: e for e in plan.entries}["lazy-ckpt1-ram-h-recompute-shared-tile8M"].prediction
+    assert lazy.store_bytes > 0 and lazy.checkpoint_file_bytes == 0
+    unbounded = phone.estimate_step_time(lazy, workload, None)
+    no_room = phone.estimate_step_time(lazy, workload, lazy.peak_bytes + RUNTIME_FILE_BYTES)
+    rates = phone.rates
+    assert no_room - unbounded == pytest.approx(lazy.store_read_bytes * (
+        1 / rates.storage_bytes_per_s + 1 / MAPPED_REREAD_FAULT_BYTES_PER_S))
 
 
 def test_a_phones_estimate_never_pays_this_hosts_bf16_upcasts(host):

@@ -70,8 +70,8 @@ CASES = {
 # sequential rate, after 20 MB of the runtime's own file pages (the cases with a
 # budget or a phone whose store does not fit beside the step: not gemma3's, backprop's or
 # the requested knobs'; the Pixel 8's pick is lazy now, where its resident weights left
-# the rest of the store to be read again every sweep), then of the one reading that share
-# at the fault path's own rate (0.7 GB/s) or the disk's, the slower (the same cases; no
+# the rest of the store to be read again every sweep), then of the one pricing each byte
+# of that share at its read from the disk plus its fault at 1.1 GB/s (the same cases; no
 # pick changed)
 RECORDED = {
     'gemma-mebp-nobudget-int8': (426, 'resident-nockpt-h-store-shared-tile8M', 292,
@@ -80,17 +80,17 @@ RECORDED = {
         'd6577ad47020762f0300ad3ceafd87b4cad2596cf1d3911f8e59d4ad73f2e64f'),
     'qwen-mebp-bf16-upcast-corrected': (
         318, 'lazy-ckpt1-ram-h-store-unshared-tile8M-mlpi256', 273,
-        'ca5c6a83f62d73e74cdac4166cc3e5da1c17839aafd66fc5d04cd05768a013e9'),
+        'bf45282913f280d365c890fbcda2b2ac25e24ee93210607eb3022dae71aa7374'),
     'qwen-mebp-pixel8': (318, 'lazy-ckpt1-ram-h-store-shared-tile8M', 260,
-        'a823a4775a99dd1ce2001adda6bca2e0adb310c1e9769d809ca613a9c84da9d2'),
+        'b3162002e56726d55b0b39d00fa6440058a292b43b42e7bddd45b3685a5e3246'),
     'qwen3-mezo-iphone15': (18, 'mezo-lazy-tile8M', 220,
-        '2892d9024828ea470874d4bc8ce09da71bafe37f872274ae1da83dda7d13c4fc'),
+        '5b04264107253e3bb0370110defa24298035fa7b0c95a056788fe7e98b51e957'),
     'smollm-mebp-300mb-adamw-accum': (
         318, 'lazy-ckpt1-mmap-h-store-unshared-tile8M-mlpi192', 277,
-        '574344c066e60b7ccb2283b48b5e69af0647fd5c5a0c19e2563a263ba4d8654e'),
+        '7d609e890563010606fc5b31113c8598f16f4502487a5efa0a5d4fa84a1a5b53'),
     'smollm-mebp-native-bf16-corrected-android': (
         318, 'resident131328K-nockpt-h-store-shared-tile8M', 223,
-        'dbeee549701ea0a7c7e2bed427e07d87013b641c9759530104fde7ea03c45839'),
+        '50d9e41f8b7fca5664b656bc13f5e483339bb7a395885a59e190aa38b8e0d15a'),
     'tiny-mebp-requested-knobs': (1, None, 208,
         'f071ec777873b140c7f1a62f8ee3a7062821e3e71183a174f3ed060cbd3dbc06'),
 }

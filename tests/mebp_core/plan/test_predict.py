@@ -16,7 +16,7 @@ from mebp_core.plan.devices import paper_knobs
 from mebp_core.plan.planner import make_plan
 from mebp_core.plan.predict import COMPONENTS, NATIVE_BF16_BYTES, native_bf16_bytes, predict
 from mebp_core.plan.store_reads import (
-    MAPPED_REREAD_BYTES_PER_S,
+    MAPPED_REREAD_FAULT_BYTES_PER_S,
     READ_AHEAD_COST,
     RUNTIME_FILE_BYTES,
     mapped_reread_bytes,
@@ -197,26 +197,27 @@ def test_a_tight_budget_adds_the_store_reads_that_no_longer_stay_cached(workload
     # again, at the price of a fault and of room made under the cap
     room = 450 * MB - lazy.peak_bytes - RUNTIME_FILE_BYTES
     assert 0 < room < store
-    # at the fault path's own rate (the disk's where that is slower)
+    # read from the disk and faulted in
     assert lazy.time["disk"] == pytest.approx(
         lazy.store_read_bytes * (store - room) / store
-        / min(MAPPED_REREAD_BYTES_PER_S, host.disk_read_bytes_per_s))
+        * (1 / host.disk_read_bytes_per_s + 1 / MAPPED_REREAD_FAULT_BYTES_PER_S))
     resident = tight["resident-nockpt-h-recompute-shared-tile8M"].prediction
     assert resident.store_bytes == 0 and resident.time["disk"] == 0
     assert "resident-nockpt-h-recompute-shared-tile8M-direct" not in tight  # reads nothing
 
 
-def test_a_mapped_store_is_read_again_at_the_fault_paths_rate_or_the_disks_the_slower():
-    """Priced as bytes at the disk's rate: a fast disk's re-reads cost more than their
-    bytes (the fault path is the bound), a slow disk's just their bytes; only the share of
-    the store that does not fit is read again."""
+def test_a_mapped_stores_rereads_cost_the_disks_time_and_the_faults():
+    """Priced as bytes at the disk's rate: each byte read again costs its read and its
+    fault, whatever the disk; only the share of the store that does not fit is read again."""
     store, reads = 300 * MB, 500 * MB
-    fast_disk = 3 * MAPPED_REREAD_BYTES_PER_S
-    assert mapped_reread_bytes(store, reads, 0, fast_disk) == pytest.approx(3 * reads)
-    assert mapped_reread_bytes(store, reads, 0, MAPPED_REREAD_BYTES_PER_S / 2) == reads
-    assert mapped_reread_bytes(store, reads, store // 3, fast_disk) == pytest.approx(2 * reads)
-    assert mapped_reread_bytes(store, reads, store, fast_disk) == 0
-    assert mapped_reread_bytes(0, reads, 0, fast_disk) == 0
+    for disk in (0.3e9, MAPPED_REREAD_FAULT_BYTES_PER_S, 3e9):
+        seconds = mapped_reread_bytes(store, reads, 0, disk) / disk
+        assert seconds == pytest.approx(reads / disk + reads / MAPPED_REREAD_FAULT_BYTES_PER_S)
+    disk = MAPPED_REREAD_FAULT_BYTES_PER_S
+    assert mapped_reread_bytes(store, reads, store // 3, disk) == pytest.approx(4 / 3 * reads)
+    assert mapped_reread_bytes(store, reads, -store, disk) == pytest.approx(2 * reads)
+    assert mapped_reread_bytes(store, reads, store, disk) == 0
+    assert mapped_reread_bytes(0, reads, 0, disk) == 0
 
 
 def test_direct_reads_trade_the_page_cache_for_two_staging_buffers(workload, host):
