@@ -36,7 +36,7 @@ LOSS_PASSES = {"mebp": 1, "mezo": 2, "backprop": 1}
 # calibration measured 0.27-0.31. A phone is priced as the host that plans for it.
 READ_AHEAD_COST = 0.4
 # What a mapped store's re-reads under a cap cost beside the disk's time: each is a page
-# fault, and room made under the cap first, work of the CPU's the read waits on. On two hosts
+# fault, with room made under the cap first, CPU work the read waits on. On two hosts
 # whose disks differ 1.7x, the same step (qwen2.5-0.5b seq 256 bf16,
 # ``lazy-ckpt1-ram-tail2-h-store-shared-tile8M``, 463 MB a step re-read by this count) paid
 # +0.63-0.76 s a step under a 320 MB cap against uncapped on a model-167 AMX Xeon (its disk
@@ -44,8 +44,8 @@ READ_AHEAD_COST = 0.4
 # about 0.44 s of each is this cost, as if read again at this rate on top of the disk's
 # (which fits both; a multiple of the disk's time fits only one). Hosts with a disk slower
 # than 1 GB/s were not measured. With no room at all the smallest step reads slower still
-# (its MLP in column chunks faults the down projection in again for each): on the Zen 5,
-# 2.90 s a step at S against 1.53 uncapped in another run of the same benchmark, left out
+# (its MLP in column chunks faults the down projection in again for each), which this
+# leaves out: on the Zen 5, 2.90-3.00 s a step at S against 2.33 priced (1.53 uncapped)
 MAPPED_REREAD_FAULT_BYTES_PER_S = 1.1e9
 # The runtime's own file pages a step keeps using (torch's and Python's code): what a cap
 # must leave room for before any store or checkpoint page stays cached. The same step read
