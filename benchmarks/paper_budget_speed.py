@@ -10,12 +10,13 @@ to repeat), and each row's ratio is taken against the same repeat's baseline.
 Rows: mebp in ``--dtype`` planned for each of ``--budgets`` MB, for its smallest budget S and
 unconstrained (the fastest configuration); with ``--also-float32`` mebp's smallest and
 fastest in float32 too. Besides each row's ratio to the baseline, the smallest over the
-fastest per dtype, pair by pair. Plans use this host's calibration (its identity and
-steadiness are printed). With ``--capped`` each row planned for a budget runs inside a fresh
-memory cgroup hard-capped at that budget, as a phone with it would, on a private copy of the
-packed model dropped from the page cache before each run: the store pages that do not fit
-beside the step are read again every step (the planner's disk term); the baseline and the
-unconstrained rows run uncapped.
+fastest per dtype, pair by pair, and each row's step time as the planner predicts it at
+its budget (the re-reads a cap of that size forces included, capped run or not). Plans use
+this host's calibration (its identity and steadiness are printed). With ``--capped`` each
+row planned for a budget runs inside a fresh memory cgroup hard-capped at that budget, as a
+phone with it would, on a private copy of the packed model dropped from the page cache
+before each run: the store pages that do not fit beside the step are read again every step
+(the planner's disk term); the baseline and the unconstrained rows run uncapped.
 """
 
 from __future__ import annotations
@@ -204,15 +205,16 @@ def fmt_spread(figure: dict, digits: int = 2, suffix: str = "") -> str:
 
 def markdown(report: dict) -> str:
     base = report["baseline"]
-    lines = ["| row | configuration | predicted MB | peak MB | cap MB | s/step | "
-             "vs transformers + PEFT |",
-             "|---|---|---:|---:|---:|---|---|",
+    lines = ["| row | configuration | predicted MB | peak MB | cap MB | predicted s/step | "
+             "s/step | vs transformers + PEFT |",
+             "|---|---|---:|---:|---:|---:|---|---|",
              f"| transformers + PEFT {base['dtype']} | resident, no checkpointing | - | "
-             f"{base['peak_mb']:.0f} | - | {fmt_spread(base['s_per_step'])} | 1 |"]
+             f"{base['peak_mb']:.0f} | - | - | {fmt_spread(base['s_per_step'])} | 1 |"]
     for row in report["rows"]:
         cap = "-" if row["cap_mb"] is None else row["cap_mb"]
         lines.append(f"| mebp {row['row']} | `{row['config']}` | {row['predicted_peak_mb']:.0f}"
-                     f" | {row['peak_mb']:.0f} | {cap} | {fmt_spread(row['s_per_step'])} | "
+                     f" | {row['peak_mb']:.0f} | {cap} | {row['predicted_step_s']:.2f} | "
+                     f"{fmt_spread(row['s_per_step'])} | "
                      f"{fmt_spread(row['vs_baseline'], suffix='x')} |")
     lines.append("")
     for dtype, figure in report["smallest_over_fastest"].items():
