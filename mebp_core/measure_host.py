@@ -17,6 +17,8 @@ import signal
 import statistics
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 
 from mebp_core.allocator import loaded_allocator
@@ -110,8 +112,10 @@ def measure(threads: int | None) -> dict:
     seconds = spreads.time("op_overhead", lambda: torch.stack(
         [small @ small_w for _ in range(100)]).sum().backward())
     result["op_overhead_s"] = seconds / 200
-    result["disk_read_bytes_per_s"] = _disk_read_rate()
-    result["read_ahead_cost"] = _read_ahead_cost(result["disk_read_bytes_per_s"], gen)
+    with _scratch_file() as scratch:
+        result["disk_read_bytes_per_s"] = _disk_read_rate(scratch)
+        result["read_ahead_cost"] = _read_ahead_cost(scratch, result["disk_read_bytes_per_s"],
+                                                     gen)
     result["spread"] = spreads.by_kind
     result["load_after"] = os.getloadavg()[0]
     return result
@@ -188,31 +192,39 @@ def _matmul_rates(dtype, gen, spreads: _Spreads) -> dict[str, dict[str, dict[str
     return rates
 
 
-def _disk_read_rate(nbytes: int = 64 << 20) -> float:
-    """Cold sequential read of a fresh file: its pages are dropped from the page cache first."""
-    cache = default_cache_dir()  # where packed stores live: the disk that matters
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=cache) as handle:
-        handle.write(os.urandom(1 << 20) * (nbytes >> 20))
-        handle.flush()
-        os.fsync(handle.fileno())
-        os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        start = time.perf_counter()
-        with open(handle.name, "rb", buffering=0) as reader:
-            while reader.read(4 << 20):
-                pass
-        return nbytes / (time.perf_counter() - start)
-
-
-READ_AHEAD_FILE_BYTES = 64 << 20
+SCRATCH_FILE_BYTES = 64 << 20
 READ_AHEAD_UNIT_BYTES = 8 << 20  # a block's packed bytes, about
 READ_AHEAD_REPEATS = 3
 
 
-def _read_ahead_cost(disk_rate: float, gen) -> float | None:
+@contextmanager
+def _scratch_file() -> Iterator[str]:
+    """A fresh file of ``SCRATCH_FILE_BYTES`` in the cache dir (the disk packed stores live
+    on), written through to the disk; removed after."""
+    cache = default_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=cache) as handle:
+        handle.write(os.urandom(1 << 20) * (SCRATCH_FILE_BYTES >> 20))
+        handle.flush()
+        os.fsync(handle.fileno())
+        yield handle.name
+
+
+def _disk_read_rate(path: str) -> float:
+    """Cold sequential read of ``path``: its pages are dropped from the page cache first."""
+    with open(path, "rb", buffering=0) as reader:
+        os.posix_fadvise(reader.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        start = time.perf_counter()
+        nbytes = 0
+        while chunk := reader.read(4 << 20):
+            nbytes += len(chunk)
+        return nbytes / (time.perf_counter() - start)
+
+
+def _read_ahead_cost(path: str, disk_rate: float, gen) -> float | None:
     """What reading a file with ``O_DIRECT`` on a thread costs the compute beside it, as a
     share of the reads' time at ``disk_rate``: a block-sized matmul loop alone and beside a
-    thread reading a fresh file a block-sized unit at a time, alternately, the median of
+    thread reading ``path`` a block-sized unit at a time, alternately, the median of
     each. (A VM's reads take compute time its guest does not see as its own: on an AMX
     Xeon a bf16 loop ran 1.39x slower beside reads at 1.79 GB/s, 0.27 of their time.)
     None where the filesystem takes no ``O_DIRECT``."""
@@ -232,33 +244,26 @@ def _read_ahead_cost(disk_rate: float, gen) -> float | None:
             x @ w.T
         return time.perf_counter() - start
 
-    cache = default_cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile(dir=cache) as handle:
-        handle.write(os.urandom(1 << 20) * (READ_AHEAD_FILE_BYTES >> 20))
-        handle.flush()
-        os.fsync(handle.fileno())
-        try:
-            fd = os.open(handle.name, os.O_RDONLY | os.O_DIRECT)
-        except OSError:
-            return None
-        buffer = mmap.mmap(-1, READ_AHEAD_UNIT_BYTES,
-                           flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        try:
-            loop()
-            alone, beside, read = [], [], []
-            for _ in range(READ_AHEAD_REPEATS):
-                alone.append(loop())
-                stop, done = threading.Event(), [0]
-                reader = threading.Thread(target=_read_until, args=(fd, buffer, stop, done))
-                reader.start()
-                seconds = loop()
-                stop.set()
-                reader.join()
-                beside.append(seconds)
-                read.append(done[0])
-        finally:
-            os.close(fd)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    except OSError:
+        return None
+    buffer = mmap.mmap(-1, READ_AHEAD_UNIT_BYTES, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        loop()
+        alone, beside, read = [], [], []
+        for _ in range(READ_AHEAD_REPEATS):
+            alone.append(loop())
+            stop, done = threading.Event(), [0]
+            reader = threading.Thread(target=_read_until, args=(fd, buffer, stop, done))
+            reader.start()
+            seconds = loop()
+            stop.set()
+            reader.join()
+            beside.append(seconds)
+            read.append(done[0])
+    finally:
+        os.close(fd)
     extra = statistics.median(beside) - statistics.median(alone)
     read_s = statistics.median(read) / disk_rate
     return min(1.0, max(0.0, extra / read_s)) if read_s > 0 else None

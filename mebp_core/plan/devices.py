@@ -65,12 +65,12 @@ class DeviceProfile:
         by every sweep; a direct step's own reads beside them), or None."""
         if self.rates is None:
             return None
-        room = 0 if budget_bytes is None else \
-            file_room_bytes(budget_bytes, prediction.peak_bytes) - \
-            prediction.checkpoint_file_bytes  # as ``predict.under_budget`` leaves it
-        rereads = 0 if budget_bytes is None else mapped_reread_bytes(
-            prediction.store_bytes, prediction.store_read_bytes, room,
-            self.rates.storage_bytes_per_s)
+        rereads = 0.0
+        if budget_bytes is not None:
+            room = file_room_bytes(budget_bytes, prediction.peak_bytes) - \
+                prediction.checkpoint_file_bytes  # as ``predict.under_budget`` leaves it
+            rereads = mapped_reread_bytes(prediction.store_bytes, prediction.store_read_bytes,
+                                          room, self.rates.storage_bytes_per_s)
         return sum(device_step_time(prediction.device_work, workload, self.rates,
                                     rereads + prediction.direct_read_cost_bytes).values())
 

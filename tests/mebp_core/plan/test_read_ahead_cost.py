@@ -19,7 +19,8 @@ DIRECT_ID = "lazy-ckpt1-ram-h-recompute-shared-tile8M-direct"
 def test_it_is_measured_beside_a_real_matmul_loop(monkeypatch, tmp_path):
     """A share of the reads' time, within [0, 1], from a fresh file in the cache dir."""
     monkeypatch.setattr(measure_host, "default_cache_dir", lambda: tmp_path)
-    cost = measure_host._read_ahead_cost(1e9, torch.Generator().manual_seed(0))
+    with measure_host._scratch_file() as scratch:
+        cost = measure_host._read_ahead_cost(scratch, 1e9, torch.Generator().manual_seed(0))
     assert cost is not None and 0.0 <= cost <= 1.0
     assert list(tmp_path.iterdir()) == []  # its file is gone
 
