@@ -27,7 +27,7 @@ from pathlib import Path
 from mebp_core.allocator import engine_allocator, engine_environ
 from mebp_core.atomic import exclusive_lock, write_json_atomically
 from mebp_core.code_version import PACKAGE_DIR, source_digest
-from mebp_core.cpu import cpu_model
+from mebp_core.cpu import cpu_model, torch_default_threads
 from mebp_core.errors import MebpError
 from mebp_core.plan.correction import TimeCorrection, load_corrections
 from mebp_core.store.kernel_build import kernel_digest
@@ -167,13 +167,16 @@ def _interpolate_tokens(rates: dict[str, float], tokens: int) -> float:
 
 
 def host_key(threads: int | None) -> str:
-    """Names what the figures depend on: CPU, cores, threads, Python, torch's version, the
-    dequantization kernel, the engine's allocator and the code that measures."""
+    """Names what the figures depend on: CPU, cores, threads (None: the count torch takes by
+    default, so a plan that leaves it unset and a run that sets that number share one
+    calibration), Python, torch's version, the dequantization kernel, the engine's allocator
+    and the code that measures."""
     try:
         torch_version = importlib.metadata.version("torch")  # read without importing torch
     except importlib.metadata.PackageNotFoundError:
         torch_version = None
-    text = json.dumps([CALIBRATION_VERSION, cpu_model(), os.cpu_count(), threads,
+    text = json.dumps([CALIBRATION_VERSION, cpu_model(), os.cpu_count(),
+                       threads or torch_default_threads(),
                        platform.python_version(), torch_version, kernel_digest(),
                        engine_allocator(), _measuring_code_digest()])
     return hashlib.sha256(text.encode()).hexdigest()[:16]

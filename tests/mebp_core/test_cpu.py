@@ -19,6 +19,7 @@ from mebp_core.cpu import (
     native_bf16_matmul,
     process_cpu_s,
     threads_for_idle_cores,
+    torch_default_threads,
 )
 
 AVX2_HOST = """processor\t: 0
@@ -98,3 +99,38 @@ def test_work_of_its_own_counts_as_idle_in_a_window(all_cores_but_one_busy):
         spinner.kill()
         spinner.wait()
     assert free > busy  # the spinner's share of the same second, counted idle
+
+
+@pytest.mark.parametrize("environ", [{}, {"OMP_NUM_THREADS": "1"}, {"MKL_NUM_THREADS": "1"},
+                                     {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "1"}])
+def test_torch_default_threads_is_the_count_torch_takes(environ):
+    clean = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS",
+                                                                "MKL_NUM_THREADS")}
+    env = {**clean, **environ}
+    done = subprocess.run(
+        [sys.executable, "-c", "import torch; from mebp_core.cpu import torch_default_threads;"
+         " print(torch.get_num_threads(), torch_default_threads())"],
+        env=env, capture_output=True, text=True, check=True, timeout=120)
+    torch_count, ours = done.stdout.split()
+    assert ours == torch_count
+
+
+def _sysfs(root, present, topology):
+    root.mkdir()
+    (root / "present").write_text(present + "\n")
+    for cpu, (package, core) in topology.items():
+        directory = root / f"cpu{cpu}" / "topology"
+        directory.mkdir(parents=True)
+        (directory / "physical_package_id").write_text(f"{package}\n")
+        (directory / "core_id").write_text(f"{core}\n")
+    return root
+
+
+def test_torch_default_threads_counts_physical_cores_across_packages(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
+    # two packages of two cores with two hyperthreads each, numbered as Linux does
+    smt = _sysfs(tmp_path / "smt", "0-7", {cpu: (cpu // 2 % 2, cpu % 2) for cpu in range(8)})
+    assert torch_default_threads(smt) == 4
+    single = _sysfs(tmp_path / "single", "0-2,5", {cpu: (0, cpu) for cpu in (0, 1, 2, 5)})
+    assert torch_default_threads(single) == 4

@@ -1,5 +1,6 @@
 """The host measurement's child process: it never outlives the process waiting for it (a
-service stopped while it measures leaves nothing behind)."""
+service stopped while it measures leaves nothing behind). The calibration's key: one host at
+one thread count is one calibration."""
 
 from __future__ import annotations
 
@@ -9,6 +10,9 @@ import sys
 
 import psutil
 from waiting import poll_until
+
+from mebp_core.cpu import torch_default_threads
+from mebp_core.plan.calibration import calibration_path
 
 MEASURING_PARENT = """
 from mebp_core.plan.calibration import measure_host
@@ -36,3 +40,9 @@ def test_the_measurement_child_dies_with_the_process_waiting_for_it():
         if parent.poll() is None:
             parent.kill()
             parent.wait()
+
+
+def test_torchs_default_thread_count_named_or_left_unset_is_one_calibration(tmp_path):
+    default = torch_default_threads()
+    assert calibration_path(tmp_path, None) == calibration_path(tmp_path, default)
+    assert calibration_path(tmp_path, None) != calibration_path(tmp_path, default + 1)
