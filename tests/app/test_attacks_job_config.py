@@ -22,6 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 import torch
+from held_engines import hold_engine
 from service_harness import FAST_RECOVERY, kill_group, start_service, start_worker, stop_service
 from waiting import poll_until
 
@@ -65,7 +66,7 @@ def planned_at(cache, threads: int) -> str:
                         measure=False).auto.id
 
 
-def freeze(worker: subprocess.Popen, database: Path) -> None:
+def freeze(worker: subprocess.Popen, database: Path, held: int | None = None) -> None:
     """SIGSTOP the worker, the horse running its job and the engine, as a host that hangs,
     at a moment none of them holds the SQLite ``database``'s write lock.
 
@@ -73,7 +74,7 @@ def freeze(worker: subprocess.Popen, database: Path) -> None:
     that hangs inside a write holds its lock for good and every writer waits on it (the
     reconciler could never re-queue the job). Hosts that are apart share PostgreSQL. What
     is tested is a worker that hangs, so a freeze that caught a write is let go and tried
-    again."""
+    again, all but the process ``held`` (stopped before, and kept stopped)."""
     def frozen_outside_a_write() -> bool:
         family = stop_family(worker.pid)
         probe = sqlite3.connect(database, timeout=1.0)
@@ -82,7 +83,7 @@ def freeze(worker: subprocess.Popen, database: Path) -> None:
             probe.rollback()
             return True
         except sqlite3.OperationalError:  # a frozen process holds the write lock
-            for pid in family:
+            for pid in family - {held}:
                 with suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGCONT)
             return False
@@ -146,9 +147,10 @@ def test_a_job_resumed_on_another_host_reproduces_an_uninterrupted_run_bit_for_b
             == planned_at(two_hosts, 2)
 
         assert service.finished(whole["id"], timeout_s=180)["status"] == "succeeded"
-        service.wait_for(resumed["id"], lambda j: j["progress"]["step"] > CHECKPOINT_EVERY,
-                         timeout_s=120)
-        freeze(workers[0], tmp_path / "data" / "mebp.db")
+        # held past its first checkpoint: a tiny job's steps outrun the freeze's retries
+        engine = hold_engine(tmp_path / "data" / "storage", resumed["id"],
+                             CHECKPOINT_EVERY + 1, timeout_s=120)
+        freeze(workers[0], tmp_path / "data" / "mebp.db", held=engine.pid)
         frozen = service.request("GET", f"/v1/jobs/{resumed['id']}")[1]
         assert frozen["status"] == "running" and frozen["progress"]["step"] < STEPS, frozen
         workers.append(start_worker(tmp_path / "data", two_hosts, {**env, "MEBP_THREADS": "1"}))
