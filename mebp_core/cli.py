@@ -267,8 +267,8 @@ def _run_eval(args: argparse.Namespace) -> int:
 
 def _run_export(args: argparse.Namespace) -> int:
     from mebp_core.lora.export import export_adapter
-    from mebp_core.lora.peft_io import AdapterError
-    from mebp_core.store.resolve import source_config
+    from mebp_core.lora.peft_files import AdapterError
+    from mebp_core.store.model_source import source_config
 
     config = source_config(args.model)
     try:
@@ -280,9 +280,10 @@ def _run_export(args: argparse.Namespace) -> int:
 
 
 def _run_export_base(args: argparse.Namespace) -> int:
-    from mebp_core.store.export_base import check_base_format, export_base
-    from mebp_core.store.export_base_common import base_model_name
-    from mebp_core.store.resolve import resolve_model, source_config
+    from mebp_core.store.export_base import export_base
+    from mebp_core.store.export_base_common import base_model_name, check_base_format
+    from mebp_core.store.model_source import source_config
+    from mebp_core.store.resolve import resolve_model
 
     check_base_format(source_config(args.model), args.format, args.dtype, quant=args.quant,
                       group_size=args.group_size, gguf_quant=args.gguf_quant)  # before packing

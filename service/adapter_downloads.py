@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import BinaryIO, Literal
 
 from mebp_core.atomic import try_lock
-from mebp_core.lora.export import export_adapter
-from mebp_core.lora.peft_io import AdapterError
+from mebp_core.lora.peft_files import AdapterError
 from service.storage import adapter_downloads_dir, kept_digest, write_with_digest, zip_directory
 
 AdapterFormat = Literal["peft", "mlx", "gguf"]
@@ -113,6 +112,8 @@ def _export(source: Path, fmt: AdapterFormat, base_config: dict | None,
     if base_config is None:
         raise ValueError(f"exporting an adapter as {fmt} needs its base model's config")
     with tempfile.TemporaryDirectory(prefix=".export-", dir=staging.parent) as tmp:
+        from mebp_core.lora.export import export_adapter  # torch: loaded by a first export
+
         out = export_adapter(source, fmt, Path(tmp) / fmt, base_config=base_config)
         if fmt == "gguf":
             os.replace(out, staging)

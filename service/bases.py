@@ -23,7 +23,6 @@ from typing import BinaryIO
 
 from mebp_core.atomic import try_lock
 from mebp_core.errors import MebpError
-from mebp_core.store.export_base import export_base
 from mebp_core.store.export_base_common import base_model_name
 from mebp_core.store.resolve import packed_dir, resolve_model
 from service.base_cache import (
@@ -139,6 +138,8 @@ def remove_leftovers(path: Path) -> None:
 def write_export(model_dir: Path, request: BaseRequest, path: Path) -> None:
     """Write the export of ``model_dir`` at ``path`` and its sha256 beside it, made in a
     scratch directory beside it (a killed maker's is removed by the next, ``make_base``)."""
+    from mebp_core.store.export_base import export_base  # torch: a worker's, not the API's
+
     name = base_model_name(model_dir)
     scratch = path.parent / f".{path.name}.tmp-work"
     scratch.mkdir()

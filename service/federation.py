@@ -25,14 +25,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel import Session, select
 
 from mebp_core.atomic import exclusive_lock
-from mebp_core.federated.aggregate import Update, aggregate
 from mebp_core.federated.rounds import fate, is_straggler, participants, reference_steps
-from mebp_core.lora.peft_io import (
-    CONFIG_NAME,
-    WEIGHTS_NAME,
-    load_peft_adapter,
-    save_peft_adapter,
-)
+from mebp_core.lora.peft_files import CONFIG_NAME, WEIGHTS_NAME
 from service.crud import TERMINAL, create_queued_jobs, latest_adapter
 from service.fleet_spec import FleetRequest, JobTemplate, ReferenceRecord, RoundSeat
 from service.json_column import MalformedRowError, rows_that_load
@@ -273,6 +267,10 @@ def _finish_round(session: Session, fleet: Fleet, current: FleetRound, seats: li
 
 def combine(adapters: dict[int, str], examples: list[int], how: str, out: Path) -> Path:
     """The global adapter of the members' adapters (member -> directory) at ``out``."""
+    # torch, imported where a round is combined (a coordinator), not by the API
+    from mebp_core.federated.aggregate import Update, aggregate
+    from mebp_core.lora.peft_io import load_peft_adapter, save_peft_adapter
+
     updates = []
     for (member, directory), count in zip(adapters.items(), examples, strict=True):
         _, tensors = load_peft_adapter(directory)

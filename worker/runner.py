@@ -27,7 +27,7 @@ from mebp_core.cache import default_cache_dir
 from mebp_core.cpu import IdleWindow
 from mebp_core.engine.kept_adapters import kept_steps
 from mebp_core.engine.metrics_file import keep_steps_through
-from mebp_core.lora.peft_io import AdapterError
+from mebp_core.lora.peft_files import AdapterError
 from mebp_core.plan.correction import measured_step_time
 from mebp_core.proc import die_with_parent
 from mebp_core.store.resolve import PackingStopped, resolve_model

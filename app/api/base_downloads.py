@@ -16,9 +16,8 @@ from app.api.errors import invalid
 from app.keys import Principal
 from app.model_schemas import BaseExporting
 from mebp_core.errors import MebpError
-from mebp_core.store.export_base import check_base_format
-from mebp_core.store.export_base_common import GGUF_QUANTS, BaseExportError
-from mebp_core.store.resolve import source_config
+from mebp_core.store.export_base_common import GGUF_QUANTS, BaseExportError, check_base_format
+from mebp_core.store.model_source import source_config
 from service.bases import BaseExportFailed, BaseRequest, ExportedBase
 from service.export_quota import ExportQuotaExceeded
 from service.registry import (

@@ -23,7 +23,7 @@ from app.web.templating import templates
 from mebp_core.config import TrainConfig
 from mebp_core.errors import MebpError
 from mebp_core.store.export_base_common import BaseFormat, GGUFQuant
-from mebp_core.store.resolve import source_config
+from mebp_core.store.model_source import source_config
 from mebp_core.units import MB
 from service.base_export_queue import BaseExports
 from service.bases import BaseRequest

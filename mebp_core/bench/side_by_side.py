@@ -21,11 +21,12 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from mebp_core.store.preset_configs import PRESET_PREFIX
+
 BASELINE = "peft"
 METHODS = ("mebp", "mezo", "backprop", BASELINE)
 LABELS = {"mebp": "mebp", "mezo": "mezo", "backprop": "backprop",
           BASELINE: "transformers+PEFT bf16"}
-PRESET_PREFIX = "preset:"
 
 
 class BenchError(RuntimeError):

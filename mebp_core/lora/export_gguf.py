@@ -25,7 +25,8 @@ from mebp_core.gguf_layout import (
     gguf_tensor_name,
     to_llama_cpp_rows,
 )
-from mebp_core.lora.peft_io import AdapterError, Adapters
+from mebp_core.lora.peft_files import AdapterError
+from mebp_core.lora.peft_io import Adapters
 from mebp_core.lora.spec import LoraSpec
 
 

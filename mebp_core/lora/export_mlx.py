@@ -19,7 +19,8 @@ import numpy as np
 from safetensors.numpy import save_file
 
 from mebp_core.atomic import staged_directory
-from mebp_core.lora.peft_io import AdapterError, Adapters
+from mebp_core.lora.peft_files import AdapterError
+from mebp_core.lora.peft_io import Adapters
 from mebp_core.lora.spec import LoraSpec
 
 CONFIG_NAME = "adapter_config.json"

@@ -18,18 +18,13 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from mebp_core.atomic import check_replaceable, staged_directory
-from mebp_core.errors import MebpError
-from mebp_core.lora.peft_files import ADAPTER_FILES, CONFIG_NAME, WEIGHTS_NAME
+from mebp_core.lora.peft_files import ADAPTER_FILES, CONFIG_NAME, WEIGHTS_NAME, AdapterError
 from mebp_core.lora.spec import LoraSpec, normalize_target
 
 KEY_PREFIX = "base_model.model."
 _A_SUFFIX, _B_SUFFIX = ".lora_A.weight", ".lora_B.weight"
 
 Adapters = dict[str, tuple[torch.Tensor, torch.Tensor]]
-
-
-class AdapterError(MebpError, ValueError):
-    """An adapter directory is unreadable, not LoRA, inconsistent, or does not fit a model."""
 
 
 def build_adapter_config(spec: LoraSpec, base_model_name_or_path: str | None,

@@ -26,11 +26,12 @@ The engine relies on this contract of ``Model``:
 from __future__ import annotations
 
 import importlib
-from typing import Any
-
-from torch import nn
+from typing import TYPE_CHECKING, Any
 
 from mebp_core.errors import MebpError
+
+if TYPE_CHECKING:  # the package itself is torch-free: the API reads configs through it
+    from torch import nn
 
 # model_type -> module name under mebp_core.models
 _ARCHITECTURES = {

@@ -11,9 +11,8 @@ from types import MappingProxyType
 from typing import Any
 
 from mebp_core.errors import MebpError
-from mebp_core.store.preset_configs import PRESET_CONFIGS
+from mebp_core.store.preset_configs import PRESET_CONFIGS, PRESET_PREFIX
 
-PRESET_PREFIX = "preset:"
 # transformers' config defaults where hub configs may omit a field
 _DEFAULT_TIED = {"llama": False, "qwen2": False, "qwen3": False, "gemma3_text": True}
 _DEFAULT_MAX_POSITIONS = {"llama": 2048, "qwen2": 32768, "qwen3": 32768, "gemma3_text": 131072}

@@ -12,13 +12,13 @@ import struct
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from mebp_core.store.errors import PackError
-from mebp_core.store.presets import chunk_rows_for
 from mebp_core.store.shapes import expected_shapes
+
+if TYPE_CHECKING:
+    import torch
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -158,6 +158,8 @@ class CheckpointSource:
 
     def iter_rows(self, name: str) -> Iterator[torch.Tensor]:
         from safetensors import safe_open
+
+        from mebp_core.store.presets import chunk_rows_for  # torch: read where it packs
 
         shard, key, _ = self._located[name]
         if shard not in self._open:

@@ -20,15 +20,13 @@ import torch
 from mebp_core.atomic import staged_directory
 from mebp_core.data.tokenizer import ByteTokenizer, has_tokenizer_files, read_vocab_size
 from mebp_core.store.checkpoint import TOKENIZER_FILES
+from mebp_core.store.dtypes import DTYPES
 from mebp_core.store.export_base_common import (
-    BASE_DTYPES,
-    BASE_FORMATS,
-    GGUF_QUANTS,
     BaseExportError,
     BaseFormat,
     Progress,
+    check_base_format,
 )
-from mebp_core.store.format import DTYPES
 from mebp_core.store.hf_checkpoint import write_hf_checkpoint
 from mebp_core.store.reader import PackedStore, open_store
 
@@ -41,31 +39,6 @@ def base_tensors(store: PackedStore, dtype: torch.dtype,
         yield name, store.dequantize(name, dtype)
         if progress is not None:
             progress(i + 1, len(names), name)
-
-
-def check_base_format(config: dict, fmt: str, dtype: str, *, quant: str | None = None,
-                      group_size: int | None = None, gguf_quant: str | None = None) -> None:
-    """Refuse, from the model's config and the storage asked for (``quant``, ``group_size``,
-    when known), an export that cannot be written."""
-    if fmt not in BASE_FORMATS:
-        raise BaseExportError(f"unknown base format {fmt!r} (known: {', '.join(BASE_FORMATS)})")
-    if dtype not in BASE_DTYPES:
-        raise BaseExportError(f"unknown dtype {dtype!r} (known: {', '.join(BASE_DTYPES)})",
-                              "dtype")
-    if gguf_quant is not None and gguf_quant not in GGUF_QUANTS:
-        raise BaseExportError(f"unknown GGUF block type {gguf_quant!r} "
-                              f"(known: {', '.join(GGUF_QUANTS)})", "quant")
-    if gguf_quant is not None and fmt != "gguf":
-        raise BaseExportError(f"{gguf_quant} is a GGUF block type; format {fmt} has none",
-                              "quant")
-    if fmt == "gguf":
-        from mebp_core.store.export_base_gguf import check_gguf_base
-
-        check_gguf_base(config, dtype, gguf_quant, quant, group_size)
-    elif fmt == "mlx":
-        from mebp_core.store.export_base_mlx import check_mlx_base
-
-        check_mlx_base(dtype, quant, group_size)
 
 
 def check_exportable(store: PackedStore, fmt: str, dtype: str,

@@ -29,13 +29,8 @@ from mebp_core.gguf_layout import (
     to_llama_cpp_rows,
 )
 from mebp_core.store.export_base_common import BaseExportError, Progress, base_model_name
-from mebp_core.store.gguf_blocks import (
-    BLOCK_SIZE,
-    BLOCK_TYPES,
-    blocks_nbytes,
-    q4_1_blocks,
-    q8_0_blocks,
-)
+from mebp_core.store.gguf_blocks import q4_1_blocks, q8_0_blocks
+from mebp_core.store.gguf_sizes import BLOCK_SIZE, BLOCK_TYPES, blocks_nbytes
 from mebp_core.store.reader import PackedStore
 from mebp_core.store.shapes import full_text_config
 

@@ -5,12 +5,14 @@ tokenizer, GGUF header and alignment, zip entries): a few KB to a few hundred KB
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
-from mebp_core.store.format import QUANT_BITS
-from mebp_core.store.gguf_blocks import blocks_nbytes
-from mebp_core.store.pack import choose_bits, open_source
-
-ITEMSIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8}
+from mebp_core.store.checkpoint import CheckpointSource
+from mebp_core.store.format import ITEMSIZES, QUANT_BITS
+from mebp_core.store.gguf_sizes import blocks_nbytes
+from mebp_core.store.groups import choose_bits
+from mebp_core.store.preset_configs import PRESET_PREFIX, preset_config
+from mebp_core.store.shapes import preset_specs
 
 # (name, shape, the source's dtype name) per tensor the packer stores
 Specs = list[tuple[str, tuple[int, ...], str]]
@@ -19,10 +21,11 @@ Specs = list[tuple[str, tuple[int, ...], str]]
 def source_specs(source: str) -> Specs:
     """The tensors ``source`` (``preset:NAME`` or a Hugging Face directory) packs into, read
     from its config or safetensors headers: no weight is read."""
-    opened = open_source(source)
+    if source.startswith(PRESET_PREFIX):
+        return preset_specs(preset_config(source.removeprefix(PRESET_PREFIX)))
+    opened = CheckpointSource(Path(source))
     try:
-        return [(name, tuple(shape), str(dtype).removeprefix("torch."))
-                for name, shape, dtype in opened.specs]
+        return opened.specs
     finally:
         opened.close()
 

@@ -15,8 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from mebp_core.store.errors import StoreFormatError
 
 MAGIC = b"MEBPSTOR"
@@ -26,22 +24,10 @@ STORE_FILENAME = "model.mebp"
 QUANT_BITS = {"none": None, "int8": 8, "int4": 4}
 _PREAMBLE = struct.Struct("<8sIQ")
 
-DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int16": torch.int16,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-    "bool": torch.bool,
-}
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
+# the dtypes an unquantized array may be stored as, by the name the header gives, and the
+# bytes an element of each takes (``dtypes.DTYPES`` maps the names to torch's)
+ITEMSIZES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4,
+             "int16": 2, "int8": 1, "uint8": 1, "bool": 1}
 
 
 def align_up(n_bytes: int, align_bytes: int = ALIGN_BYTES) -> int:
@@ -117,8 +103,7 @@ def plan_tensors(
             n_elements = 1
             for dim in shape:
                 n_elements *= dim
-            itemsize = torch.empty((), dtype=DTYPES[dtype]).element_size()
-            span = place(n_elements * itemsize)
+            span = place(n_elements * ITEMSIZES[dtype])
             entries.append(TensorEntry(name, tuple(shape), dtype, None, span))
             continue
         n_rows, k = shape

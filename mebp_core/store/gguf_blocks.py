@@ -15,11 +15,9 @@ import gguf
 import numpy as np
 import torch
 
+from mebp_core.store.gguf_sizes import BLOCK_SIZE, BLOCK_TYPES
 from mebp_core.store.quant import unpack_int4
 from mebp_core.store.reader import RawTensor
-
-BLOCK_SIZE = 32  # QK4_1 = QK8_0
-BLOCK_TYPES = {"q4_1": gguf.GGMLQuantizationType.Q4_1, "q8_0": gguf.GGMLQuantizationType.Q8_0}
 
 
 def q4_1_blocks(raw: RawTensor, group_size: int) -> torch.Tensor:
@@ -42,7 +40,3 @@ def q8_0_blocks(weight: torch.Tensor) -> np.ndarray:
     """(N, K/32 * 34) uint8 of the float32 (N, K) ``weight``, as ggml quantizes it."""
     return gguf.quants.quantize(weight.numpy(), BLOCK_TYPES["q8_0"])
 
-
-def blocks_nbytes(shape: tuple[int, ...], gguf_quant: str) -> int:
-    block_size, block_nbytes = gguf.GGML_QUANT_SIZES[BLOCK_TYPES[gguf_quant]]
-    return shape[0] * shape[1] // block_size * block_nbytes

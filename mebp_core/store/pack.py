@@ -26,26 +26,18 @@ from mebp_core.store.format import (
     encode_header,
     plan_tensors,
 )
-from mebp_core.store.groups import check_group_size
+from mebp_core.store.groups import check_group_size, choose_bits
+from mebp_core.store.preset_configs import PRESET_PREFIX
 from mebp_core.store.presets import PresetSource
-from mebp_core.store.quant import is_quantizable, quantize
+from mebp_core.store.quant import quantize
 
 Progress = Callable[[int, int, str], None]
-PRESET_PREFIX = "preset:"
 
 
 def open_source(src: str | Path) -> CheckpointSource | PresetSource:
     if isinstance(src, str) and src.startswith(PRESET_PREFIX):
         return PresetSource(src[len(PRESET_PREFIX) :])
     return CheckpointSource(Path(src))
-
-
-def choose_bits(shape: tuple[int, ...], dtype: str, bits: int | None, group_size: int):
-    """Quantize 2-D float weights whose input dim splits into groups; keep the rest as is."""
-    floating = dtype in ("float32", "float16", "bfloat16", "float64")
-    if bits is None or not floating or not is_quantizable(shape, group_size):
-        return None
-    return bits
 
 
 def _write_bytes(f: BinaryIO, offset_bytes: int, t: torch.Tensor) -> None:

@@ -1,8 +1,15 @@
-"""Configs of the public architectures, keyed as in their Hugging Face config.json files."""
+"""Configs of the public architectures, keyed as in their Hugging Face config.json files
+(torch-free: the API and the planner read them)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
+
+from mebp_core.store.errors import PackError
+
+# a model spec naming a preset: "preset:<name>"
+PRESET_PREFIX = "preset:"
 
 
 def _qwen2(hidden: int, inter: int, layers: int, heads: int, max_pos: int) -> dict[str, Any]:
@@ -211,3 +218,14 @@ PRESET_CONFIGS: dict[str, dict[str, Any]] = {
         "vocab_size": 320,
     },
 }
+
+
+def list_presets() -> list[str]:
+    return sorted(PRESET_CONFIGS)
+
+
+def preset_config(name: str) -> dict[str, Any]:
+    try:
+        return copy.deepcopy(PRESET_CONFIGS[name])
+    except KeyError:
+        raise PackError(f"unknown preset {name!r} (known: {', '.join(list_presets())})") from None

@@ -8,7 +8,6 @@ order. A shipped preset's values are the dequantized rows of its shipped store.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,27 +15,16 @@ from typing import Any
 
 import torch
 
+from mebp_core.store.dtypes import DTYPES
 from mebp_core.store.errors import PackError
-from mebp_core.store.format import DTYPES
 from mebp_core.store.hf_checkpoint import DEFAULT_SHARD_NBYTES, write_hf_checkpoint
-from mebp_core.store.preset_configs import PRESET_CONFIGS, SHIPPED_PRESETS
-from mebp_core.store.shapes import count_parameters, expected_shapes
+from mebp_core.store.preset_configs import SHIPPED_PRESETS, preset_config
+from mebp_core.store.shapes import count_parameters, expected_shapes, preset_specs
 from mebp_core.store.shipped import iter_shipped_rows, shipped_sha256
 
 PRESET_SEED = 0
 CHUNK_ELEMENTS = 1 << 22  # fixed: chunking is part of what determines the values
 WEIGHT_STD = 0.02
-
-
-def list_presets() -> list[str]:
-    return sorted(PRESET_CONFIGS)
-
-
-def preset_config(name: str) -> dict[str, Any]:
-    try:
-        return copy.deepcopy(PRESET_CONFIGS[name])
-    except KeyError:
-        raise PackError(f"unknown preset {name!r} (known: {', '.join(list_presets())})") from None
 
 
 def preset_parameter_count(name: str) -> int:
@@ -90,8 +78,7 @@ class PresetSource:
         if self.shipped and seed != PRESET_SEED:
             raise PackError(f"preset {name!r} ships trained weights: it has no seed {seed}")
         self.shapes = expected_shapes(self.config)
-        dtype = self.config.get("torch_dtype", "float32")
-        self.specs = [(n, shape, dtype) for n, shape in self.shapes.items()]
+        self.specs = preset_specs(self.config)
         self.description = (
             {"kind": "preset", "name": name, "shipped_sha256": shipped_sha256(name)}
             if self.shipped else {"kind": "preset", "name": name, "seed": seed}

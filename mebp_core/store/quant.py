@@ -35,10 +35,6 @@ def check_quantizable(shape: tuple[int, ...], bits: int, group_size: int) -> Non
         )
 
 
-def is_quantizable(shape: tuple[int, ...], group_size: int) -> bool:
-    return len(shape) == 2 and shape[1] % group_size == 0 and group_size % 2 == 0
-
-
 def _round_half(x: torch.Tensor, toward: float) -> torch.Tensor:
     """float32 -> float16 rounded toward +inf or -inf, so the float16 range still covers x."""
     h = x.to(torch.float16)

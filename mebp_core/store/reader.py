@@ -10,8 +10,9 @@ from typing import Any
 
 import torch
 
+from mebp_core.store.dtypes import DTYPES
 from mebp_core.store.errors import StoreError, StoreFormatError
-from mebp_core.store.format import DTYPES, STORE_FILENAME, ArraySpan, TensorEntry, read_header
+from mebp_core.store.format import STORE_FILENAME, ArraySpan, TensorEntry, read_header
 from mebp_core.store.quant import dequantize
 
 

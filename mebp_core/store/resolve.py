@@ -4,7 +4,6 @@ packing into a cache once and reusing it."""
 from __future__ import annotations
 
 import hashlib
-import json
 import multiprocessing
 import os
 import queue
@@ -12,15 +11,17 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from mebp_core.cache import default_cache_dir
 from mebp_core.proc import die_with_parent
 from mebp_core.store.errors import StoreError
 from mebp_core.store.format import FORMAT_VERSION, STORE_FILENAME
-from mebp_core.store.pack import PRESET_PREFIX, Progress, pack_model
-from mebp_core.store.preset_configs import SHIPPED_PRESETS
-from mebp_core.store.presets import preset_config
+from mebp_core.store.preset_configs import PRESET_PREFIX, SHIPPED_PRESETS, preset_config
 from mebp_core.store.shipped import shipped_sha256
+
+if TYPE_CHECKING:
+    from mebp_core.store.pack import Progress
 
 CHILD_POLL_S = 0.5  # how often a silent packing child is checked for having died
 CHILD_STOP_S = 5.0  # a terminated packing child's time to remove its partial output
@@ -39,17 +40,6 @@ def _source_fingerprint(src: Path) -> str:
             st = f.stat()
             parts.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-
-
-def source_config(spec: str | Path) -> dict:
-    """The Hugging Face config of a model spec, read without packing anything."""
-    if isinstance(spec, str) and spec.startswith(PRESET_PREFIX):
-        return preset_config(spec[len(PRESET_PREFIX):])
-    config_path = Path(spec) / "config.json"
-    try:
-        return json.loads(config_path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise StoreError(f"{config_path}: cannot read the model's config ({exc})") from exc
 
 
 def cache_key(spec: str | Path, quant: str, group_size: int) -> str:
@@ -99,6 +89,8 @@ def resolve_model(
             _pack_in_child(spec, out, quant, group_size, progress,
                            stop_requested or (lambda: False))
         else:
+            from mebp_core.store.pack import pack_model  # torch: only where a model is packed
+
             pack_model(spec, out, quant=quant, group_size=group_size, progress=progress)
     return out
 
@@ -142,6 +134,8 @@ def _pack_reporting(spec, out: Path, quant: str, group_size: int, messages,
     die_with_parent(signal.SIGTERM, parent_pid)  # a killed worker leaves no packing behind
     # terminated: unwinds, so pack_model removes its partial output on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+    from mebp_core.store.pack import pack_model
+
     try:
         pack_model(spec, out, quant=quant, group_size=group_size,
                    progress=lambda *done: messages.put(("progress", done)))

@@ -79,6 +79,13 @@ def expected_shapes(config: dict[str, Any]) -> dict[str, Shape]:
     return shapes
 
 
+def preset_specs(config: dict[str, Any]) -> list[tuple[str, Shape, str]]:
+    """(name, shape, dtype name) of every tensor a preset of ``config`` generates: all in
+    its ``torch_dtype``."""
+    dtype = config.get("torch_dtype", "float32")
+    return [(name, shape, dtype) for name, shape in expected_shapes(config).items()]
+
+
 def count_parameters(config: dict[str, Any]) -> int:
     total = 0
     for shape in expected_shapes(config).values():

@@ -12,12 +12,13 @@ import functools
 import hashlib
 from collections.abc import Iterator
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from mebp_core.store.errors import StoreError
 from mebp_core.store.format import STORE_FILENAME
-from mebp_core.store.reader import open_store
+
+if TYPE_CHECKING:
+    import torch
 
 SHIPPED_DIR = Path(__file__).parent / "shipped"
 
@@ -49,6 +50,8 @@ def iter_shipped_rows(
     name: str, tensor_name: str, dtype: torch.dtype, chunk_rows: int
 ) -> Iterator[torch.Tensor]:
     """The dequantized rows of one shipped tensor, `chunk_rows` at a time."""
+    from mebp_core.store.reader import open_store  # torch: not for the key (shipped_sha256)
+
     with open_store(shipped_store_dir(name)) as store:
         if tensor_name not in store:
             raise StoreError(f"{store.file}: the shipped preset {name!r} has no {tensor_name!r}")

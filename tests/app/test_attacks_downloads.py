@@ -34,7 +34,7 @@ from app.api.request_sessions import RESERVED_CONNECTIONS
 from app.keys import BOOTSTRAP_TENANT
 from mebp_core.lora.peft_io import save_peft_adapter
 from mebp_core.lora.spec import LoraSpec
-from mebp_core.store.resolve import source_config
+from mebp_core.store.model_source import source_config
 from service.bases import BaseRequest, base_target, make_base
 from service.db import POOL_CONNECTIONS, make_engine
 from service.fleet_spec import FleetRequest, FleetSpec

@@ -28,7 +28,7 @@ from app.job_schemas import JobCreate
 from app.submit import check_references, lock_queue, require_queue, require_queue_room
 from mebp_core.federated.split import SplitError
 from mebp_core.plan.arch import Architecture
-from mebp_core.store.resolve import source_config
+from mebp_core.store.model_source import source_config
 from service.crud import TERMINAL, request_cancel
 from service.federation import rounds_of
 from service.fleet_shards import (

@@ -10,7 +10,7 @@ import pytest
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from mebp_core.data import ByteTokenizer
+from mebp_core.data.tokenizer import ByteTokenizer
 
 WORDS = [
     "<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>", "[UNK]",

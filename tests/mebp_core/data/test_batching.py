@@ -7,14 +7,9 @@ from itertools import islice
 import pytest
 import torch
 
-from mebp_core.data import (
-    Example,
-    iter_batches,
-    iter_eval_batches,
-    pack_examples,
-    read_examples,
-    split_validation,
-)
+from mebp_core.data.batching import iter_batches, iter_eval_batches, pack_examples, split_validation
+from mebp_core.data.example import Example
+from mebp_core.data.jsonl import read_examples
 
 M = -100
 PAD = 258

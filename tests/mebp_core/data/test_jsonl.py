@@ -2,7 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from mebp_core.data import DatasetError, Example, load_tokenizer, read_examples
+from mebp_core.data.example import DatasetError, Example
+from mebp_core.data.jsonl import read_examples
+from mebp_core.data.tokenizer import load_tokenizer
 
 M = -100
 CHAT = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]

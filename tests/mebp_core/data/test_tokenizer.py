@@ -4,8 +4,13 @@ import json
 
 import pytest
 
-from mebp_core.data import ByteTokenizer, HFTokenizer, TokenizerError, load_tokenizer
-from mebp_core.data.tokenizer import read_vocab_size
+from mebp_core.data.tokenizer import (
+    ByteTokenizer,
+    HFTokenizer,
+    TokenizerError,
+    load_tokenizer,
+    read_vocab_size,
+)
 
 CONVERSATION = [
     {"role": "system", "content": "be brief"},

@@ -9,7 +9,7 @@ from mebp_core.lora.export import export_adapter, linear_shapes
 from mebp_core.lora.export_gguf import write_gguf_adapter
 from mebp_core.lora.peft_io import AdapterError, save_peft_adapter
 from mebp_core.lora.spec import LoraSpec
-from mebp_core.store.presets import preset_config
+from mebp_core.store.preset_configs import preset_config
 
 SPEC = LoraSpec(rank=2, alpha=4, targets="q")
 Q0 = "model.layers.0.self_attn.q_proj"

@@ -12,7 +12,7 @@ import torch
 from mebp_core.lora.export import export_adapter, linear_shapes
 from mebp_core.lora.peft_io import save_peft_adapter
 from mebp_core.lora.spec import LoraSpec
-from mebp_core.store.presets import preset_config
+from mebp_core.store.preset_configs import preset_config
 
 # llama.cpp's names for the HF modules (convert_hf_to_gguf.py's tensor map).
 GGUF_NAMES = {

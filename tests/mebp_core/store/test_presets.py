@@ -5,11 +5,10 @@ import torch
 
 from mebp_core.store.errors import PackError
 from mebp_core.store.format import FORMAT_VERSION, STORE_FILENAME
+from mebp_core.store.preset_configs import list_presets, preset_config
 from mebp_core.store.presets import (
     iter_preset_tensors,
-    list_presets,
     load_preset_tensor,
-    preset_config,
     preset_parameter_count,
     save_preset_as_hf,
 )

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from mebp_core.kernel_memory import read_memory
+from mebp_core.store.dtypes import DTYPES
 from mebp_core.store.errors import StoreError, StoreFormatError
-from mebp_core.store.format import MAGIC, STORE_FILENAME
+from mebp_core.store.format import ITEMSIZES, MAGIC, STORE_FILENAME
 from mebp_core.store.pack import pack_model
 from mebp_core.store.reader import open_store
 
@@ -167,3 +168,8 @@ def test_float32_tiles_hold_bfloat16s_values_when_asked(tmp_path, hf_models, qua
     out = torch.empty(held.shape)
     store.dequantize(name, torch.float32, out=out, values=torch.bfloat16)
     assert torch.equal(out, held)
+
+
+def test_the_formats_item_sizes_are_torchs():
+    assert {name: torch.empty((), dtype=dtype).element_size() for name, dtype in DTYPES.items()
+            } == ITEMSIZES

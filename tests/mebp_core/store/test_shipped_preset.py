@@ -16,8 +16,8 @@ from mebp_core.store import resolve, shipped
 from mebp_core.store.errors import PackError
 from mebp_core.store.format import STORE_FILENAME
 from mebp_core.store.pack import pack_model
-from mebp_core.store.preset_configs import SHIPPED_PRESETS
-from mebp_core.store.presets import PresetSource, preset_config, preset_parameter_count
+from mebp_core.store.preset_configs import SHIPPED_PRESETS, preset_config
+from mebp_core.store.presets import PresetSource, preset_parameter_count
 from mebp_core.store.reader import open_store
 from mebp_core.store.resolve import cache_key, resolve_model
 
