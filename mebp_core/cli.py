@@ -281,7 +281,8 @@ def _run_export(args: argparse.Namespace) -> int:
 
 def _run_export_base(args: argparse.Namespace) -> int:
     from mebp_core.store.export_base import export_base
-    from mebp_core.store.export_base_common import base_model_name, check_base_format
+    from mebp_core.store.export_base_checks import check_base_format
+    from mebp_core.store.export_base_common import base_model_name
     from mebp_core.store.model_source import source_config
     from mebp_core.store.resolve import resolve_model
 

@@ -70,40 +70,28 @@ def matmul_dtype(compute_dtype: str, bf16_matmul: str = "auto") -> str:
     return "bfloat16"
 
 
-def torch_default_threads(sysfs: Path = Path("/sys/devices/system/cpu")) -> int:
+def torch_default_threads(sysfs: Path = Path("/sys/devices/system/cpu"),
+                          cpus: set[int] | None = None) -> int:
     """The intra-op thread count torch takes when none is set, found without importing it:
-    ``MKL_NUM_THREADS``, else ``OMP_NUM_THREADS``, else the physical cores (cpuinfo's count
-    of distinct package and core ids over the present processors), else the processors. So
-    a calibration keyed by "torch's default" and one keyed by that number are one."""
+    ``MKL_NUM_THREADS``, else ``OMP_NUM_THREADS``, else the physical cores (distinct package
+    and core ids) among the CPUs this process may run on (``cpus``, default its affinity).
+    So a calibration keyed by "torch's default" and one keyed by that number are one. (Checked
+    against torch under an affinity of one CPU and of all; hyperthreads within an affinity
+    mask are counted as their core, which no host here could check.)"""
     for name in ("MKL_NUM_THREADS", "OMP_NUM_THREADS"):
         value = os.environ.get(name, "")
         if value.isdigit() and int(value) > 0:
             return int(value)
-    processors = _present_processors(sysfs)
+    processors = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
     cores = set()
     for cpu in processors:
         topology = sysfs / f"cpu{cpu}" / "topology"
         try:
             cores.add(((topology / "physical_package_id").read_text().strip(),
                        (topology / "core_id").read_text().strip()))
-        except OSError:
-            return len(processors) or os.cpu_count() or 1
-    if 0 < len(cores) < len(processors):
-        return len(cores)
-    return len(processors) or os.cpu_count() or 1
-
-
-def _present_processors(sysfs: Path) -> list[int]:
-    """The processor numbers of ``sysfs``'s ``present`` list ("0-3,6"); empty if unreadable."""
-    try:
-        text = (sysfs / "present").read_text().strip()
-    except OSError:
-        return []
-    processors: list[int] = []
-    for part in filter(None, text.split(",")):
-        first, _, last = part.partition("-")
-        processors.extend(range(int(first), int(last or first) + 1))
-    return processors
+        except OSError:  # no topology: counted as a core of its own
+            cores.add(("cpu", str(cpu)))
+    return len(cores) or 1
 
 
 # a core counts as free when at least this share of it sat idle: threads on a core another

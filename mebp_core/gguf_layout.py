@@ -4,10 +4,14 @@ the base model exports."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import gguf
-import torch
 
 from mebp_core.errors import MebpError
+
+if TYPE_CHECKING:
+    import torch
 
 
 class GGUFLayoutError(MebpError, ValueError):

@@ -9,9 +9,8 @@ from pathlib import Path
 from sqlmodel import Session
 
 from mebp_core.plan.arch import Architecture, load_architecture
+from mebp_core.store.preset_configs import PRESET_PREFIX
 from service.models import RegisteredModel
-
-PRESET = "preset:"
 
 
 class UnknownModelError(LookupError):
@@ -25,7 +24,7 @@ class ModelPathError(ValueError):
 
 def model_source(session: Session, name: str) -> str:
     """What the engine loads for ``name``: ``preset:NAME`` itself, or the registered path."""
-    if name.startswith(PRESET):
+    if name.startswith(PRESET_PREFIX):
         return name
     row = session.get(RegisteredModel, name)
     if row is None:

@@ -30,6 +30,7 @@ from mebp_core.engine.metrics_file import keep_steps_through
 from mebp_core.lora.peft_files import AdapterError
 from mebp_core.plan.correction import measured_step_time
 from mebp_core.proc import die_with_parent
+from mebp_core.store.preset_configs import PRESET_PREFIX
 from mebp_core.store.resolve import PackingStopped, resolve_model
 from mebp_core.units import MB
 from service.crud import TERMINAL, add_event, fail_job, set_status
@@ -38,7 +39,6 @@ from service.disk_space import data_dir_short_of_room, keep_reserve, out_of_spac
 from service.models import Dataset, Job, Metric
 from service.queue import enqueue_advance
 from service.registry import (
-    PRESET,
     ModelPathError,
     UnknownModelError,
     confine_model_dir,
@@ -191,7 +191,7 @@ class JobRun:
         add_event(session, job_id=job.id, kind="log", message=f"preparing {job.model}")
         session.commit()
         source = model_source(session, job.model)  # preset:NAME, or a registered path
-        if not source.startswith(PRESET):
+        if not source.startswith(PRESET_PREFIX):
             confine_model_dir(self.settings.model_root_paths, source)
         model_dir = resolve_model(source, quant=config.quant, group_size=config.group_size,
                                   cache_dir=self.settings.cache_dir or default_cache_dir(),

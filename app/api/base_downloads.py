@@ -16,12 +16,13 @@ from app.api.errors import invalid
 from app.keys import Principal
 from app.model_schemas import BaseExporting
 from mebp_core.errors import MebpError
-from mebp_core.store.export_base_common import GGUF_QUANTS, BaseExportError, check_base_format
+from mebp_core.store.export_base_checks import check_base_format
+from mebp_core.store.export_base_common import GGUF_QUANTS, BaseExportError
 from mebp_core.store.model_source import source_config
+from mebp_core.store.preset_configs import PRESET_PREFIX
 from service.bases import BaseExportFailed, BaseRequest, ExportedBase
 from service.export_quota import ExportQuotaExceeded
 from service.registry import (
-    PRESET,
     ModelPathError,
     UnknownModelError,
     confine_model_dir,
@@ -49,7 +50,7 @@ def model_or_error(session: Session, settings: Settings, name: str) -> tuple[str
     """(the model's source, its config), or a 404 (no such model) or a 422 naming it."""
     try:
         source = model_source(session, name)
-        if not source.startswith(PRESET):
+        if not source.startswith(PRESET_PREFIX):
             confine_model_dir(settings.model_root_paths, source)
         return source, source_config(source)
     except UnknownModelError as exc:

@@ -25,6 +25,7 @@ from mebp_core.plan.correction import record_run
 from mebp_core.plan.methods import method_config
 from mebp_core.plan.on_host import plan_on_host
 from mebp_core.plan.workload import matmul_dtype_of
+from mebp_core.store.preset_configs import PRESET_PREFIX
 from mebp_core.units import MB
 
 MEMORY_TOLERANCE = 0.15
@@ -96,11 +97,11 @@ def _run_plan_check(spec: PlanCheckSpec, cache: Path) -> dict:
                                measured_s=measured["s_per_step"], label=entry.id,
                                modelled_parts=prediction.modelled_time,
                                measured_parts={"decompress": measured["decompress_s_median"]})
-            if spec.with_peft and not model.startswith("preset:"):
+            if spec.with_peft and not model.startswith(PRESET_PREFIX):
                 print(f"{model}: --with-peft needs a preset (a Hugging Face copy is generated "
                       "from it); skipped", file=sys.stderr)
             elif spec.with_peft:
-                hf = preset_hf_dir(model.removeprefix("preset:"),
+                hf = preset_hf_dir(model.removeprefix(PRESET_PREFIX),
                                    default_cache_dir() / "hf-presets")
                 options = ["--seq-len", str(seq_len), "--steps", str(spec.steps), "--dtype",
                            spec.compute_dtype]

@@ -198,7 +198,9 @@ def load_calibration(cache_dir: Path, threads: int | None = None, *,
     (``measure``), and again when unsteady and due (``remeasure`` too: not where a job
     waits on it). One process measures at a time (the API, the workers and the CLI may all
     start at once, and two measurements side by side would each see the other's load); the
-    others wait for it."""
+    others wait for it. ``threads`` None is torch's default count, measured at that count
+    (so the file holds figures for the count its key names)."""
+    threads = threads or torch_default_threads()
     path = calibration_path(cache_dir, threads)
     if not path.exists():
         if not measure:

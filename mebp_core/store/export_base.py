@@ -21,12 +21,8 @@ from mebp_core.atomic import staged_directory
 from mebp_core.data.tokenizer import ByteTokenizer, has_tokenizer_files, read_vocab_size
 from mebp_core.store.checkpoint import TOKENIZER_FILES
 from mebp_core.store.dtypes import DTYPES
-from mebp_core.store.export_base_common import (
-    BaseExportError,
-    BaseFormat,
-    Progress,
-    check_base_format,
-)
+from mebp_core.store.export_base_checks import check_base_format
+from mebp_core.store.export_base_common import BaseExportError, BaseFormat, Progress
 from mebp_core.store.hf_checkpoint import write_hf_checkpoint
 from mebp_core.store.reader import PackedStore, open_store
 

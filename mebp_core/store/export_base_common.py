@@ -34,29 +34,3 @@ def base_model_name(model_dir: str | Path) -> str:
     directory its export is written to by default: ``from_pretrained`` takes it as a local
     path, so an adapter loads as downloaded next to its exported base."""
     return BASE_NAME_PREFIX + Path(model_dir).resolve().name
-
-
-def check_base_format(config: dict, fmt: str, dtype: str, *, quant: str | None = None,
-                      group_size: int | None = None, gguf_quant: str | None = None) -> None:
-    """Refuse, from the model's config and the storage asked for (``quant``, ``group_size``,
-    when known), an export that cannot be written. Torch-free for hf (the API checks a
-    download with it); GGUF's and MLX's own checks load their exporters."""
-    if fmt not in BASE_FORMATS:
-        raise BaseExportError(f"unknown base format {fmt!r} (known: {', '.join(BASE_FORMATS)})")
-    if dtype not in BASE_DTYPES:
-        raise BaseExportError(f"unknown dtype {dtype!r} (known: {', '.join(BASE_DTYPES)})",
-                              "dtype")
-    if gguf_quant is not None and gguf_quant not in GGUF_QUANTS:
-        raise BaseExportError(f"unknown GGUF block type {gguf_quant!r} "
-                              f"(known: {', '.join(GGUF_QUANTS)})", "quant")
-    if gguf_quant is not None and fmt != "gguf":
-        raise BaseExportError(f"{gguf_quant} is a GGUF block type; format {fmt} has none",
-                              "quant")
-    if fmt == "gguf":
-        from mebp_core.store.export_base_gguf import check_gguf_base
-
-        check_gguf_base(config, dtype, gguf_quant, quant, group_size)
-    elif fmt == "mlx":
-        from mebp_core.store.export_base_mlx import check_mlx_base
-
-        check_mlx_base(dtype, quant, group_size)

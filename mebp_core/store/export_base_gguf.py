@@ -24,48 +24,18 @@ from mebp_core.data.byte_vocab import CHAT_TEMPLATE, gguf_tokens, special_ids
 from mebp_core.data.tokenizer import ByteTokenizer, has_tokenizer_files
 from mebp_core.gguf_layout import (
     GGUFLayoutError,
-    gguf_architecture,
     gguf_tensor_name,
     to_llama_cpp_rows,
 )
+from mebp_core.store.export_base_checks import GGUF_DTYPES, check_gguf_base
 from mebp_core.store.export_base_common import BaseExportError, Progress, base_model_name
 from mebp_core.store.gguf_blocks import q4_1_blocks, q8_0_blocks
-from mebp_core.store.gguf_sizes import BLOCK_SIZE, BLOCK_TYPES, blocks_nbytes
+from mebp_core.store.gguf_sizes import BLOCK_TYPES, blocks_nbytes
 from mebp_core.store.reader import PackedStore
 from mebp_core.store.shapes import full_text_config
 
-GGUF_BASE_ARCHITECTURES = (gguf.MODEL_ARCH.LLAMA, gguf.MODEL_ARCH.QWEN2, gguf.MODEL_ARCH.QWEN3)
-GGUF_DTYPES = {"float32": (np.float32, gguf.LlamaFileType.ALL_F32),
-               "float16": (np.float16, gguf.LlamaFileType.MOSTLY_F16)}
 GGUF_FILE_TYPES = {"q4_1": gguf.LlamaFileType.MOSTLY_Q4_1,
                    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
-# the stores each block type is made from: q4_1 carries int4 groups as they are
-GGUF_QUANT_STORES = {"q4_1": ("int4",), "q8_0": ("int4", "int8")}
-
-
-def check_gguf_base(config: dict[str, Any], dtype: str, gguf_quant: str | None = None,
-                    quant: str | None = None, group_size: int | None = None) -> gguf.MODEL_ARCH:
-    """The architecture to write ``config``'s model as, or a ``BaseExportError``; the
-    storage (``quant``, ``group_size``) is checked where known."""
-    arch = base_architecture(full_text_config(config)["model_type"])
-    if dtype not in GGUF_DTYPES:
-        raise BaseExportError(f"GGUF bases are written as {' or '.join(GGUF_DTYPES)}, "
-                              f"not {dtype}", "dtype")
-    if gguf_quant is None:
-        return arch
-    if dtype != "float32":
-        raise BaseExportError(f"a {gguf_quant} GGUF keeps its unquantized tensors float32, "
-                              f"not {dtype}", "dtype")
-    stores = GGUF_QUANT_STORES[gguf_quant]
-    if quant is not None and quant not in stores:
-        raise BaseExportError(f"{gguf_quant} blocks are made from a store packed "
-                              f"{' or '.join(stores)}, not {quant}", "quant")
-    if group_size is not None and group_size % BLOCK_SIZE:
-        raise BaseExportError(f"{gguf_quant} blocks of {BLOCK_SIZE} need groups of a multiple "
-                              f"of {BLOCK_SIZE}, not {group_size}", "group_size")
-    return arch
-
-
 def write_gguf_base(out: Path, store: PackedStore, dtype: str,
                     progress: Progress | None, gguf_quant: str | None = None) -> Path:
     config = full_text_config(store.config)
@@ -100,17 +70,6 @@ def write_gguf_base(out: Path, store: PackedStore, dtype: str,
             writer.close()
     return out
 
-
-def base_architecture(model_type: str) -> gguf.MODEL_ARCH:
-    try:
-        arch = gguf_architecture(model_type)
-    except GGUFLayoutError as exc:
-        raise BaseExportError(str(exc)) from None
-    if arch not in GGUF_BASE_ARCHITECTURES:
-        known = ", ".join(gguf.MODEL_ARCH_NAMES[a] for a in GGUF_BASE_ARCHITECTURES)
-        raise BaseExportError(f"GGUF base export covers {known}; for {model_type} export hf "
-                              "and convert it with llama.cpp's convert_hf_to_gguf.py")
-    return arch
 
 
 PlannedTensor = tuple[str, Any, tuple[int, ...], type, gguf.GGMLQuantizationType | None]

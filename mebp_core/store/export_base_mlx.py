@@ -18,26 +18,10 @@ from typing import Any
 
 import torch
 
+from mebp_core.store.dtypes import DTYPES
+from mebp_core.store.export_base_checks import MLX_BITS, check_mlx_base
 from mebp_core.store.export_base_common import BaseExportError, Progress
 from mebp_core.store.reader import PackedStore
-
-MLX_GROUP_SIZES = (32, 64, 128)  # what mlx's quantize supports
-MLX_BITS = {"int4": 4, "int8": 8}
-MLX_FACTOR_DTYPES = {"float32": torch.float32, "float16": torch.float16}
-
-
-def check_mlx_base(dtype: str, quant: str | None = None, group_size: int | None = None) -> None:
-    """Refuse what MLX cannot hold: the factors' dtype, and (when known) the storage."""
-    if dtype not in MLX_FACTOR_DTYPES:
-        raise BaseExportError(f"MLX bases keep their scales as {' or '.join(MLX_FACTOR_DTYPES)}"
-                              f" (float32: exact), not {dtype}", "dtype")
-    if quant is not None and quant not in MLX_BITS:
-        raise BaseExportError(f"an MLX base is the packed {' or '.join(MLX_BITS)} weights; a "
-                              f"model stored {quant} has none: export hf, which mlx_lm loads",
-                              "quant")
-    if group_size is not None and group_size not in MLX_GROUP_SIZES:
-        raise BaseExportError(f"MLX quantizes in groups of {MLX_GROUP_SIZES}, not {group_size}",
-                              "group_size")
 
 
 def mlx_config(store: PackedStore) -> dict[str, Any]:
@@ -59,7 +43,7 @@ def mlx_tensors(store: PackedStore, dtype: str,
     if sys.byteorder != "little":  # the uint32 view below reads the bytes little-endian
         raise BaseExportError("MLX export needs a little-endian host")
     check_mlx_base(dtype, store.quant, store.group_size)
-    factor_dtype = MLX_FACTOR_DTYPES[dtype]
+    factor_dtype = DTYPES[dtype]
     names = store.names()
     for i, name in enumerate(names):
         raw = store.raw(name)

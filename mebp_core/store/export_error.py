@@ -10,7 +10,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from mebp_core.store.export_base_gguf import check_gguf_base, gguf_tensor_plan
+from mebp_core.store.export_base_checks import check_gguf_base
+from mebp_core.store.export_base_gguf import gguf_tensor_plan
 from mebp_core.store.reader import PackedStore
 from mebp_core.store.shapes import full_text_config
 

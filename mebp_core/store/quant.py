@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from mebp_core.store.errors import QuantizationError
+from mebp_core.store.groups import is_quantizable
 from mebp_core.store.native import dequantize_native
 
 SUPPORTED_BITS = (4, 8)
@@ -28,7 +29,7 @@ class QuantizedTensor:
 def check_quantizable(shape: tuple[int, ...], bits: int, group_size: int) -> None:
     if bits not in SUPPORTED_BITS:
         raise QuantizationError(f"bits must be one of {SUPPORTED_BITS}, got {bits}")
-    if len(shape) != 2 or shape[1] % group_size != 0 or group_size % 2 != 0:
+    if not is_quantizable(shape, group_size):
         raise QuantizationError(
             f"shape {tuple(shape)} cannot be quantized with group_size {group_size}: "
             "need a 2-D weight whose input dim is a multiple of an even group_size"

@@ -134,9 +134,9 @@ def _pack_reporting(spec, out: Path, quant: str, group_size: int, messages,
     die_with_parent(signal.SIGTERM, parent_pid)  # a killed worker leaves no packing behind
     # terminated: unwinds, so pack_model removes its partial output on the way out
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
-    from mebp_core.store.pack import pack_model
-
     try:
+        from mebp_core.store.pack import pack_model
+
         pack_model(spec, out, quant=quant, group_size=group_size,
                    progress=lambda *done: messages.put(("progress", done)))
     except SystemExit:  # terminated by its caller, who no longer listens

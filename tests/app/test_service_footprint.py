@@ -2,8 +2,9 @@
 plan, queue, stream and serve with the planner and the service core, which are torch-free;
 torch lives in the engines (forked from each worker's zygote). Torch costs a process about
 150 MB and a second of imports, so a service at rest holds it once per engine, not once per
-process. It loads in the API only for a first MLX or GGUF adapter export, and in a worker
-only where it packs a model or exports a base."""
+process. It loads in the API for a first MLX or GGUF adapter export and where it lists a
+model's base exports with their sizes (from the full config, which transformers completes),
+and in a worker where it packs a model, exports a base or combines a fleet's round."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def maps_torch(process: psutil.Process) -> bool:
     return "libtorch_cpu" in Path(f"/proc/{process.pid}/maps").read_text()
 
 
-def test_the_api_and_its_workers_never_load_torch_through_a_job_and_its_download(
+def test_the_api_and_its_workers_never_load_torch_through_a_job_and_its_downloads(
         tmp_path, model_cache):
     service = start_service(tmp_path, model_cache, {})
     try:
@@ -29,6 +30,11 @@ def test_the_api_and_its_workers_never_load_torch_through_a_job_and_its_download
         job = service.request("POST", "/v1/jobs", tiny_job(dataset, 3))[1]
         assert service.finished(job["id"])["status"] == "succeeded"
         assert service.adapter_tensors(f"/v1/jobs/{job['id']}/adapter")  # the PEFT zip
+        # a base asked for is checked against the model (GGUF's and MLX's rules included)
+        for fmt, said in (("gguf", "GGUF bases are written as"), ("mlx", "MLX bases keep")):
+            status, refused = service.request(
+                "GET", f"/v1/models/preset:tiny/base?format={fmt}&dtype=bfloat16")
+            assert status == 422 and said in json.dumps(refused), refused
         processes = process_tree(service.process.pid)
         engines = [p for p in processes if "engine_zygote" in " ".join(p.cmdline())]
         own = [p for p in processes if p not in engines and "redis" not in p.name()]

@@ -101,23 +101,23 @@ def test_work_of_its_own_counts_as_idle_in_a_window(all_cores_but_one_busy):
     assert free > busy  # the spinner's share of the same second, counted idle
 
 
-@pytest.mark.parametrize("environ", [{}, {"OMP_NUM_THREADS": "1"}, {"MKL_NUM_THREADS": "1"},
-                                     {"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "1"}])
-def test_torch_default_threads_is_the_count_torch_takes(environ):
+@pytest.mark.parametrize(("environ", "cpus"), [
+    ({}, None), ({}, {0}), ({"OMP_NUM_THREADS": "1"}, None), ({"MKL_NUM_THREADS": "1"}, None),
+    ({"OMP_NUM_THREADS": "3", "MKL_NUM_THREADS": "1"}, None)])
+def test_torch_default_threads_is_the_count_torch_takes(environ, cpus):
     clean = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS",
                                                                 "MKL_NUM_THREADS")}
-    env = {**clean, **environ}
     done = subprocess.run(
         [sys.executable, "-c", "import torch; from mebp_core.cpu import torch_default_threads;"
          " print(torch.get_num_threads(), torch_default_threads())"],
-        env=env, capture_output=True, text=True, check=True, timeout=120)
+        env={**clean, **environ}, capture_output=True, text=True, check=True, timeout=120,
+        preexec_fn=None if cpus is None else lambda: os.sched_setaffinity(0, cpus))
     torch_count, ours = done.stdout.split()
     assert ours == torch_count
 
 
-def _sysfs(root, present, topology):
+def _sysfs(root, topology):
     root.mkdir()
-    (root / "present").write_text(present + "\n")
     for cpu, (package, core) in topology.items():
         directory = root / f"cpu{cpu}" / "topology"
         directory.mkdir(parents=True)
@@ -130,7 +130,9 @@ def test_torch_default_threads_counts_physical_cores_across_packages(tmp_path, m
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.delenv("MKL_NUM_THREADS", raising=False)
     # two packages of two cores with two hyperthreads each, numbered as Linux does
-    smt = _sysfs(tmp_path / "smt", "0-7", {cpu: (cpu // 2 % 2, cpu % 2) for cpu in range(8)})
-    assert torch_default_threads(smt) == 4
-    single = _sysfs(tmp_path / "single", "0-2,5", {cpu: (0, cpu) for cpu in (0, 1, 2, 5)})
-    assert torch_default_threads(single) == 4
+    smt = _sysfs(tmp_path / "smt", {cpu: (cpu // 4, cpu % 2) for cpu in range(8)})
+    assert torch_default_threads(smt, cpus=set(range(8))) == 4
+    assert torch_default_threads(smt, cpus={0, 1}) == 2  # one package's two cores
+    assert torch_default_threads(smt, cpus={0, 2}) == 1  # one core's two hyperthreads
+    # a CPU whose topology is not there counts as a core
+    assert torch_default_threads(smt, cpus={0, 9}) == 2

@@ -31,9 +31,8 @@ from mebp_core.config import GroupSize, Quant, TrainConfig
 from mebp_core.errors import MebpError
 from mebp_core.plan.arch import PlanInputError, load_architecture
 from mebp_core.store.export_base_common import BASE_DTYPES, GGUF_QUANTS, BaseFormat
-from mebp_core.store.preset_configs import PRESET_CONFIGS, SHIPPED_PRESETS
+from mebp_core.store.preset_configs import PRESET_CONFIGS, PRESET_PREFIX, SHIPPED_PRESETS
 from service.models import RegisteredModel
-from service.registry import PRESET
 
 router = APIRouter(prefix="/models", tags=["models"])
 
@@ -48,8 +47,8 @@ def list_models(session: SessionDep) -> ModelsPublic:
 
 @router.get("/{name}", response_model=ModelPublic)
 def read_model(name: str, session: SessionDep) -> ModelPublic:
-    if name.startswith(PRESET) and name.removeprefix(PRESET) in PRESET_CONFIGS:
-        return preset_public(name.removeprefix(PRESET))
+    if name.startswith(PRESET_PREFIX) and name.removeprefix(PRESET_PREFIX) in PRESET_CONFIGS:
+        return preset_public(name.removeprefix(PRESET_PREFIX))
     row = session.get(RegisteredModel, name)
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no model {name!r}")
@@ -57,8 +56,9 @@ def read_model(name: str, session: SessionDep) -> ModelPublic:
 
 
 def preset_public(name: str) -> ModelPublic:
-    arch = load_architecture(PRESET + name)
-    return ModelPublic(id=PRESET + name, name=PRESET + name, created=0, source="preset",
+    spec = PRESET_PREFIX + name
+    arch = load_architecture(spec)
+    return ModelPublic(id=spec, name=spec, created=0, source="preset",
                        model_type=arch.model_type, parameters=arch.parameter_count(),
                        pretrained=name in SHIPPED_PRESETS)
 
