@@ -11,14 +11,11 @@ from types import MappingProxyType
 from typing import Any
 
 from mebp_core.errors import MebpError
+from mebp_core.store.config_defaults import supported_text_config, with_defaults
 from mebp_core.store.preset_configs import PRESET_CONFIGS, PRESET_PREFIX
 
-# transformers' config defaults where hub configs may omit a field
-_DEFAULT_TIED = {"llama": False, "qwen2": False, "qwen3": False, "gemma3_text": True}
+# transformers' default where hub configs omit it (the shapes' defaults: config_defaults.py)
 _DEFAULT_MAX_POSITIONS = {"llama": 2048, "qwen2": 32768, "qwen3": 32768, "gemma3_text": 131072}
-_GEMMA3_DEFAULTS = dict(hidden_size=2304, num_hidden_layers=26, intermediate_size=9216,
-                        num_attention_heads=8, num_key_value_heads=4, head_dim=256,
-                        vocab_size=262_208)
 
 
 class PlanInputError(MebpError, ValueError):
@@ -104,33 +101,28 @@ class Architecture:
 
 
 def architecture_from_config(config: dict[str, Any]) -> Architecture:
-    """The planner's view of a config.json dict (multimodal Gemma 3: its text config)."""
-    if config.get("model_type") == "gemma3":
-        config = {**_GEMMA3_DEFAULTS, **config.get("text_config", {}),
-                  "model_type": "gemma3_text",
-                  "tie_word_embeddings": config.get("tie_word_embeddings", True)}
-    model_type = config.get("model_type")
-    if model_type not in _DEFAULT_TIED:
-        raise PlanInputError(f"config.json: model_type {model_type!r} is not supported "
-                             f"(known: {', '.join(sorted(_DEFAULT_TIED))}, gemma3)")
-    if model_type == "gemma3_text":
-        config = {**_GEMMA3_DEFAULTS, **config}
+    """The planner's view of a config.json dict (multimodal Gemma 3: its text config), with
+    transformers' defaults where it omits a field."""
     try:
-        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
-        layers = int(config["num_hidden_layers"])
+        config = with_defaults(supported_text_config(config))
+        model_type, hidden = config["model_type"], int(config["hidden_size"])
         return Architecture(
             model_type=model_type, hidden_size=hidden,
-            intermediate_size=int(config["intermediate_size"]), num_layers=layers,
-            num_heads=heads, num_kv_heads=int(config.get("num_key_value_heads") or heads),
-            head_dim=int(config.get("head_dim") or hidden // heads),
+            intermediate_size=int(config["intermediate_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            num_heads=int(config["num_attention_heads"]),
+            num_kv_heads=int(config["num_key_value_heads"]), head_dim=int(config["head_dim"]),
             vocab_size=int(config["vocab_size"]),
-            tied_embeddings=bool(config.get("tie_word_embeddings", _DEFAULT_TIED[model_type])),
+            tied_embeddings=bool(config["tie_word_embeddings"]),
             max_positions=int(config.get("max_position_embeddings",
                                          _DEFAULT_MAX_POSITIONS[model_type])),
             logit_softcap=config.get("final_logit_softcapping") if
             model_type == "gemma3_text" else None)
-    except KeyError as exc:
-        raise PlanInputError(f"config.json: missing field {exc.args[0]!r}") from None
+    except MebpError as exc:  # an unsupported model_type
+        raise PlanInputError(str(exc)) from None
+    except (TypeError, ValueError, ZeroDivisionError) as exc:
+        raise PlanInputError(f"config.json: a field of the architecture is malformed ({exc})"
+                             ) from None
 
 
 def load_architecture(model: str | Path) -> Architecture:

@@ -1,35 +1,29 @@
 """The tensor names and shapes a config implies, in Hugging Face ``*ForCausalLM`` naming.
 
 Packing checks a checkpoint against this, presets generate exactly these tensors, and
-parameter counts come from it without materializing anything.
+parameter counts come from it without materializing anything: from the config with
+transformers' defaults for the fields they need (``config_defaults``), without transformers.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mebp_core.models import UnknownArchitectureError, text_config
+from mebp_core.models import UnknownArchitectureError
+from mebp_core.store.config_defaults import (
+    UnsupportedModelTypeError,
+    supported_text_config,
+    with_defaults,
+)
 
 Shape = tuple[int, ...]
-SUPPORTED_MODEL_TYPES = ("gemma3_text", "llama", "qwen2", "qwen3")
 
 
 def full_text_config(config: dict[str, Any]) -> dict[str, Any]:
     """The text config with transformers' defaults filled in (hub configs omit defaults)."""
-    from transformers import AutoConfig
+    from transformers import AutoConfig  # which imports torch
 
-    text = text_config(config)
-    model_type = text.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        known = ", ".join(SUPPORTED_MODEL_TYPES)
-        raise UnknownArchitectureError(
-            f"config.json: model_type {config.get('model_type')!r} is not supported "
-            f"(known: {known}, gemma3)"
-        )
-    full = AutoConfig.for_model(**text).to_dict()
-    if "tie_word_embeddings" in config and config.get("model_type") == "gemma3":
-        full["tie_word_embeddings"] = config["tie_word_embeddings"]
-    return full
+    return AutoConfig.for_model(**_supported_text_config(config)).to_dict()
 
 
 def _layer_shapes(c: dict[str, Any], model_type: str) -> dict[str, Shape]:
@@ -64,9 +58,19 @@ def _layer_shapes(c: dict[str, Any], model_type: str) -> dict[str, Shape]:
     return shapes
 
 
+def shape_config(config: dict[str, Any]) -> dict[str, Any]:
+    """The text model's config with transformers' defaults for the fields its shapes need."""
+    return with_defaults(_supported_text_config(config))
+
+
 def expected_shapes(config: dict[str, Any]) -> dict[str, Shape]:
     """Every tensor of the text model, in checkpoint order: embeddings, layers, norm, head."""
-    c = full_text_config(config)
+    return tensor_shapes(shape_config(config))
+
+
+def tensor_shapes(c: dict[str, Any]) -> dict[str, Shape]:
+    """The tensors of a text config whose fields are filled in (``shape_config``, or
+    transformers' full config)."""
     model_type = c["model_type"]
     shapes: dict[str, Shape] = {"model.embed_tokens.weight": (c["vocab_size"], c["hidden_size"])}
     layer = _layer_shapes(c, model_type)
@@ -94,3 +98,10 @@ def count_parameters(config: dict[str, Any]) -> int:
             n *= dim
         total += n
     return total
+
+
+def _supported_text_config(config: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return supported_text_config(config)
+    except UnsupportedModelTypeError as exc:
+        raise UnknownArchitectureError(str(exc)) from None
