@@ -52,7 +52,8 @@ class ModelArgs:
             num_hidden_layers=config["num_hidden_layers"],
             intermediate_size=config["intermediate_size"],
             num_attention_heads=heads,
-            num_key_value_heads=config.get("num_key_value_heads") or heads,
+            # as transformers: omitted, 32; null, the attention heads
+            num_key_value_heads=config.get("num_key_value_heads", 32) or heads,
             head_dim=config.get("head_dim", 128),
             vocab_size=config["vocab_size"],
             max_position_embeddings=config.get("max_position_embeddings", 32768),

@@ -1,6 +1,7 @@
 """A config's tensor shapes, read with the defaults of store/config_defaults.py (no
-transformers, no torch), are the shapes of transformers' full config, and so is the planner's
-architecture: for every preset, and for hub-style configs that omit the defaulted fields."""
+transformers, no torch), are the shapes of transformers' full config, and so are the planner's
+architecture and the engine's heads: for every preset, and for hub-style configs that omit
+the defaulted fields."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 import pytest
 
-from mebp_core.models import UnknownArchitectureError
+from mebp_core.models import UnknownArchitectureError, architecture_module, text_config
 from mebp_core.plan.arch import PlanInputError, architecture_from_config
 from mebp_core.store.preset_configs import PRESET_CONFIGS, preset_config
 from mebp_core.store.shapes import expected_shapes, full_text_config, tensor_shapes
@@ -50,6 +51,17 @@ def test_the_shapes_and_the_planners_architecture_are_transformers(config):
         full["num_attention_heads"], full.get("num_key_value_heads") or full["num_attention_heads"],
         full.get("head_dim") or full["hidden_size"] // full["num_attention_heads"],
         full["vocab_size"], full["tie_word_embeddings"])
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "qwen2 kv null",
+                                  "llama with biases"])
+def test_the_engine_takes_transformers_heads_and_head_size(name):
+    config = SPARSE_CONFIGS[name]
+    full = full_text_config(config)
+    args = architecture_module(config).ModelArgs.from_hf_config(text_config(config))
+    assert (args.num_key_value_heads, args.head_dim) == (
+        full.get("num_key_value_heads") or full["num_attention_heads"],
+        full.get("head_dim") or full["hidden_size"] // full["num_attention_heads"])
 
 
 def test_an_unknown_model_type_is_named():
