@@ -103,26 +103,32 @@ class Architecture:
 def architecture_from_config(config: dict[str, Any]) -> Architecture:
     """The planner's view of a config.json dict (multimodal Gemma 3: its text config), with
     transformers' defaults where it omits a field."""
+    if not isinstance(config, dict):
+        raise PlanInputError(f"config.json: an object of fields, not {type(config).__name__}")
     try:
         config = with_defaults(supported_text_config(config))
-        model_type, hidden = config["model_type"], int(config["hidden_size"])
-        return Architecture(
-            model_type=model_type, hidden_size=hidden,
-            intermediate_size=int(config["intermediate_size"]),
-            num_layers=int(config["num_hidden_layers"]),
-            num_heads=int(config["num_attention_heads"]),
-            num_kv_heads=int(config["num_key_value_heads"]), head_dim=int(config["head_dim"]),
-            vocab_size=int(config["vocab_size"]),
-            tied_embeddings=bool(config["tie_word_embeddings"]),
-            max_positions=int(config.get("max_position_embeddings",
-                                         _DEFAULT_MAX_POSITIONS[model_type])),
-            logit_softcap=config.get("final_logit_softcapping") if
-            model_type == "gemma3_text" else None)
-    except MebpError as exc:  # an unsupported model_type
+    except MebpError as exc:  # an unsupported model_type, a missing field
         raise PlanInputError(str(exc)) from None
-    except (TypeError, ValueError, ZeroDivisionError) as exc:
-        raise PlanInputError(f"config.json: a field of the architecture is malformed ({exc})"
-                             ) from None
+    model_type = config["model_type"]
+    return Architecture(
+        model_type=model_type, hidden_size=_whole(config, "hidden_size"),
+        intermediate_size=_whole(config, "intermediate_size"),
+        num_layers=_whole(config, "num_hidden_layers"),
+        num_heads=_whole(config, "num_attention_heads"),
+        num_kv_heads=_whole(config, "num_key_value_heads"), head_dim=_whole(config, "head_dim"),
+        vocab_size=_whole(config, "vocab_size"),
+        tied_embeddings=bool(config["tie_word_embeddings"]),
+        max_positions=_whole({"max_position_embeddings": _DEFAULT_MAX_POSITIONS[model_type],
+                              **config}, "max_position_embeddings"),
+        logit_softcap=config.get("final_logit_softcapping") if
+        model_type == "gemma3_text" else None)
+
+
+def _whole(config: dict[str, Any], field: str) -> int:
+    value = config[field]
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise PlanInputError(f"config.json: {field} must be a whole number, got {value!r}")
+    return value
 
 
 def load_architecture(model: str | Path) -> Architecture:

@@ -64,8 +64,12 @@ def test_a_softcapped_gemma3_is_read_as_the_engine_reads_it():
 def test_bad_configs_name_the_problem(tmp_path):
     with pytest.raises(PlanInputError, match="model_type 'gpt2'"):
         architecture_from_config({"model_type": "gpt2"})
-    with pytest.raises(PlanInputError, match="a field of the architecture is malformed"):
-        architecture_from_config({"model_type": "llama", "hidden_size": None})
+    with pytest.raises(PlanInputError, match="missing field 'hidden_size'"):
+        architecture_from_config({"model_type": "llama"})
+    with pytest.raises(PlanInputError, match="vocab_size must be a whole number, got 'many'"):
+        architecture_from_config({**PRESET_CONFIGS["tiny"], "vocab_size": "many"})
+    with pytest.raises(PlanInputError, match="an object of fields, not list"):
+        architecture_from_config([1, 2])
     with pytest.raises(PlanInputError, match="unknown preset 'nope'"):
         load_architecture("preset:nope")
     with pytest.raises(PlanInputError, match="no config.json"):

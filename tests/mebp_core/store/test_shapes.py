@@ -34,7 +34,6 @@ SPARSE_CONFIGS = {
                           "num_attention_heads": 2, "num_key_value_heads": 1,
                           "num_hidden_layers": 1, "vocab_size": 300, "attention_bias": True,
                           "mlp_bias": True, "tie_word_embeddings": True},
-    "the defaults alone": {"model_type": "llama"},
 }
 CONFIGS = [*(preset_config(name) for name in sorted(PRESET_CONFIGS)), *SPARSE_CONFIGS.values()]
 IDS = [*sorted(PRESET_CONFIGS), *SPARSE_CONFIGS]
