@@ -30,8 +30,9 @@ class UnsupportedModelTypeError(MebpError, ValueError):
     """The config names a model_type mebp does not implement."""
 
 
-class MissingConfigFieldError(MebpError, ValueError):
-    """The config lacks a field the model's shapes need and nothing defaults."""
+class ConfigFieldError(MebpError, ValueError):
+    """A field the model's shapes need is missing (and nothing defaults it) or is not a whole
+    number."""
 
 
 def supported_text_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -52,12 +53,16 @@ def supported_text_config(config: dict[str, Any]) -> dict[str, Any]:
 
 def with_defaults(text: dict[str, Any]) -> dict[str, Any]:
     """The text config ``text`` (of a supported model_type) with every field of ``DEFAULTS``
-    filled in, the heads and head size resolved; a ``MissingConfigFieldError`` naming a
-    required field it lacks."""
+    filled in, the heads and head size resolved; a ``ConfigFieldError`` naming a size
+    it lacks or that is not a whole number."""
     filled = {**DEFAULTS[text["model_type"]], **text}
     for field in REQUIRED:
         if field not in filled:
-            raise MissingConfigFieldError(f"config.json: missing field {field!r}")
+            raise ConfigFieldError(f"config.json: missing field {field!r}")
+        value = filled[field]
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigFieldError(f"config.json: {field} must be a whole number, got "
+                                   f"{value!r}")
     filled["num_key_value_heads"] = (filled["num_key_value_heads"]
                                      or filled["num_attention_heads"])
     filled["head_dim"] = filled["head_dim"] or filled["hidden_size"] // filled[

@@ -68,6 +68,10 @@ def test_bad_configs_name_the_problem(tmp_path):
         architecture_from_config({"model_type": "llama"})
     with pytest.raises(PlanInputError, match="vocab_size must be a whole number, got 'many'"):
         architecture_from_config({**PRESET_CONFIGS["tiny"], "vocab_size": "many"})
+    with pytest.raises(PlanInputError, match="num_attention_heads must be a whole number, got 0"):
+        architecture_from_config({**PRESET_CONFIGS["tiny"], "num_attention_heads": 0})
+    with pytest.raises(PlanInputError, match="head_dim must be a whole number, got 'wide'"):
+        architecture_from_config({**PRESET_CONFIGS["tiny"], "head_dim": "wide"})
     with pytest.raises(PlanInputError, match="an object of fields, not list"):
         architecture_from_config([1, 2])
     with pytest.raises(PlanInputError, match="unknown preset 'nope'"):
