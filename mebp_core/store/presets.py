@@ -19,7 +19,7 @@ from mebp_core.store.dtypes import DTYPES
 from mebp_core.store.errors import PackError
 from mebp_core.store.hf_checkpoint import DEFAULT_SHARD_NBYTES, write_hf_checkpoint
 from mebp_core.store.preset_configs import SHIPPED_PRESETS, preset_config
-from mebp_core.store.shapes import count_parameters, expected_shapes, preset_specs
+from mebp_core.store.shapes import count_parameters, preset_specs
 from mebp_core.store.shipped import iter_shipped_rows, shipped_sha256
 
 PRESET_SEED = 0
@@ -77,8 +77,8 @@ class PresetSource:
         self.shipped = name in SHIPPED_PRESETS
         if self.shipped and seed != PRESET_SEED:
             raise PackError(f"preset {name!r} ships trained weights: it has no seed {seed}")
-        self.shapes = expected_shapes(self.config)
         self.specs = preset_specs(self.config)
+        self.shapes = {tensor: shape for tensor, shape, _ in self.specs}
         self.description = (
             {"kind": "preset", "name": name, "shipped_sha256": shipped_sha256(name)}
             if self.shipped else {"kind": "preset", "name": name, "seed": seed}
