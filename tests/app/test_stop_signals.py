@@ -2,9 +2,9 @@
 give before their SIGKILL: with a job running and its event stream open, signalled at the
 main process or at its whole process group, on the embedded deployment (SQLite and its own
 Redis) and on PostgreSQL + Redis. Every process of the service's tree exits, the stream
-ends, the job is back in the queue with its checkpoint, and a service started again on the
-same data resumes it from that checkpoint to success, every step trained once. `mebp
-worker` on its own gives its job back the same way."""
+ends, the job is back in the queue with its checkpoint, and (once per deployment) a service
+started again on the same data resumes it from that checkpoint to success, every step
+trained once. `mebp worker` on its own gives its job back the same way."""
 
 from __future__ import annotations
 
@@ -111,6 +111,8 @@ def job_row(url: str, job_id: str) -> Job:
 ])
 def test_a_stop_signal_stops_the_service_and_gives_the_running_job_back(
         tmp_path, model_cache, deployment, target, number):
+    """What a stop leaves is the same whichever signal and target stopped it, so the
+    resume from it is run once per deployment (after SIGTERM at the main process)."""
     env, url = deployment
     url = url or database_url(None, tmp_path / "data")
     service = start_service(tmp_path, model_cache, env, own_group=True)
@@ -157,17 +159,24 @@ def test_a_stop_signal_stops_the_service_and_gives_the_running_job_back(
     assert row.status == "queued", (row.status, row.error_message)
     saved = json.loads(state.read_text())["step"] if state.is_file() else None
     assert saved is not None and saved >= max(stream.steps) - 1, (saved, stream.steps)
+    if (target, number) == ("main process", signal.SIGTERM):
+        resumes_to_success(tmp_path, model_cache, env, job["id"], saved)
 
+
+def resumes_to_success(tmp_path, model_cache, env: dict[str, str], job_id: str,
+                       saved: int) -> None:
+    """A service started again on the stopped one's data resumes the job from its
+    checkpoint at ``saved`` to success, every step trained once."""
     again = start_service(tmp_path, model_cache, env, own_group=True)
     try:
-        done = again.finished(job["id"], timeout_s=600)
+        done = again.finished(job_id, timeout_s=600)
         assert done["status"] == "succeeded" and done["attempts"] == 2, done
-        messages = [event["message"] for event in again.job_events(job["id"])]
+        messages = [event["message"] for event in again.job_events(job_id)]
         assert any(m.startswith("re-queued: its worker stopped") for m in messages), messages
         resumed = [m for m in messages if m.startswith("resuming from the checkpoint at step")]
         assert resumed == [f"resuming from the checkpoint at step {saved}"], messages
         steps = [m["step"] for m in
-                 again.request("GET", f"/v1/jobs/{job['id']}/metrics")[1]["data"]]
+                 again.request("GET", f"/v1/jobs/{job_id}/metrics")[1]["data"]]
         assert steps == list(range(1, STEPS + 1))  # every step once: none lost, none twice
     finally:
         stop_service(again)
