@@ -29,6 +29,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from mebp_core.errors import MebpError
+from mebp_core.models.nesting import text_config
 
 if TYPE_CHECKING:  # the package itself is torch-free: the API reads configs through it
     from torch import nn
@@ -45,13 +46,6 @@ _ARCHITECTURES = {
 
 class UnknownArchitectureError(MebpError, ValueError):
     """The config names a model_type this engine does not implement."""
-
-
-def text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The text model's config; multimodal Gemma 3 checkpoints nest it under text_config."""
-    if config.get("model_type") == "gemma3":
-        return {**config.get("text_config", {}), "model_type": "gemma3_text"}
-    return config
 
 
 def architecture_module(config: dict[str, Any]):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from mebp_core.errors import MebpError
+from mebp_core.models.nesting import text_config
 
 # per model_type, the fields' defaults where a config omits them; num_key_value_heads None
 # (a default, or null in the config) is the attention heads, head_dim None hidden_size / heads.
@@ -24,6 +25,13 @@ DEFAULTS: dict[str, dict[str, Any]] = {
                         vocab_size=262208, tie_word_embeddings=True),
 }
 SUPPORTED_MODEL_TYPES = tuple(sorted(DEFAULTS))
+# the bias flags each architecture's shapes read (Qwen2's biases are fixed by its design)
+BIAS_FLAGS = {"llama": ("attention_bias", "mlp_bias"), "qwen2": (),
+              "qwen3": ("attention_bias",), "gemma3_text": ("attention_bias",)}
+# the fields whose null transformers takes (for a default); a null in any other field the
+# shapes read it refuses, and so does this module, before packing would
+NULLABLE = {"llama": ("num_key_value_heads", "head_dim"), "qwen2": ("num_key_value_heads",),
+            "qwen3": ("num_key_value_heads",), "gemma3_text": ()}
 
 
 class UnsupportedModelTypeError(MebpError, ValueError):
@@ -36,14 +44,9 @@ class ConfigFieldError(MebpError, ValueError):
 
 
 def supported_text_config(config: dict[str, Any]) -> dict[str, Any]:
-    """The text model's config: multimodal Gemma 3's nested one (as ``models.text_config``
-    reads it), tied as the outer config says where it does; or an
-    ``UnsupportedModelTypeError``."""
-    text = config
-    if config.get("model_type") == "gemma3":
-        text = {**(config.get("text_config") or {}), "model_type": "gemma3_text"}
-        if "tie_word_embeddings" in config:
-            text["tie_word_embeddings"] = config["tie_word_embeddings"]
+    """The text model's config (``models.text_config``: multimodal Gemma 3's nested one), or
+    an ``UnsupportedModelTypeError``."""
+    text = text_config(config)
     if text.get("model_type") not in DEFAULTS:
         raise UnsupportedModelTypeError(
             f"config.json: model_type {config.get('model_type')!r} is not supported "
@@ -55,7 +58,11 @@ def with_defaults(text: dict[str, Any]) -> dict[str, Any]:
     """The text config ``text`` (of a supported model_type) with every field of ``DEFAULTS``
     filled in, the heads and head size resolved; a ``ConfigFieldError`` naming a size
     it lacks or that is not a whole number."""
-    filled = {**DEFAULTS[text["model_type"]], **text}
+    model_type = text["model_type"]
+    for field in (*REQUIRED, *DEFAULTS[model_type], *BIAS_FLAGS[model_type]):
+        if field in text and text[field] is None and field not in NULLABLE[model_type]:
+            raise ConfigFieldError(f"config.json: {field} must not be null for {model_type}")
+    filled = {**DEFAULTS[model_type], **text}
     for field in REQUIRED:
         if field not in filled:
             raise ConfigFieldError(f"config.json: missing field {field!r}")

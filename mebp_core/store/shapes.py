@@ -11,6 +11,7 @@ from typing import Any
 
 from mebp_core.models import UnknownArchitectureError
 from mebp_core.store.config_defaults import (
+    BIAS_FLAGS,
     UnsupportedModelTypeError,
     supported_text_config,
     with_defaults,
@@ -53,7 +54,7 @@ def _layer_shapes(c: dict[str, Any], model_type: str) -> dict[str, Shape]:
     mlp = {"gate_proj": (inter, hidden), "up_proj": (inter, hidden), "down_proj": (hidden, inter)}
     for proj, shape in mlp.items():
         shapes[f"mlp.{proj}.weight"] = shape
-        if c.get("mlp_bias"):
+        if "mlp_bias" in BIAS_FLAGS[model_type] and c.get("mlp_bias"):
             shapes[f"mlp.{proj}.bias"] = (shape[0],)
     return shapes
 
