@@ -56,6 +56,12 @@ ELEMENTWISE_PASSES = 3.0
 TRAFFIC_MULTIPLIER = 2.2
 OPS_PER_BLOCK_FORWARD = 100  # torch ops dispatched by one block's forward (backward ~2x)
 OPS_PER_MLP_FORWARD = 30  # of those, its MLP part's (run again per extra chunk of tokens)
+# torch ops a step dispatches per vocabulary tile of its loss: MeBP's one pass makes the loss
+# and its gradient, each of MeZO's two forwards a loss (plain backprop's logits are whole).
+# Counted with torch.profiler, the same to the op on qwen2.5-0.5b and smollm2-135m between
+# tile sizes 227 and 661 tiles apart; uncounted, 1 MB tiles of a 152k vocabulary (260 of
+# them, about 0.1 s of dispatch) were priced faster than 8 MB ones on a Zen 4 and ran slower.
+OPS_PER_LOSS_TILE = MappingProxyType({"mebp": 75, "mezo": 2 * 61})
 
 
 @dataclass(frozen=True)
@@ -69,7 +75,10 @@ class StepWork:
     whole_params: float  # decompressed whole (a shared block), to the storage dtype
     whole_calls: float  # one per projection
     traffic_bytes: float  # elementwise, as counted (TRAFFIC_MULTIPLIER prices the rest)
-    ops: float  # torch ops dispatched
+    ops: float  # torch ops the blocks dispatch
+    # and the loss's vocabulary tiles: priced on this host at its measured overhead, not on a
+    # phone, whose per-op figure is fitted to the MeBP paper's engine on the blocks' ops
+    loss_tile_ops: float
 
     @property
     def decompress_calls(self) -> float:
@@ -94,7 +103,8 @@ def step_work(workload: Workload, knobs: EngineKnobs, resident: Collection[str],
                     tile_calls=tile_calls, whole_params=whole_params,
                     whole_calls=whole_calls,
                     traffic_bytes=_traffic_bytes(workload, knobs, resident, skipped),
-                    ops=_op_count(workload, knobs))
+                    ops=_op_count(workload, knobs),
+                    loss_tile_ops=_loss_tile_ops(workload, knobs))
 
 
 def host_step_time(work: StepWork, workload: Workload, host: HostCalibration
@@ -111,7 +121,7 @@ def host_step_time(work: StepWork, workload: Workload, host: HostCalibration
     return {"matmul": matmul, "decompress": decompress,
             "elementwise": TRAFFIC_MULTIPLIER * work.traffic_bytes /
             host.elementwise_bytes_per_s,
-            "overhead": work.ops * host.op_overhead_s, "disk": 0.0}
+            "overhead": (work.ops + work.loss_tile_ops) * host.op_overhead_s, "disk": 0.0}
 
 
 def step_time(workload: Workload, knobs: EngineKnobs, host: HostCalibration,
@@ -388,3 +398,11 @@ def _op_count(workload: Workload, knobs: EngineKnobs) -> float:
     return (forwards + 2 * backwards) * (OPS_PER_BLOCK_FORWARD +
                                          extra_chunks * OPS_PER_MLP_FORWARD) + \
         backwards * recompute_h
+
+
+def _loss_tile_ops(workload: Workload, knobs: EngineKnobs) -> float:
+    arch = workload.arch
+    tiles = math.ceil(arch.vocab_size / tile_rows(
+        arch.vocab_size, arch.hidden_size, knobs.loss_vocab_tile_bytes,
+        matmul_bytes(workload, knobs)))
+    return tiles * OPS_PER_LOSS_TILE.get(workload.method, 0)
