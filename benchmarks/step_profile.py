@@ -91,7 +91,8 @@ def main() -> int:
     work = step_work(Workload(arch=load_architecture(args.model), seq_len=args.seq_len,
                               compute_dtype=args.dtype), knobs, set())
     print(f"profiled step: {wall:.2f} s; aten ops dispatched: {calls} (planner's op count "
-          f"{work.ops:.0f})\n")
+          f"{work.ops + work.loss_tile_ops:.0f}: the blocks' {work.ops:.0f}, the loss "
+          f"tiles' {work.loss_tile_ops:.0f})\n")
     print("| rows x inner x width | calls | measured s | priced s | ratio | us per call |")
     print("|---|---|---|---|---|---|")
     for (rows, inner, width), (count, measured, priced) in sorted(

@@ -4,7 +4,9 @@ the on-device step-time estimate.
 A step's estimated time on a phone sums the parts the host prediction has (``timing.
 StepWork``), each priced at the phone's rates: matmul FLOPs at its effective throughput,
 decompression (the packed weights read, the 16-bit tiles written) and elementwise traffic at
-its memory bandwidth, every dispatched op and dequantization call at its per-op overhead,
+its memory bandwidth, the blocks' dispatched ops and dequantization calls at its per-op
+overhead (not the loss tiles' ops, which the host prices: the per-op figure is fitted to the
+MeBP paper's engine, whose loss is not ours),
 and the store re-reads a budget forces at its storage speed, each byte also faulted in at
 ``store_reads.MAPPED_REREAD_FAULT_BYTES_PER_S`` (measured on hosts, not on a phone). So
 every knob moves it: a
@@ -93,6 +95,7 @@ def device_step_time(work: StepWork, workload, rates: DeviceRates,
     return {"matmul": work.matmul_flops / rates.matmul_flops,
             "decompress": decompressed * per_param / rates.memory_bytes_per_s,
             "elementwise": TRAFFIC_MULTIPLIER * work.traffic_bytes / rates.memory_bytes_per_s,
+            # not work.loss_tile_ops (the module's docstring)
             "overhead": (work.ops + work.decompress_calls) * rates.op_overhead_s,
             "disk": store_read_bytes / rates.storage_bytes_per_s}
 

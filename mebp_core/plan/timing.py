@@ -56,12 +56,14 @@ ELEMENTWISE_PASSES = 3.0
 TRAFFIC_MULTIPLIER = 2.2
 OPS_PER_BLOCK_FORWARD = 100  # torch ops dispatched by one block's forward (backward ~2x)
 OPS_PER_MLP_FORWARD = 30  # of those, its MLP part's (run again per extra chunk of tokens)
-# torch ops a step dispatches per vocabulary tile of its loss: MeBP's one pass makes the loss
-# and its gradient, each of MeZO's two forwards a loss (plain backprop's logits are whole).
-# Counted with torch.profiler, the same to the op on qwen2.5-0.5b and smollm2-135m between
-# tile sizes 227 and 661 tiles apart; uncounted, 1 MB tiles of a 152k vocabulary (260 of
-# them, about 0.1 s of dispatch) were priced faster than 8 MB ones on a Zen 4 and ran slower.
-OPS_PER_LOSS_TILE = MappingProxyType({"mebp": 75, "mezo": 2 * 61})
+# torch ops a loss pass dispatches per vocabulary tile: MeBP's one pass makes the loss and
+# its gradient, each of MeZO's two forwards a loss; plain backprop's logits are whole.
+# Counted with torch.profiler as the difference between two tile sizes (qwen2.5-0.5b, 227
+# tiles apart, and smollm2-135m, 661 apart: the same to the op) in native bf16, the most
+# (float32: 67 and 57). Uncounted, 1 MB tiles of a 152k vocabulary (260 of them, about 0.1
+# s of dispatch) were priced faster than 8 MB ones on a Zen 4, and ran slower.
+OPS_PER_LOSS_TILE = MappingProxyType({"mebp": 75, "mezo": 61, "backprop": 0})
+LOSS_PASSES = MappingProxyType({"mebp": 1, "mezo": 2, "backprop": 1})
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,7 @@ def _decompress_work(workload: Workload, knobs: EngineKnobs, resident: frozenset
                   y_passes * (passes["tiled_backward"] + passes["whole_backward"]) /
                   (stop - first))
                  for first, stop, passes in block_groups(workload, knobs))
-    head_uses = 2 if workload.method == "mezo" else 1  # MeBP's one pass makes loss and gradient
+    head_uses = LOSS_PASSES[workload.method]  # MeBP's one pass makes loss and gradient
     chunks = mlp_chunks(workload, knobs)  # each decompresses the MLP's tiles again
     return _decompressions(arch, resident, knobs.decompress_tile_bytes,
                            knobs.loss_vocab_tile_bytes, matmul_bytes(workload, knobs),
@@ -405,4 +407,4 @@ def _loss_tile_ops(workload: Workload, knobs: EngineKnobs) -> float:
     tiles = math.ceil(arch.vocab_size / tile_rows(
         arch.vocab_size, arch.hidden_size, knobs.loss_vocab_tile_bytes,
         matmul_bytes(workload, knobs)))
-    return tiles * OPS_PER_LOSS_TILE.get(workload.method, 0)
+    return tiles * OPS_PER_LOSS_TILE[workload.method] * LOSS_PASSES[workload.method]

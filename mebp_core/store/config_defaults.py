@@ -11,7 +11,8 @@ from mebp_core.errors import MebpError
 from mebp_core.models.nesting import text_config
 
 # per model_type, the fields' defaults where a config omits them; num_key_value_heads None
-# (a default, or null in the config) is the attention heads, head_dim None hidden_size / heads.
+# (a default, or a null NULLABLE allows) is the attention heads, head_dim None
+# hidden_size / heads.
 # Llama's and Qwen's sizes have none here: transformers would make a 7B model of a config
 # without them, which the engine (models/*.py) refuses, so they are required.
 REQUIRED = ("hidden_size", "intermediate_size", "num_attention_heads", "num_hidden_layers",

@@ -150,7 +150,11 @@ ARG_FIELDS = (
 def make_hf_text_config(config: dict[str, Any]):
     config = copy.deepcopy(config)
     hf = AutoConfig.for_model(config.pop("model_type"), **config)
-    return hf.text_config if hasattr(hf, "text_config") else hf
+    if not hasattr(hf, "text_config"):
+        return hf
+    # a multimodal model's head is tied as its outer config says: transformers' tying reads it
+    hf.text_config.tie_word_embeddings = bool(hf.tie_word_embeddings)
+    return hf.text_config
 
 
 @pytest.fixture(params=sorted(HUB_CONFIGS))

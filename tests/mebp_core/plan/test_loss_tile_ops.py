@@ -19,7 +19,7 @@ from mebp_core.engine.methods import make_step_function
 from mebp_core.engine.model import load_engine_model
 from mebp_core.engine.train import lora_spec_of, make_block_optimizers
 from mebp_core.plan.arch import load_architecture
-from mebp_core.plan.timing import OPS_PER_LOSS_TILE, step_work
+from mebp_core.plan.timing import LOSS_PASSES, OPS_PER_LOSS_TILE, step_work
 from mebp_core.plan.workload import Workload, matmul_bytes, tile_rows
 from mebp_core.store.resolve import resolve_model
 
@@ -72,6 +72,6 @@ def test_a_loss_tile_dispatches_what_the_planner_prices(tiny, method, dtype, bf1
             arch.vocab_size, arch.hidden_size, tile_bytes, matmul_bytes(workload, knobs))))
     assert tiles[0] > tiles[1]  # what is measured: the same step in more tiles
     per_tile = (counted[0] - counted[1]) / (tiles[0] - tiles[1])
-    expected = OPS_PER_LOSS_TILE.get(method, 0)
+    expected = OPS_PER_LOSS_TILE[method] * LOSS_PASSES[method]
     assert per_tile == pytest.approx(expected, rel=TOLERANCE, abs=0.5), (counted, tiles)
     assert priced[0] - priced[1] == (tiles[0] - tiles[1]) * expected

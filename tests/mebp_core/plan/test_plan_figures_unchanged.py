@@ -73,7 +73,8 @@ CASES = {
 # the rest of the store to be read again every sweep), then of the one pricing each byte
 # of that share at its read from the disk plus its fault at 1.1 GB/s (the same cases; no
 # pick changed), then of the one pricing the loss's vocabulary tiles' dispatch on the host
-# (every case: a step's work gained that field; no pick changed)
+# (every case: a step's work gained that field, and MeBP's and MeZO's host time its price;
+# no pick changed)
 RECORDED = {
     'gemma-mebp-nobudget-int8': (426, 'resident-nockpt-h-store-shared-tile8M', 292,
         '9d9e147fd41cb43e6ed69b9dfab2d4c22c4aefc73cab008e42c02b0c763a95eb'),

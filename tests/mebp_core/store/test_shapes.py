@@ -107,7 +107,9 @@ def test_the_shapes_are_those_of_the_transformers_models_parameters(name):
 
 
 @pytest.mark.parametrize("outer", [{}, {"tie_word_embeddings": False},
-                                   {"tie_word_embeddings": True}], ids=["", "untied", "tied"])
+                                   {"tie_word_embeddings": True},
+                                   {"tie_word_embeddings": None}],
+                         ids=["", "untied", "tied", "null"])
 @pytest.mark.parametrize("inner", [{}, {"tie_word_embeddings": False}],
                          ids=["text", "text untied"])
 def test_a_multimodal_gemma3_head_is_tied_as_transformers_ties_it(outer, inner):
