@@ -14,6 +14,10 @@ from types import MappingProxyType
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.workload import Workload, graph_tail_blocks, shares_decompression
 
+# passes over the loss's vocabulary a step: MeBP's one makes the loss and its gradient, MeZO
+# makes a loss in each of its two forwards, plain backprop one (its logits whole)
+LOSS_PASSES = MappingProxyType({"mebp": 1, "mezo": 2, "backprop": 1})
+
 
 def pass_counts(workload: Workload, knobs: EngineKnobs) -> Mapping[str, int]:
     """Block passes per step by kind: tiled or whole-weight forwards and backwards. MeZO

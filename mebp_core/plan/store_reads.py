@@ -17,6 +17,7 @@ from functools import lru_cache
 
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import Architecture
+from mebp_core.plan.passes import LOSS_PASSES
 from mebp_core.plan.timing import MEMO_ENTRIES
 from mebp_core.plan.workload import DTYPE_BYTES, Workload, packed_bytes_per_param, tile_rows
 from mebp_core.store.staging import ALIGN_BYTES, MIN_ROWS_BYTES
@@ -24,9 +25,8 @@ from mebp_core.units import MB
 
 # sweeps over the blocks' lazy weights a step: MeBP's forward and backward (a block's
 # recompute and backward read it once between them), MeZO's two forwards; and over the head:
-# once per loss pass
+# once per loss pass (``passes.LOSS_PASSES``)
 BLOCK_SWEEPS = 2
-LOSS_PASSES = {"mebp": 1, "mezo": 2, "backprop": 1}
 # What reading ahead costs the compute beside it, as a share of the reads' time at the
 # disk's rate, where the host's calibration did not measure it (``read_ahead_cost``): on a
 # 2-core AMX Xeon VM (qwen2.5-0.5b, seq 256, bf16, 533 MB read a step), 1.30-1.41 s a step

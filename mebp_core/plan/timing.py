@@ -4,9 +4,10 @@ rate for their shape, decompressions, elementwise traffic and per-op overhead.
 ``step_work`` counts what a step does (the same on any machine); ``host_step_time`` prices it
 at this host's calibration, and ``mebp_core.plan.devices`` at a phone's rates.
 
-The passes each block runs are counted in ``mebp_core.plan.passes``. What each block does
-depends on its group (checkpointed or in the tail), so resident weights, which are a budget's
-first blocks, are priced by the passes of the blocks that hold them. Matmuls run at the rate
+The passes each block runs are counted in ``mebp_core.plan.passes``, the ops a step
+dispatches in ``mebp_core.plan.dispatch``. What each block does depends on its group
+(checkpointed or in the tail), so resident weights, which are a budget's first blocks, are
+priced by the passes of the blocks that hold them. Matmuls run at the rate
 of the matmul dtype (``workload.matmul_bytes``); upcasting held bf16 weights is traffic.
 """
 
@@ -21,7 +22,9 @@ from types import MappingProxyType
 from mebp_core.config import EngineKnobs
 from mebp_core.plan.arch import Architecture
 from mebp_core.plan.calibration import HostCalibration
+from mebp_core.plan.dispatch import block_ops, loss_tile_ops
 from mebp_core.plan.passes import (
+    LOSS_PASSES,
     block_groups,
     forward_passes,
     groups_of,
@@ -40,11 +43,11 @@ from mebp_core.plan.workload import (
     matmul_dtype_of,
     mlp_chunk_tokens,
     mlp_chunks,
-    mlp_column_chunks,
     mlp_intermediate_width,
     mlp_output_passes,
     saved_bytes_per_token,
     tile_rows,
+    vocab_tiles,
 )
 from mebp_core.resident import block_index
 
@@ -54,16 +57,6 @@ ELEMENTWISE_PASSES = 3.0
 # Fitted on 34 plan-check runs of smollm2-135m and qwen2.5-0.5b (seq 128-1024, float32);
 # held out, gemma3-1b, qwen3-0.6b and llama3.2-1b then came within 25% in 29 runs of 29.
 TRAFFIC_MULTIPLIER = 2.2
-OPS_PER_BLOCK_FORWARD = 100  # torch ops dispatched by one block's forward (backward ~2x)
-OPS_PER_MLP_FORWARD = 30  # of those, its MLP part's (run again per extra chunk of tokens)
-# torch ops a loss pass dispatches per vocabulary tile: MeBP's one pass makes the loss and
-# its gradient, each of MeZO's two forwards a loss; plain backprop's logits are whole.
-# Counted with torch.profiler as the difference between two tile sizes (qwen2.5-0.5b, 227
-# tiles apart, and smollm2-135m, 661 apart: the same to the op) in native bf16, the most
-# (float32: 67 and 57). Uncounted, 1 MB tiles of a 152k vocabulary (260 of them, about 0.1
-# s of dispatch) were priced faster than 8 MB ones on a Zen 4, and ran slower.
-OPS_PER_LOSS_TILE = MappingProxyType({"mebp": 75, "mezo": 61, "backprop": 0})
-LOSS_PASSES = MappingProxyType({"mebp": 1, "mezo": 2, "backprop": 1})
 
 
 @dataclass(frozen=True)
@@ -105,8 +98,8 @@ def step_work(workload: Workload, knobs: EngineKnobs, resident: Collection[str],
                     tile_calls=tile_calls, whole_params=whole_params,
                     whole_calls=whole_calls,
                     traffic_bytes=_traffic_bytes(workload, knobs, resident, skipped),
-                    ops=_op_count(workload, knobs),
-                    loss_tile_ops=_loss_tile_ops(workload, knobs))
+                    ops=block_ops(workload, knobs),
+                    loss_tile_ops=loss_tile_ops(workload, knobs))
 
 
 def host_step_time(work: StepWork, workload: Workload, host: HostCalibration
@@ -231,7 +224,7 @@ def _decompress_work(workload: Workload, knobs: EngineKnobs, resident: frozenset
                   y_passes * (passes["tiled_backward"] + passes["whole_backward"]) /
                   (stop - first))
                  for first, stop, passes in block_groups(workload, knobs))
-    head_uses = LOSS_PASSES[workload.method]  # MeBP's one pass makes loss and gradient
+    head_uses = LOSS_PASSES[workload.method]
     chunks = mlp_chunks(workload, knobs)  # each decompresses the MLP's tiles again
     return _decompressions(arch, resident, knobs.decompress_tile_bytes,
                            knobs.loss_vocab_tile_bytes, matmul_bytes(workload, knobs),
@@ -253,10 +246,8 @@ def _decompressions(arch: Architecture, resident: frozenset[str], block_tile_byt
         if name in resident:
             continue
         if suffix is None:  # the head, in vocabulary tiles
-            rows, cols = arch.vocab_size, arch.hidden_size
             tiled_params += count * head_uses
-            tile_calls += head_uses * math.ceil(
-                rows / tile_rows(rows, cols, head_tile_bytes, e))
+            tile_calls += head_uses * vocab_tiles(arch, head_tile_bytes, e)
             continue
         block = block_index(name)
         tiled_uses, whole_uses, spared, y_uses = next(
@@ -388,23 +379,3 @@ def _upcast_params(arch: Architecture, resident: frozenset[str],
             params += count * shared_uses * per_use
     return params
 
-
-def _op_count(workload: Workload, knobs: EngineKnobs) -> float:
-    passes = pass_counts(workload, knobs)
-    forwards = passes["tiled_forward"] + passes["whole_forward"]
-    backwards = passes["tiled_backward"] + passes["whole_backward"]
-    # each chunk, of tokens or of intermediate columns, runs the MLP's ops again
-    extra_chunks = mlp_chunks(workload, knobs) * mlp_column_chunks(workload, knobs) - 1
-    # MeSP's recompute of h = xA: one more matmul per adapted projection in each backward
-    recompute_h = 0 if knobs.lora_hidden == "store" else len(adapted_projections(workload))
-    return (forwards + 2 * backwards) * (OPS_PER_BLOCK_FORWARD +
-                                         extra_chunks * OPS_PER_MLP_FORWARD) + \
-        backwards * recompute_h
-
-
-def _loss_tile_ops(workload: Workload, knobs: EngineKnobs) -> float:
-    arch = workload.arch
-    tiles = math.ceil(arch.vocab_size / tile_rows(
-        arch.vocab_size, arch.hidden_size, knobs.loss_vocab_tile_bytes,
-        matmul_bytes(workload, knobs)))
-    return tiles * OPS_PER_LOSS_TILE[workload.method] * LOSS_PASSES[workload.method]

@@ -87,6 +87,12 @@ def tile_rows(rows: int, cols: int, tile_bytes: int, e: int) -> int:
     return max(1, min(rows, tile_bytes // (cols * e)))
 
 
+def vocab_tiles(arch: Architecture, tile_bytes: int, e: int) -> int:
+    """The loss's vocabulary tiles per pass (the head's rows in tiles of ``tile_bytes``)."""
+    return math.ceil(arch.vocab_size / tile_rows(arch.vocab_size, arch.hidden_size,
+                                                 tile_bytes, e))
+
+
 @lru_cache(maxsize=64)
 def frozen_weight_suffixes(arch: Architecture) -> tuple[tuple[str, int, str | None], ...]:
     """``arch.frozen_weights()`` with each one's projection suffix (None: the head)."""

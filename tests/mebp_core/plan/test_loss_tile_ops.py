@@ -1,11 +1,10 @@
 """The ops a step dispatches per vocabulary tile of its loss, which the planner prices on the
-host (``timing.OPS_PER_LOSS_TILE``), counted on the engine itself: the tiny preset's step
+host (``dispatch.OPS_PER_LOSS_TILE``), counted on the engine itself: the tiny preset's step
 with loss tiles of two sizes, all else the same, for MeBP and MeZO, in float32 and both of
 bfloat16's matmul paths. Plain backprop's logits are whole: its tiles cost nothing."""
 
 from __future__ import annotations
 
-import math
 import tempfile
 from pathlib import Path
 
@@ -19,8 +18,10 @@ from mebp_core.engine.methods import make_step_function
 from mebp_core.engine.model import load_engine_model
 from mebp_core.engine.train import lora_spec_of, make_block_optimizers
 from mebp_core.plan.arch import load_architecture
-from mebp_core.plan.timing import LOSS_PASSES, OPS_PER_LOSS_TILE, step_work
-from mebp_core.plan.workload import Workload, matmul_bytes, tile_rows
+from mebp_core.plan.dispatch import OPS_PER_LOSS_TILE
+from mebp_core.plan.passes import LOSS_PASSES
+from mebp_core.plan.timing import step_work
+from mebp_core.plan.workload import Workload, matmul_bytes, vocab_tiles
 from mebp_core.store.resolve import resolve_model
 
 SEQ_LEN = 32
@@ -68,8 +69,7 @@ def test_a_loss_tile_dispatches_what_the_planner_prices(tiny, method, dtype, bf1
         workload = Workload(arch=arch, seq_len=SEQ_LEN, method=method, compute_dtype=dtype)
         counted.append(dispatched_ops(tiny, config))
         priced.append(step_work(workload, knobs, set()).loss_tile_ops)
-        tiles.append(math.ceil(arch.vocab_size / tile_rows(
-            arch.vocab_size, arch.hidden_size, tile_bytes, matmul_bytes(workload, knobs))))
+        tiles.append(vocab_tiles(arch, tile_bytes, matmul_bytes(workload, knobs)))
     assert tiles[0] > tiles[1]  # what is measured: the same step in more tiles
     per_tile = (counted[0] - counted[1]) / (tiles[0] - tiles[1])
     expected = OPS_PER_LOSS_TILE[method] * LOSS_PASSES[method]
